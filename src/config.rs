@@ -1,0 +1,652 @@
+//! Configuration: the process environment turned into a [`Config`], or into the one
+//! [`ConfigError`] line that tells the user why CUDA is refused.
+//!
+//! This module owns the names and meaning of every `CUDABUDGET_*` variable and of the
+//! HAMi-core compatibility variables. It is pure (the only environment access is
+//! [`Config::from_env`], a thin wrapper) so the CLI can validate the exact
+//! environment it is about to hand to a child before anything runs. It never guesses:
+//! a value it cannot honour is an error, never a silent fallback to running
+//! unbudgeted or with a weaker budget than asked for.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::quantity::{Limit, parse_hami, parse_limit};
+
+/// Budget for every device (`CUDABUDGET_LIMIT`); `_<N>` variants are per device.
+pub const LIMIT: &str = "CUDABUDGET_LIMIT";
+/// Log verbosity.
+pub const LOG: &str = "CUDABUDGET_LOG";
+/// Who shares the budget: `process`, later `job:<name>`.
+pub const SCOPE: &str = "CUDABUDGET_SCOPE";
+/// What a denied allocation does: `fail`, later `wait:<duration>`.
+pub const ON_EXCEED: &str = "CUDABUDGET_ON_EXCEED";
+/// The library the CLI preloads; the library itself ignores it.
+pub const LIB: &str = "CUDABUDGET_LIB";
+/// HAMi-core's budget for every device; `_<N>` variants are per device.
+pub const HAMI_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// Highest device ordinal a per-device variable may name.
+pub const MAX_ORDINAL: u32 = 1023;
+
+const PREFIX: &str = "CUDABUDGET_";
+const KNOWN_VARIABLES: &str = "CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N> (N = 0..1023), \
+     CUDABUDGET_LOG, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED, CUDABUDGET_LIB";
+
+/// How much the library writes to stderr. Ordered: a level includes those before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum LogLevel {
+    Off,
+    Error,
+    /// One line per denial (rate-limited).
+    #[default]
+    Warn,
+    /// Plus a summary at exit.
+    Info,
+    Debug,
+}
+
+impl FromStr for LogLevel {
+    type Err = String;
+
+    /// "off", "error", "warn", "info", "debug", case-insensitive, surrounding ASCII
+    /// whitespace ignored.
+    fn from_str(s: &str) -> Result<LogLevel, String> {
+        let s = trim(s);
+        [
+            ("off", LogLevel::Off),
+            ("error", LogLevel::Error),
+            ("warn", LogLevel::Warn),
+            ("info", LogLevel::Info),
+            ("debug", LogLevel::Debug),
+        ]
+        .into_iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(s))
+        .map(|(_, level)| level)
+        .ok_or_else(|| {
+            if s.is_empty() {
+                "empty value".to_string()
+            } else {
+                format!("unknown level {s:?}")
+            }
+        })
+    }
+}
+
+/// Which family of variables set the budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// No budget is configured.
+    None,
+    /// `CUDABUDGET_LIMIT*`.
+    Cudabudget,
+    /// HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT*` (only when no `CUDABUDGET_LIMIT*` is set).
+    Hami,
+}
+
+/// What the environment asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Budget for every device: `CUDABUDGET_LIMIT`, or HAMi's `CUDA_DEVICE_MEMORY_LIMIT`.
+    pub default_limit: Option<Limit>,
+    /// `CUDABUDGET_LIMIT_<N>` (or HAMi's `_<N>`), sorted by ordinal, one per ordinal.
+    pub device_limits: Vec<(u32, Limit)>,
+    pub log: LogLevel,
+    pub source: Source,
+}
+
+/// A variable whose value cannot be honoured. `Display` renders the single line the
+/// user sees; `variable` and `value` are exactly as found in the environment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigError {
+    pub variable: String,
+    pub value: String,
+    pub reason: String,
+}
+
+/// What a variable name means.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Variable {
+    Limit,
+    DeviceLimit(u32),
+    Log,
+    Scope,
+    OnExceed,
+    Lib,
+    HamiLimit,
+    HamiDeviceLimit(u32),
+}
+
+impl Variable {
+    /// `Ok(None)`: not ours. `Err(reason)`: has our prefix but is not a variable we know,
+    /// which is refused because a typo (`CUDABUDGET_LIMT`) would otherwise leave the job
+    /// silently unbudgeted.
+    fn classify(name: &str) -> Result<Option<Variable>, String> {
+        if let Some(rest) = name.strip_prefix(PREFIX) {
+            return match rest {
+                "LIMIT" => Ok(Some(Variable::Limit)),
+                "LOG" => Ok(Some(Variable::Log)),
+                "SCOPE" => Ok(Some(Variable::Scope)),
+                "ON_EXCEED" => Ok(Some(Variable::OnExceed)),
+                "LIB" => Ok(Some(Variable::Lib)),
+                _ => match rest.strip_prefix("LIMIT_") {
+                    Some(ordinal) => parse_ordinal(ordinal)
+                        .map(|n| Some(Variable::DeviceLimit(n)))
+                        .ok_or_else(|| {
+                            format!(
+                                "{ordinal:?} is not a device ordinal: use a decimal number \
+                                 0..={MAX_ORDINAL} without leading zeros, e.g. {LIMIT}_1"
+                            )
+                        }),
+                    None => Err("unknown variable".to_string()),
+                },
+            };
+        }
+        if name == HAMI_LIMIT {
+            return Ok(Some(Variable::HamiLimit));
+        }
+        // HAMi's namespace is not ours to police: names that are not `_<ordinal>` are
+        // ignored, as HAMi-core itself ignores them.
+        Ok(name
+            .strip_prefix(HAMI_LIMIT)
+            .and_then(|rest| rest.strip_prefix('_'))
+            .and_then(parse_ordinal)
+            .map(Variable::HamiDeviceLimit))
+    }
+
+    fn is_budget(self) -> bool {
+        matches!(self, Variable::Limit | Variable::DeviceLimit(_))
+    }
+
+    fn is_hami(self) -> bool {
+        matches!(self, Variable::HamiLimit | Variable::HamiDeviceLimit(_))
+    }
+}
+
+fn trim(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_ascii_whitespace())
+}
+
+/// A device ordinal in canonical decimal form ("0", "7", "1023"; not "01", "+1", " 1").
+pub fn parse_ordinal(s: &str) -> Option<u32> {
+    let canonical = !s.is_empty()
+        && s.len() <= 4
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && (s == "0" || !s.starts_with('0'));
+    if !canonical {
+        return None;
+    }
+    s.parse().ok().filter(|&n| n <= MAX_ORDINAL)
+}
+
+/// Accepts what `CUDABUDGET_SCOPE` may hold in this build; `Err` is the reason.
+pub fn validate_scope(value: &str) -> Result<(), String> {
+    let value = trim(value);
+    if value == "process" {
+        Ok(())
+    } else if value.is_empty() {
+        Err("empty value".to_string())
+    } else if value.starts_with("job:") {
+        // Never fall back to a per-process budget: the user asked for a shared one.
+        Err("job scope is not supported by this build yet".to_string())
+    } else {
+        Err(format!(
+            "unknown scope {value:?}; expected \"process\" or \"job:<name>\""
+        ))
+    }
+}
+
+/// Accepts what `CUDABUDGET_ON_EXCEED` may hold in this build; `Err` is the reason.
+pub fn validate_on_exceed(value: &str) -> Result<(), String> {
+    let value = trim(value);
+    if value == "fail" {
+        Ok(())
+    } else if value.is_empty() {
+        Err("empty value".to_string())
+    } else if value.starts_with("wait:") {
+        Err("\"wait\" is not supported by this build yet".to_string())
+    } else {
+        Err(format!(
+            "unknown policy {value:?}; expected \"fail\" or \"wait:<duration>\""
+        ))
+    }
+}
+
+impl Config {
+    /// Reads the process environment. A non-UTF-8 value of a variable this crate reads
+    /// is an error; everything else in the environment is ignored.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_vars_os(std::env::vars_os())
+    }
+
+    /// [`Config::from_vars`] for raw environment pairs (what `from_env` and the CLI have).
+    pub fn from_vars_os(
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Config, ConfigError> {
+        // Lossy conversion is safe for validation: U+FFFD is rejected by every grammar
+        // we read, and values we ignore (CUDABUDGET_LIB, shadowed HAMi) never matter.
+        let vars: Vec<(String, String, bool)> = vars
+            .into_iter()
+            .map(|(name, value)| {
+                let utf8 = value.to_str().is_some();
+                (
+                    name.to_string_lossy().into_owned(),
+                    value.to_string_lossy().into_owned(),
+                    utf8,
+                )
+            })
+            .collect();
+        Config::from_vars(vars.iter().map(|(n, v, _)| (n.as_str(), v.as_str()))).map_err(
+            |mut error| {
+                let raw = vars.iter().find(|(n, _, _)| *n == error.variable);
+                if raw.is_some_and(|(_, _, utf8)| !utf8) {
+                    error.reason = "the value is not valid UTF-8".to_string();
+                }
+                error
+            },
+        )
+    }
+
+    /// The pure core: `vars` are (name, value) pairs as in the environment. When a
+    /// name repeats, the first wins, as with `getenv`.
+    pub fn from_vars<'a>(
+        vars: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Config, ConfigError> {
+        let mut ours: BTreeMap<&str, (Variable, &str)> = BTreeMap::new();
+        for (name, value) in vars {
+            if ours.contains_key(name) {
+                continue;
+            }
+            match Variable::classify(name) {
+                Ok(Some(variable)) => {
+                    ours.insert(name, (variable, value));
+                }
+                Ok(None) => {}
+                Err(reason) => return Err(error(name, value, reason)),
+            }
+        }
+        // HAMi's variables are read only when ours set no budget at all.
+        let use_hami = !ours.values().any(|(v, _)| v.is_budget());
+
+        let mut config = Config {
+            default_limit: None,
+            device_limits: Vec::new(),
+            log: LogLevel::default(),
+            source: Source::None,
+        };
+        let mut device_limits = BTreeMap::new();
+        for (&name, &(variable, value)) in &ours {
+            let fail = |reason: String| error(name, value, reason);
+            match variable {
+                Variable::Limit => {
+                    config.default_limit = Some(parse_limit(value).map_err(|e| fail(e.reason))?);
+                }
+                Variable::DeviceLimit(n) => {
+                    device_limits.insert(n, parse_limit(value).map_err(|e| fail(e.reason))?);
+                }
+                Variable::Log => config.log = value.parse().map_err(fail)?,
+                Variable::Scope => validate_scope(value).map_err(fail)?,
+                Variable::OnExceed => validate_on_exceed(value).map_err(fail)?,
+                Variable::Lib => {}
+                Variable::HamiLimit if use_hami => {
+                    let bytes = parse_hami(value).map_err(|e| fail(e.reason))?;
+                    config.default_limit = bytes.map(Limit::Bytes);
+                }
+                // HAMi-core: a per-device 0 falls back to the default, not to "no limit".
+                Variable::HamiDeviceLimit(n) if use_hami => {
+                    if let Some(bytes) = parse_hami(value).map_err(|e| fail(e.reason))? {
+                        device_limits.insert(n, Limit::Bytes(bytes));
+                    }
+                }
+                Variable::HamiLimit | Variable::HamiDeviceLimit(_) => {}
+            }
+        }
+        config.device_limits = device_limits.into_iter().collect();
+        if !config.is_unbudgeted() {
+            config.source = if use_hami {
+                Source::Hami
+            } else {
+                Source::Cudabudget
+            };
+        }
+        Ok(config)
+    }
+
+    /// The budget for device ordinal `dev`: its own variable first, then the default.
+    /// `None`: unbudgeted.
+    pub fn limit_for(&self, dev: u32) -> Option<Limit> {
+        self.device_limits
+            .iter()
+            .find(|(n, _)| *n == dev)
+            .map(|(_, limit)| *limit)
+            .or(self.default_limit)
+    }
+
+    /// True when no budget at all is configured: the library then passes everything
+    /// through.
+    pub fn is_unbudgeted(&self) -> bool {
+        self.default_limit.is_none() && self.device_limits.is_empty()
+    }
+}
+
+fn error(variable: &str, value: &str, reason: String) -> ConfigError {
+    ConfigError {
+        variable: variable.to_string(),
+        value: value.to_string(),
+        reason,
+    }
+}
+
+impl ConfigError {
+    /// The middle of the message, without the "cudabudget: " prefix and without saying
+    /// what happens next, so the CLI can end it with its own consequence.
+    pub fn problem(&self) -> String {
+        let variable = self.variable.escape_debug();
+        let value = &self.value;
+        let reason = &self.reason;
+        let (what, remedy) = match Variable::classify(&self.variable) {
+            Err(_) | Ok(None) => (
+                "is not a known variable",
+                format!("known variables: {KNOWN_VARIABLES}"),
+            ),
+            Ok(Some(variable)) if variable.is_budget() => (
+                "is not a valid budget",
+                "use bytes or a quantity such as 20Gi, 512Mi, 8GB or 40%".to_string(),
+            ),
+            Ok(Some(variable)) if variable.is_hami() => (
+                "is not a valid budget",
+                "use a whole number of bytes with an optional k, m or g suffix, such as 8192m or 8g"
+                    .to_string(),
+            ),
+            Ok(Some(Variable::Log)) => (
+                "is not a valid log level",
+                "use off, error, warn, info or debug".to_string(),
+            ),
+            Ok(Some(Variable::Scope)) => ("cannot be used", "use process".to_string()),
+            Ok(Some(Variable::OnExceed)) => ("cannot be used", "use fail".to_string()),
+            Ok(Some(_)) => ("cannot be used", format!("unset {variable}")),
+        };
+        format!("{variable}={value:?} {what} ({reason}); {remedy}")
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cudabudget: {}; CUDA is disabled for this process",
+            self.problem()
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GI: u64 = 1 << 30;
+
+    fn config(vars: &[(&str, &str)]) -> Config {
+        match Config::from_vars(vars.iter().copied()) {
+            Ok(config) => config,
+            Err(e) => panic!("{vars:?} refused: {e}"),
+        }
+    }
+
+    fn refused(vars: &[(&str, &str)]) -> ConfigError {
+        match Config::from_vars(vars.iter().copied()) {
+            Ok(config) => panic!("{vars:?} accepted as {config:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn an_empty_environment_is_unbudgeted_with_default_logging() {
+        let c = config(&[("PATH", "/bin"), ("HOME", "/root")]);
+        assert!(c.is_unbudgeted());
+        assert_eq!(c.source, Source::None);
+        assert_eq!(c.log, LogLevel::Warn);
+        assert_eq!(c.limit_for(0), None);
+    }
+
+    #[test]
+    fn the_default_budget_applies_to_every_device() {
+        let c = config(&[("CUDABUDGET_LIMIT", "20Gi")]);
+        assert_eq!(c.source, Source::Cudabudget);
+        assert_eq!(c.limit_for(0), Some(Limit::Bytes(20 * GI)));
+        assert_eq!(c.limit_for(1023), Some(Limit::Bytes(20 * GI)));
+        assert!(!c.is_unbudgeted());
+    }
+
+    #[test]
+    fn a_per_device_budget_overrides_the_default() {
+        let c = config(&[
+            ("CUDABUDGET_LIMIT_3", "40%"),
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("CUDABUDGET_LIMIT_1", "4Gi"),
+        ]);
+        assert_eq!(c.limit_for(1), Some(Limit::Bytes(4 * GI)));
+        assert_eq!(c.limit_for(3), Some(Limit::Percent(4000)));
+        assert_eq!(c.limit_for(0), Some(Limit::Bytes(8 * GI)));
+        assert_eq!(
+            c.device_limits,
+            vec![(1, Limit::Bytes(4 * GI)), (3, Limit::Percent(4000))]
+        );
+    }
+
+    #[test]
+    fn a_per_device_budget_alone_leaves_other_devices_unbudgeted() {
+        let c = config(&[("CUDABUDGET_LIMIT_0", "0")]);
+        assert_eq!(c.limit_for(0), Some(Limit::Bytes(0)));
+        assert_eq!(c.limit_for(1), None);
+        assert!(!c.is_unbudgeted());
+        assert_eq!(c.source, Source::Cudabudget);
+    }
+
+    #[test]
+    fn the_first_of_repeated_names_wins_like_getenv() {
+        let c = config(&[("CUDABUDGET_LIMIT", "1Gi"), ("CUDABUDGET_LIMIT", "2Gi")]);
+        assert_eq!(c.default_limit, Some(Limit::Bytes(GI)));
+    }
+
+    #[test]
+    fn hami_variables_are_read_without_cudabudget_ones() {
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "8192m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
+        ]);
+        assert_eq!(c.source, Source::Hami);
+        assert_eq!(c.limit_for(0), Some(Limit::Bytes(8 * GI)));
+        assert_eq!(c.limit_for(1), Some(Limit::Bytes(2 * GI)));
+    }
+
+    #[test]
+    fn hami_variables_are_ignored_when_any_cudabudget_budget_is_set() {
+        for ours in [("CUDABUDGET_LIMIT", "1Gi"), ("CUDABUDGET_LIMIT_2", "1Gi")] {
+            let c = config(&[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "not even valid"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "4g"),
+                ours,
+            ]);
+            assert_eq!(c.source, Source::Cudabudget);
+            assert_eq!(c.limit_for(0), c.default_limit);
+            assert_eq!(c.device_limits.iter().filter(|(n, _)| *n == 0).count(), 0);
+        }
+    }
+
+    #[test]
+    fn hami_zero_means_no_limit() {
+        let c = config(&[("CUDA_DEVICE_MEMORY_LIMIT", "0")]);
+        assert!(c.is_unbudgeted());
+        assert_eq!(c.source, Source::None);
+        // A per-device 0 falls back to the default, as in HAMi-core.
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "0"),
+        ]);
+        assert_eq!(c.limit_for(1), Some(Limit::Bytes(GI)));
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "0"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"),
+        ]);
+        assert_eq!(c.limit_for(0), None);
+        assert_eq!(c.limit_for(1), Some(Limit::Bytes(GI)));
+    }
+
+    #[test]
+    fn malformed_hami_values_are_refused() {
+        let e = refused(&[("CUDA_DEVICE_MEMORY_LIMIT", "8Gi")]);
+        assert_eq!(e.variable, "CUDA_DEVICE_MEMORY_LIMIT");
+        assert!(e.to_string().contains("8192m"), "{e}");
+        refused(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "")]);
+        // Names that are not `_<ordinal>` belong to HAMi, not to us.
+        config(&[("CUDA_DEVICE_MEMORY_LIMIT_X", "whatever")]);
+    }
+
+    #[test]
+    fn log_levels_parse_case_insensitively() {
+        for (text, level) in [
+            ("off", LogLevel::Off),
+            ("ERROR", LogLevel::Error),
+            ("Warn", LogLevel::Warn),
+            ("info", LogLevel::Info),
+            (" debug\n", LogLevel::Debug),
+        ] {
+            assert_eq!(config(&[("CUDABUDGET_LOG", text)]).log, level);
+        }
+        assert!(LogLevel::Off < LogLevel::Error && LogLevel::Info < LogLevel::Debug);
+    }
+
+    #[test]
+    fn a_bad_log_level_is_refused() {
+        for bad in ["loud", "", "warning", "3"] {
+            let e = refused(&[("CUDABUDGET_LOG", bad)]);
+            assert_eq!(e.variable, "CUDABUDGET_LOG");
+            assert!(e.to_string().contains("off, error, warn, info or debug"));
+        }
+    }
+
+    #[test]
+    fn job_scope_is_refused_rather_than_run_per_process() {
+        config(&[("CUDABUDGET_SCOPE", "process"), ("CUDABUDGET_LIMIT", "1Gi")]);
+        let e = refused(&[
+            ("CUDABUDGET_SCOPE", "job:train"),
+            ("CUDABUDGET_LIMIT", "1Gi"),
+        ]);
+        assert_eq!(e.reason, "job scope is not supported by this build yet");
+        refused(&[("CUDABUDGET_SCOPE", "")]);
+        refused(&[("CUDABUDGET_SCOPE", "node")]);
+    }
+
+    #[test]
+    fn only_the_fail_policy_is_accepted() {
+        config(&[("CUDABUDGET_ON_EXCEED", "fail")]);
+        let e = refused(&[("CUDABUDGET_ON_EXCEED", "wait:30s")]);
+        assert!(e.reason.contains("not supported by this build yet"));
+        refused(&[("CUDABUDGET_ON_EXCEED", "retry")]);
+        refused(&[("CUDABUDGET_ON_EXCEED", " ")]);
+    }
+
+    #[test]
+    fn unknown_cudabudget_variables_are_refused_listing_the_known_ones() {
+        let e = refused(&[("CUDABUDGET_LIMT", "8Gi")]);
+        assert_eq!(e.variable, "CUDABUDGET_LIMT");
+        let line = e.to_string();
+        assert!(line.contains("CUDABUDGET_LIMIT_<N>"), "{line}");
+        assert!(line.contains("CUDABUDGET_ON_EXCEED"), "{line}");
+        refused(&[("CUDABUDGET_FOO", "1")]);
+        refused(&[("CUDABUDGET_", "1")]);
+    }
+
+    #[test]
+    fn per_device_variables_need_a_canonical_ordinal() {
+        for name in [
+            "CUDABUDGET_LIMIT_01",
+            "CUDABUDGET_LIMIT_X",
+            "CUDABUDGET_LIMIT_",
+            "CUDABUDGET_LIMIT_+1",
+            "CUDABUDGET_LIMIT_1024",
+            "CUDABUDGET_LIMIT_-1",
+            "CUDABUDGET_LIMIT_99999999999",
+        ] {
+            let e = refused(&[(name, "1Gi")]);
+            assert_eq!(e.variable, name);
+        }
+        assert_eq!(
+            config(&[("CUDABUDGET_LIMIT_1023", "1")]).limit_for(1023),
+            Some(Limit::Bytes(1))
+        );
+    }
+
+    #[test]
+    fn empty_values_are_refused() {
+        for name in ["CUDABUDGET_LIMIT", "CUDABUDGET_LIMIT_0", "CUDABUDGET_LOG"] {
+            let e = refused(&[(name, "")]);
+            assert!(e.reason.contains("empty"), "{name}: {}", e.reason);
+        }
+    }
+
+    #[test]
+    fn the_library_path_is_left_to_the_cli() {
+        let c = config(&[("CUDABUDGET_LIB", "")]);
+        assert!(c.is_unbudgeted());
+    }
+
+    #[test]
+    fn malformed_budgets_are_refused_with_the_variable_named() {
+        for bad in ["10XB", "-1G", "150%", "", "18446744073709551616"] {
+            let e = refused(&[("CUDABUDGET_LIMIT", bad)]);
+            assert_eq!(
+                (e.variable.as_str(), e.value.as_str()),
+                ("CUDABUDGET_LIMIT", bad)
+            );
+        }
+    }
+
+    #[test]
+    fn the_error_line_names_variable_value_reason_and_examples() {
+        let e = refused(&[("CUDABUDGET_LIMIT", "10XB")]);
+        assert_eq!(
+            e.to_string(),
+            "cudabudget: CUDABUDGET_LIMIT=\"10XB\" is not a valid budget (unknown unit \"XB\"); \
+             use bytes or a quantity such as 20Gi, 512Mi, 8GB or 40%; \
+             CUDA is disabled for this process"
+        );
+    }
+
+    #[test]
+    fn the_error_line_stays_one_line_whatever_the_value() {
+        let cases: &[(&str, &str)] = &[
+            ("CUDABUDGET_LIMIT_2", "8Gi\nrm -rf /"),
+            ("CUDABUDGET_LOG", "\u{1b}[31mred"),
+            ("CUDABUDGET_X\nY", "1"),
+            ("CUDABUDGET_SCOPE", "job:\n"),
+        ];
+        for (name, value) in cases {
+            let line = refused(&[(name, value)]).to_string();
+            assert!(line.starts_with("cudabudget: "), "{line}");
+            assert!(!line.chars().any(char::is_control), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn non_utf8_values_of_our_variables_are_refused() {
+        use std::os::unix::ffi::OsStringExt;
+        let raw =
+            |name: &str, value: &[u8]| (OsString::from(name), OsString::from_vec(value.to_vec()));
+        let e = Config::from_vars_os([raw("CUDABUDGET_LIMIT", b"8G\xffi")]).unwrap_err();
+        assert_eq!(e.reason, "the value is not valid UTF-8");
+        assert!(e.to_string().contains("CUDABUDGET_LIMIT="));
+        // Others' variables, and the CLI's library path, may hold any bytes.
+        let c = Config::from_vars_os([
+            raw("SOMETHING", b"\xff"),
+            raw("CUDABUDGET_LIB", b"/opt/\xff/lib.so"),
+            raw("CUDABUDGET_LIMIT", b"1Gi"),
+        ])
+        .unwrap();
+        assert_eq!(c.default_limit, Some(Limit::Bytes(GI)));
+    }
+}

@@ -1,0 +1,315 @@
+//! `cudabudget run`: what the child sees when options are good, and that nothing runs
+//! when they are not.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cudabudget");
+
+/// `cudabudget` with an environment free of anything that would change its answer
+/// (the developer's own budget variables or preloads).
+fn cudabudget(args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    for (name, _) in std::env::vars_os() {
+        let name_text = name.to_string_lossy();
+        if name_text.starts_with("CUDABUDGET_")
+            || name_text.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
+            || name_text == "LD_PRELOAD"
+        {
+            command.env_remove(&name);
+        }
+    }
+    command.args(args);
+    command
+}
+
+fn output(mut command: impl std::borrow::BorrowMut<Command>) -> Output {
+    command
+        .borrow_mut()
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The library cargo built for this test run: it sits beside this test executable in
+/// `target/<profile>/deps/` (`cargo test` does not copy libraries up next to the CLI,
+/// `cargo build` does, as a hard link).
+fn fresh_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let path = exe
+        .parent()
+        .expect("has a directory")
+        .join("libcudabudget.so");
+    std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Asserts `path` is absolute and is the library built for this run (possibly the
+/// hard-linked copy next to the CLI).
+fn assert_is_fresh_library(path: &str) {
+    use std::os::unix::fs::MetadataExt;
+    assert!(path.starts_with('/'), "{path:?} is not absolute");
+    assert!(path.ends_with("/libcudabudget.so"), "{path:?}");
+    let meta = |p: &Path| std::fs::metadata(p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    let (ours, fresh) = (meta(Path::new(path)), meta(&fresh_library()));
+    assert_eq!(
+        (ours.dev(), ours.ino()),
+        (fresh.dev(), fresh.ino()),
+        "{path:?} is not the library cargo just built"
+    );
+}
+
+/// A path no other test uses, not yet created.
+fn marker(test: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("cudabudget-cli-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// Runs `cudabudget run <options> -- touch <marker>` and asserts it was refused with
+/// exit 2, a one-line explanation, and without running the command.
+fn assert_refused_before_running(test: &str, options: &[&str], envs: &[(&str, &str)]) -> String {
+    let marker = marker(test);
+    let marker_arg = marker.to_str().expect("temp dir is UTF-8");
+    let mut args = vec!["run"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--", "touch", marker_arg]);
+    let out = output(cudabudget(&args).envs(envs.iter().copied()));
+    let message = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "stderr: {message}");
+    assert!(!marker.exists(), "the command ran despite: {message}");
+    assert!(message.starts_with("cudabudget: "), "{message}");
+    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
+    message
+}
+
+#[test]
+fn run_preloads_the_library_beside_the_binary_and_passes_the_limit() {
+    let out = output(cudabudget(&[
+        "run",
+        "--limit",
+        "8Gi",
+        "--",
+        "sh",
+        "-c",
+        "echo $LD_PRELOAD; echo $CUDABUDGET_LIMIT",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = stdout(&out);
+    let lines: Vec<&str> = printed.lines().collect();
+    let [preload, limit] = lines[..] else {
+        panic!("unexpected output {printed:?}");
+    };
+    assert_is_fresh_library(preload);
+    assert_eq!(limit, "8Gi");
+}
+
+#[test]
+fn limit_device_sets_the_per_device_variable() {
+    let out = output(cudabudget(&[
+        "run",
+        "--limit-device",
+        "1=4Gi",
+        "--limit-device",
+        "0=40%",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDABUDGET_LIMIT_1 $CUDABUDGET_LIMIT_0 ${CUDABUDGET_LIMIT-unset}",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "4Gi 40% unset\n");
+}
+
+#[test]
+fn scope_and_policy_are_passed_when_given() {
+    let out = output(cudabudget(&[
+        "run",
+        "--limit",
+        "1Gi",
+        "--scope",
+        "process",
+        "--on-exceed",
+        "fail",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDABUDGET_SCOPE $CUDABUDGET_ON_EXCEED",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "process fail\n");
+}
+
+#[test]
+fn the_command_may_follow_without_a_double_dash() {
+    let out = output(cudabudget(&[
+        "run", "--limit", "1Gi", "sh", "-c", "echo ran",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ran\n");
+}
+
+#[test]
+fn an_existing_preload_is_kept_after_ours() {
+    let out = output(
+        cudabudget(&[
+            "run",
+            "--limit",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $LD_PRELOAD",
+        ])
+        .env("LD_PRELOAD", "/lib/other.so"),
+    );
+    // ld.so only warns about a missing preload, so the child still runs.
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = stdout(&out);
+    let Some((ours, theirs)) = printed.trim_end().split_once(':') else {
+        panic!("unexpected LD_PRELOAD {printed:?}");
+    };
+    assert_is_fresh_library(ours);
+    assert_eq!(theirs, "/lib/other.so");
+}
+
+#[test]
+fn the_library_is_not_preloaded_twice() {
+    let ours = fresh_library();
+    let out = output(
+        cudabudget(&[
+            "run",
+            "--limit",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $LD_PRELOAD",
+        ])
+        .env("LD_PRELOAD", &ours),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), format!("{}\n", ours.display()));
+}
+
+#[test]
+fn a_budget_from_the_environment_is_enough() {
+    let out = output(
+        cudabudget(&["run", "--", "sh", "-c", "echo $CUDABUDGET_LIMIT"])
+            .env("CUDABUDGET_LIMIT", "40%"),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "40%\n");
+}
+
+#[test]
+fn a_bad_quantity_is_refused_before_anything_runs() {
+    let message = assert_refused_before_running("bad-quantity", &["--limit", "10XB"], &[]);
+    assert_eq!(
+        message.trim_end(),
+        "cudabudget: --limit \"10XB\": unknown unit \"XB\" (examples: 20Gi, 512Mi, 8GB, 40%)"
+    );
+}
+
+#[test]
+fn a_bad_device_option_is_refused_before_anything_runs() {
+    for (test, option) in [
+        ("device-quantity", "1=8Gb"),
+        ("device-no-equals", "1"),
+        ("device-ordinal", "x=1Gi"),
+    ] {
+        let message = assert_refused_before_running(test, &["--limit-device", option], &[]);
+        assert!(message.contains("--limit-device"), "{message}");
+    }
+}
+
+#[test]
+fn unsupported_scope_and_policy_are_refused_before_anything_runs() {
+    let message =
+        assert_refused_before_running("scope", &["--limit", "1Gi", "--scope", "job:train"], &[]);
+    assert!(message.contains("not supported"), "{message}");
+    let message = assert_refused_before_running(
+        "policy",
+        &["--limit", "1Gi", "--on-exceed", "wait:30s"],
+        &[],
+    );
+    assert!(message.contains("not supported"), "{message}");
+}
+
+#[test]
+fn a_bad_inherited_variable_is_refused_before_anything_runs() {
+    let message = assert_refused_before_running(
+        "inherited",
+        &["--limit", "1Gi"],
+        &[("CUDABUDGET_LOG", "loud")],
+    );
+    assert!(message.contains("CUDABUDGET_LOG=\"loud\""), "{message}");
+}
+
+#[test]
+fn no_budget_at_all_is_refused() {
+    let message = assert_refused_before_running("no-budget", &[], &[]);
+    assert!(message.contains("--limit"), "{message}");
+}
+
+#[test]
+fn a_missing_cudabudget_lib_is_refused() {
+    let message = assert_refused_before_running(
+        "missing-lib",
+        &["--limit", "1Gi"],
+        &[("CUDABUDGET_LIB", "/nonexistent/libcudabudget.so")],
+    );
+    assert!(message.contains("CUDABUDGET_LIB"), "{message}");
+}
+
+#[test]
+fn cudabudget_lib_names_the_library_to_preload() {
+    let ours = fresh_library();
+    let out = output(
+        cudabudget(&[
+            "run",
+            "--limit",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $LD_PRELOAD",
+        ])
+        .env("CUDABUDGET_LIB", &ours),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), format!("{}\n", ours.display()));
+}
+
+#[test]
+fn a_command_that_cannot_be_executed_exits_127() {
+    let out = output(cudabudget(&[
+        "run",
+        "--limit",
+        "1Gi",
+        "--",
+        "/nonexistent/command",
+    ]));
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        stderr(&out).starts_with("cudabudget: cannot run \"/nonexistent/command\": "),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn version_and_help_are_available() {
+    let out = output(cudabudget(&["--version"]));
+    assert!(out.status.success());
+    assert!(stdout(&out).starts_with("cudabudget "));
+    let out = output(cudabudget(&["run", "--help"]));
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("cudabudget run --limit 20Gi -- python train.py"));
+}
