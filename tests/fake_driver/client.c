@@ -1,0 +1,677 @@
+/* Test client: loads the CUDA driver the ways real programs do and runs a list of ops,
+ * printing one line per op. Usage: client MODE OP...   (see README.md)
+ * Built twice: `client` (dlopen only) and `client_linked` (-DLINKED, linked with -lcuda). */
+#define _GNU_SOURCE
+#include "fake_cuda_api.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef unsigned long long u64;
+
+/* X(concrete name, base name for cuGetProcAddress) */
+#define CLIENT_FUNCS(X)                                          \
+    X(cuInit, "cuInit")                                          \
+    X(cuDeviceGet, "cuDeviceGet")                                \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")      \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease") \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset")     \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent")                        \
+    X(cuCtxGetDevice, "cuCtxGetDevice")                          \
+    X(cuMemAlloc_v2, "cuMemAlloc")                               \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch")                     \
+    X(cuMemAllocManaged, "cuMemAllocManaged")                    \
+    X(cuMemFree_v2, "cuMemFree")                                 \
+    X(cuMemGetInfo_v2, "cuMemGetInfo")                           \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem")                   \
+    X(cuMemAllocAsync, "cuMemAllocAsync")                        \
+    X(cuMemFreeAsync, "cuMemFreeAsync")                          \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")        \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")    \
+    X(cuMemPoolCreate, "cuMemPoolCreate")                        \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute")            \
+    X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute")            \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo")                        \
+    X(cuStreamSynchronize, "cuStreamSynchronize")                \
+    X(cuMemCreate, "cuMemCreate")                                \
+    X(cuMemAddressReserve, "cuMemAddressReserve")                \
+    X(cuMemAddressFree, "cuMemAddressFree")                      \
+    X(cuMemMap, "cuMemMap")                                      \
+    X(cuMemUnmap, "cuMemUnmap")                                  \
+    X(cuMemRelease, "cuMemRelease")                              \
+    X(cuArrayCreate_v2, "cuArrayCreate")                         \
+    X(cuArray3DCreate_v2, "cuArray3DCreate")                     \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate")          \
+    X(cuArrayDestroy, "cuArrayDestroy")                          \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy")
+
+#define FIELD(c, b) __typeof__(&c) c;
+static struct {
+    CLIENT_FUNCS(FIELD)
+} api;
+#undef FIELD
+
+enum mode { M_GPA, M_GPA_PTSZ, M_GPA_LEGACY, M_DLSYM, M_LINKED };
+static enum mode g_mode;
+static void *g_cuda; /* dlopen handle of libcuda.so.1 (NULL in linked mode) */
+static __typeof__(&cuGetProcAddress_v2) g_gpa2;
+static __typeof__(&cuGetProcAddress) g_gpa1;
+static CUcontext g_ctx;
+
+/* ---------- output ---------- */
+
+static void out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void out(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+static void usage_error(const char *op, const char *why) {
+    fprintf(stderr, "client: cannot parse op '%s': %s\n", op, why);
+    exit(2);
+}
+
+/* ---------- resolution ---------- */
+
+static void *resolve(const char *concrete, const char *base) {
+    void *p = NULL;
+    int status = 0;
+    switch (g_mode) {
+    case M_GPA:
+    case M_GPA_PTSZ:
+        if (g_gpa2(base, &p, 13000, g_mode == M_GPA_PTSZ ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0,
+                   &status) != CUDA_SUCCESS)
+            p = NULL;
+        break;
+    case M_GPA_LEGACY:
+        if (g_gpa1(base, &p, 12000, 0) != CUDA_SUCCESS) p = NULL;
+        break;
+    case M_DLSYM: p = dlsym(g_cuda, concrete); break;
+    case M_LINKED: p = dlsym(RTLD_DEFAULT, concrete); break;
+    }
+    return p;
+}
+
+static void resolve_all(void) {
+#ifdef LINKED
+    if (g_mode == M_LINKED) {
+#define DIRECT(c, b) api.c = &c;
+        CLIENT_FUNCS(DIRECT)
+#undef DIRECT
+        return;
+    }
+#endif
+    g_cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!g_cuda) {
+        out("resolve:libcuda.so.1 rc=-1 err=%s", dlerror());
+        exit(3);
+    }
+    if (g_mode == M_GPA || g_mode == M_GPA_PTSZ) {
+        g_gpa2 = (__typeof__(g_gpa2))dlsym(g_cuda, "cuGetProcAddress_v2");
+        if (!g_gpa2) {
+            out("resolve:cuGetProcAddress_v2 rc=-1");
+            exit(3);
+        }
+    } else if (g_mode == M_GPA_LEGACY) {
+        g_gpa1 = (__typeof__(g_gpa1))dlsym(g_cuda, "cuGetProcAddress");
+        if (!g_gpa1) {
+            out("resolve:cuGetProcAddress rc=-1");
+            exit(3);
+        }
+    }
+#define RESOLVE(c, b)                                          \
+    api.c = (__typeof__(api.c))resolve(#c, b);                 \
+    if (!api.c) {                                              \
+        out("resolve:%s rc=-1", g_mode == M_DLSYM ? #c : b);   \
+        exit(3);                                               \
+    }
+    CLIENT_FUNCS(RESOLVE)
+#undef RESOLVE
+}
+
+/* fake_cuda_used / fake_cuda_peak: from the libcuda handle, or the global scope when linked. */
+static void *helper(const char *name) { return dlsym(g_cuda ? g_cuda : RTLD_DEFAULT, name); }
+
+/* ---------- parsing ---------- */
+
+static int parse_u64(const char *s, u64 *out_v) {
+    if (!s || !*s || *s == '-') return -1;
+    if (!strcmp(s, "max")) {
+        *out_v = ~0ull;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    u64 v = strtoull(s, &end, (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) ? 16 : 10);
+    if (errno || end == s) return -1;
+    unsigned shift = 0;
+    if (!strcmp(end, "Ki")) shift = 10;
+    else if (!strcmp(end, "Mi")) shift = 20;
+    else if (!strcmp(end, "Gi")) shift = 30;
+    else if (!strcmp(end, "Ti")) shift = 40;
+    else if (*end) return -1;
+    if (shift && v > (~0ull >> shift)) return -1;
+    *out_v = v << shift;
+    return 0;
+}
+
+#define MAX_FIELDS 8
+struct op {
+    const char *text;
+    char buf[256];
+    char *f[MAX_FIELDS]; /* f[0] = op name */
+    int n;
+};
+
+static void split(struct op *op, const char *text) {
+    op->text = text;
+    snprintf(op->buf, sizeof op->buf, "%s", text);
+    op->n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(op->buf, ":", &save); t && op->n < MAX_FIELDS; t = strtok_r(NULL, ":", &save))
+        op->f[op->n++] = t;
+}
+
+static u64 num_field(struct op *op, int i) {
+    u64 v;
+    if (i >= op->n || parse_u64(op->f[i], &v) != 0) usage_error(op->text, "bad or missing number");
+    return v;
+}
+
+static void need_fields(struct op *op, int n) {
+    if (op->n != n) usage_error(op->text, "wrong number of fields");
+}
+
+/* ---------- slots ---------- */
+
+enum slot_kind { S_PTR, S_ASYNC, S_VMM, S_ARRAY, S_MIPMAP };
+struct slot {
+    enum slot_kind kind;
+    u64 value;
+    u64 size;
+    u64 va;
+};
+static struct slot *g_slots;
+static size_t g_nslots, g_capslots;
+static CUmemoryPool g_pools[256];
+static size_t g_npools;
+
+static size_t add_slot(enum slot_kind kind, u64 value, u64 size) {
+    if (g_nslots == g_capslots) {
+        size_t n = g_capslots ? g_capslots * 2 : 64;
+        struct slot *s = realloc(g_slots, n * sizeof *s);
+        if (!s) {
+            perror("client: realloc");
+            exit(4);
+        }
+        g_slots = s;
+        g_capslots = n;
+    }
+    g_slots[g_nslots] = (struct slot){kind, value, size, 0};
+    return g_nslots++;
+}
+
+static struct slot *slot_field(struct op *op, int i) {
+    u64 k = num_field(op, i);
+    if (k >= g_nslots) usage_error(op->text, "no such slot");
+    return &g_slots[k];
+}
+
+static void print_alloc(const char *name, int rc, enum slot_kind kind, u64 value, u64 size) {
+    if (rc == CUDA_SUCCESS) {
+        size_t k = add_slot(kind, value, size);
+        out("%s rc=%d slot=%zu ptr=0x%llx", name, rc, k, value);
+    } else {
+        out("%s rc=%d", name, rc);
+    }
+}
+
+static int current_device(CUdevice *dev) { return api.cuCtxGetDevice(dev); }
+
+static CUmemoryPool default_pool(int *rc) {
+    CUdevice dev = 0;
+    CUmemoryPool pool = NULL;
+    *rc = current_device(&dev);
+    if (*rc == CUDA_SUCCESS) *rc = api.cuDeviceGetDefaultMemPool(&pool, dev);
+    return pool;
+}
+
+/* ---------- races ---------- */
+
+struct race {
+    u64 iters, size;
+    u64 ok, denied, other;
+    pthread_barrier_t start, hold;
+};
+
+static void short_pause(void) {
+    struct timespec ts = {0, 3000};
+    nanosleep(&ts, NULL);
+}
+
+static void *race_thread(void *arg) {
+    struct race *r = arg;
+    api.cuCtxSetCurrent(g_ctx);
+    pthread_barrier_wait(&r->start);
+    for (u64 i = 0; i < r->iters; i++) {
+        CUdeviceptr p;
+        int rc = api.cuMemAlloc_v2(&p, r->size);
+        if (rc == CUDA_SUCCESS) {
+            __atomic_add_fetch(&r->ok, 1, __ATOMIC_RELAXED);
+            short_pause();
+            if (api.cuMemFree_v2(p) != CUDA_SUCCESS) __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
+        } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            __atomic_add_fetch(&r->denied, 1, __ATOMIC_RELAXED);
+        } else {
+            __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
+        }
+    }
+    return NULL;
+}
+
+static void *racehold_thread(void *arg) {
+    struct race *r = arg;
+    api.cuCtxSetCurrent(g_ctx);
+    size_t n = 0, cap = 64;
+    CUdeviceptr *held = malloc(cap * sizeof *held);
+    pthread_barrier_wait(&r->start);
+    int rc = CUDA_SUCCESS;
+    while (held && n < (1u << 24)) {
+        CUdeviceptr p;
+        rc = api.cuMemAlloc_v2(&p, r->size);
+        if (rc != CUDA_SUCCESS) break;
+        if (n == cap) {
+            CUdeviceptr *h = realloc(held, 2 * cap * sizeof *h);
+            if (!h) {
+                api.cuMemFree_v2(p);
+                break;
+            }
+            held = h;
+            cap *= 2;
+        }
+        held[n++] = p;
+    }
+    __atomic_add_fetch(&r->ok, n, __ATOMIC_RELAXED);
+    __atomic_add_fetch(rc == CUDA_ERROR_OUT_OF_MEMORY ? &r->denied : &r->other, 1, __ATOMIC_RELAXED);
+    pthread_barrier_wait(&r->hold); /* everyone holds its maximum at the same time */
+    for (size_t i = 0; i < n; i++) api.cuMemFree_v2(held[i]);
+    free(held);
+    return NULL;
+}
+
+static struct race *run_threads(u64 threads, u64 iters, u64 size, void *(*fn)(void *)) {
+    static struct race r;
+    memset(&r, 0, sizeof r);
+    r.iters = iters;
+    r.size = size;
+    pthread_barrier_init(&r.start, NULL, (unsigned)threads);
+    pthread_barrier_init(&r.hold, NULL, (unsigned)threads);
+    pthread_t *t = calloc(threads, sizeof *t);
+    if (!t) exit(4);
+    for (u64 i = 0; i < threads; i++)
+        if (pthread_create(&t[i], NULL, fn, &r) != 0) {
+            perror("client: pthread_create");
+            exit(4);
+        }
+    for (u64 i = 0; i < threads; i++) pthread_join(t[i], NULL);
+    free(t);
+    pthread_barrier_destroy(&r.start);
+    pthread_barrier_destroy(&r.hold);
+    return &r;
+}
+
+/* ---------- NVML ---------- */
+
+typedef struct { unsigned long long total, free, used; } nvml_mem1;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvml_mem2;
+
+static void op_nvml(struct op *op) {
+    need_fields(op, 2);
+    u64 idx = num_field(op, 1);
+    static void *h;
+    if (!h) h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    int (*init)(void) = h ? (int (*)(void))dlsym(h, "nvmlInit_v2") : NULL;
+    int (*by_index)(unsigned, void **) = h ? (int (*)(unsigned, void **))dlsym(h, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+    int (*mem1)(void *, nvml_mem1 *) = h ? (int (*)(void *, nvml_mem1 *))dlsym(h, "nvmlDeviceGetMemoryInfo") : NULL;
+    int (*mem2)(void *, nvml_mem2 *) = h ? (int (*)(void *, nvml_mem2 *))dlsym(h, "nvmlDeviceGetMemoryInfo_v2") : NULL;
+    if (!init || !by_index || !mem1 || !mem2) {
+        out("nvml rc=-1");
+        return;
+    }
+    nvml_mem1 m1 = {0, 0, 0};
+    nvml_mem2 m2 = {(unsigned)sizeof(nvml_mem2) | (2u << 24), 0, 0, 0, 0};
+    void *dev = NULL;
+    int rc = init();
+    if (rc == 0) rc = by_index((unsigned)idx, &dev);
+    if (rc == 0) rc = mem1(dev, &m1);
+    if (rc == 0) rc = mem2(dev, &m2);
+    out("nvml rc=%d total=%llu free=%llu used=%llu total2=%llu free2=%llu used2=%llu", rc, m1.total, m1.free, m1.used,
+        m2.total, m2.free, m2.used);
+}
+
+/* ---------- ops ---------- */
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static void op_sym(struct op *op) {
+    if (op->n != 2) usage_error(op->text, "sym:NAME");
+    void *p = resolve(op->f[1], op->f[1]);
+    Dl_info info;
+    if (!p) {
+        out("sym rc=-1 lib= name=");
+    } else if (dladdr(p, &info) && info.dli_fname) {
+        out("sym rc=0 lib=%s name=%s", base_name(info.dli_fname), info.dli_sname ? info.dli_sname : "?");
+    } else {
+        out("sym rc=0 lib=? name=?");
+    }
+}
+
+static int vmm_prop(CUmemAllocationProp *prop, int kind) {
+    memset(prop, 0, sizeof *prop);
+    CUdevice dev = 0;
+    int rc = current_device(&dev);
+    prop->type = 1;
+    prop->location.type = kind == 2 ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = kind == 2 ? 0 : dev;
+    if (kind == 1) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+    return rc;
+}
+
+static void run_op(const char *text) {
+    struct op o, *op = &o;
+    split(op, text);
+    if (op->n == 0) usage_error(text, "empty op");
+    const char *name = op->f[0];
+    int rc;
+
+    if (!strcmp(name, "ctx")) {
+        need_fields(op, 2);
+        CUdevice dev;
+        rc = api.cuDeviceGet(&dev, (int)num_field(op, 1));
+        CUcontext c = NULL;
+        if (rc == CUDA_SUCCESS) rc = api.cuDevicePrimaryCtxRetain(&c, dev);
+        if (rc == CUDA_SUCCESS) rc = api.cuCtxSetCurrent(c);
+        if (rc == CUDA_SUCCESS) g_ctx = c;
+        out("ctx rc=%d", rc);
+    } else if (!strcmp(name, "ctxrelease") || !strcmp(name, "ctxreset")) {
+        need_fields(op, 2);
+        CUdevice dev;
+        rc = api.cuDeviceGet(&dev, (int)num_field(op, 1));
+        if (rc == CUDA_SUCCESS)
+            rc = !strcmp(name, "ctxrelease") ? api.cuDevicePrimaryCtxRelease_v2(dev) : api.cuDevicePrimaryCtxReset_v2(dev);
+        out("%s rc=%d", name, rc);
+    } else if (!strcmp(name, "alloc")) {
+        need_fields(op, 2);
+        u64 size = num_field(op, 1);
+        CUdeviceptr p = 0;
+        rc = api.cuMemAlloc_v2(&p, size);
+        print_alloc("alloc", rc, S_PTR, p, size);
+    } else if (!strcmp(name, "pitch")) {
+        need_fields(op, 3);
+        u64 w = num_field(op, 1), h = num_field(op, 2);
+        CUdeviceptr p = 0;
+        size_t pitch = 0;
+        rc = api.cuMemAllocPitch_v2(&p, &pitch, w, h, 4);
+        if (rc == CUDA_SUCCESS) {
+            size_t k = add_slot(S_PTR, p, (u64)pitch * h);
+            out("pitch rc=%d slot=%zu pitch=%zu ptr=0x%llx", rc, k, pitch, p);
+        } else {
+            out("pitch rc=%d", rc);
+        }
+    } else if (!strcmp(name, "managed")) {
+        need_fields(op, 2);
+        u64 size = num_field(op, 1);
+        CUdeviceptr p = 0;
+        rc = api.cuMemAllocManaged(&p, size, 1);
+        print_alloc("managed", rc, S_PTR, p, size);
+    } else if (!strcmp(name, "free")) {
+        need_fields(op, 2);
+        out("free rc=%d", api.cuMemFree_v2(slot_field(op, 1)->value));
+    } else if (!strcmp(name, "freeptr")) {
+        need_fields(op, 2);
+        char *end;
+        errno = 0;
+        u64 p = strtoull(op->f[1], &end, 16);
+        if (errno || *end) usage_error(text, "freeptr:HEX");
+        out("freeptr rc=%d", api.cuMemFree_v2(p));
+    } else if (!strcmp(name, "info")) {
+        need_fields(op, 1);
+        size_t f = 0, t = 0;
+        rc = api.cuMemGetInfo_v2(&f, &t);
+        out("info rc=%d free=%zu total=%zu", rc, f, t);
+    } else if (!strcmp(name, "total")) {
+        need_fields(op, 2);
+        CUdevice dev;
+        size_t bytes = 0;
+        rc = api.cuDeviceGet(&dev, (int)num_field(op, 1));
+        if (rc == CUDA_SUCCESS) rc = api.cuDeviceTotalMem_v2(&bytes, dev);
+        out("total rc=%d bytes=%zu", rc, bytes);
+    } else if (!strcmp(name, "async")) {
+        need_fields(op, 2);
+        u64 size = num_field(op, 1);
+        CUdeviceptr p = 0;
+        rc = api.cuMemAllocAsync(&p, size, NULL);
+        print_alloc("async", rc, S_ASYNC, p, size);
+    } else if (!strcmp(name, "freeasync")) {
+        need_fields(op, 2);
+        out("freeasync rc=%d", api.cuMemFreeAsync(slot_field(op, 1)->value, NULL));
+    } else if (!strcmp(name, "poolasync")) {
+        need_fields(op, 2);
+        u64 size = num_field(op, 1);
+        CUdeviceptr p = 0;
+        CUmemoryPool pool = default_pool(&rc);
+        if (rc == CUDA_SUCCESS) rc = api.cuMemAllocFromPoolAsync(&p, size, pool, NULL);
+        print_alloc("poolasync", rc, S_ASYNC, p, size);
+    } else if (!strcmp(name, "newpool")) {
+        need_fields(op, 1);
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        CUdevice dev = 0;
+        CUmemoryPool pool = NULL;
+        rc = current_device(&dev);
+        props.allocType = 1;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = dev;
+        if (rc == CUDA_SUCCESS) rc = api.cuMemPoolCreate(&pool, &props);
+        if (rc == CUDA_SUCCESS && g_npools < sizeof g_pools / sizeof g_pools[0]) {
+            g_pools[g_npools] = pool;
+            out("newpool rc=%d pool=%zu", rc, g_npools++);
+        } else {
+            out("newpool rc=%d", rc);
+        }
+    } else if (!strcmp(name, "poolasyncin")) {
+        need_fields(op, 3);
+        u64 k = num_field(op, 1), size = num_field(op, 2);
+        if (k >= g_npools) usage_error(text, "no such pool");
+        CUdeviceptr p = 0;
+        rc = api.cuMemAllocFromPoolAsync(&p, size, g_pools[k], NULL);
+        print_alloc("poolasyncin", rc, S_ASYNC, p, size);
+    } else if (!strcmp(name, "threshold")) {
+        need_fields(op, 2);
+        u64 v = num_field(op, 1);
+        CUmemoryPool pool = default_pool(&rc);
+        if (rc == CUDA_SUCCESS) rc = api.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+        out("threshold rc=%d", rc);
+    } else if (!strcmp(name, "reserve") || !strcmp(name, "poolused")) {
+        need_fields(op, 1);
+        u64 v = 0;
+        int attr = name[0] == 'r' ? CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT : CU_MEMPOOL_ATTR_USED_MEM_CURRENT;
+        CUmemoryPool pool = default_pool(&rc);
+        if (rc == CUDA_SUCCESS) rc = api.cuMemPoolGetAttribute(pool, attr, &v);
+        out("%s rc=%d bytes=%llu", name, rc, v);
+    } else if (!strcmp(name, "trim")) {
+        need_fields(op, 2);
+        u64 keep = num_field(op, 1);
+        CUmemoryPool pool = default_pool(&rc);
+        if (rc == CUDA_SUCCESS) rc = api.cuMemPoolTrimTo(pool, keep);
+        out("trim rc=%d", rc);
+    } else if (!strcmp(name, "sync")) {
+        need_fields(op, 1);
+        out("sync rc=%d", api.cuStreamSynchronize(NULL));
+    } else if (!strcmp(name, "create") || !strcmp(name, "createfabric") || !strcmp(name, "createhost")) {
+        need_fields(op, 2);
+        u64 size = num_field(op, 1);
+        CUmemAllocationProp prop;
+        CUmemGenericAllocationHandle h = 0;
+        rc = vmm_prop(&prop, !strcmp(name, "create") ? 0 : !strcmp(name, "createfabric") ? 1 : 2);
+        if (rc == CUDA_SUCCESS) rc = api.cuMemCreate(&h, size, &prop, 0);
+        print_alloc(name, rc, S_VMM, h, size);
+    } else if (!strcmp(name, "map")) {
+        need_fields(op, 2);
+        struct slot *s = slot_field(op, 1);
+        CUdeviceptr va = 0;
+        rc = api.cuMemAddressReserve(&va, s->size, 0, 0, 0);
+        if (rc == CUDA_SUCCESS) {
+            rc = api.cuMemMap(va, s->size, 0, s->value, 0);
+            if (rc == CUDA_SUCCESS) s->va = va;
+            else api.cuMemAddressFree(va, s->size);
+        }
+        out("map rc=%d", rc);
+    } else if (!strcmp(name, "unmap")) {
+        need_fields(op, 2);
+        struct slot *s = slot_field(op, 1);
+        rc = api.cuMemUnmap(s->va, s->size);
+        if (rc == CUDA_SUCCESS) {
+            api.cuMemAddressFree(s->va, s->size);
+            s->va = 0;
+        }
+        out("unmap rc=%d", rc);
+    } else if (!strcmp(name, "release")) {
+        need_fields(op, 2);
+        out("release rc=%d", api.cuMemRelease(slot_field(op, 1)->value));
+    } else if (!strcmp(name, "array")) {
+        need_fields(op, 5);
+        CUDA_ARRAY_DESCRIPTOR d = {num_field(op, 1), num_field(op, 2), (int)num_field(op, 3), (unsigned)num_field(op, 4)};
+        CUarray a = NULL;
+        rc = api.cuArrayCreate_v2(&a, &d);
+        print_alloc("array", rc, S_ARRAY, (u64)(uintptr_t)a, 0);
+    } else if (!strcmp(name, "array3d") || !strcmp(name, "mipmap")) {
+        int mip = name[0] == 'm';
+        need_fields(op, mip ? 7 : 6);
+        CUDA_ARRAY3D_DESCRIPTOR d = {num_field(op, 1), num_field(op, 2), num_field(op, 3), (int)num_field(op, 4),
+                                     (unsigned)num_field(op, 5), 0};
+        if (mip) {
+            CUmipmappedArray a = NULL;
+            rc = api.cuMipmappedArrayCreate(&a, &d, (unsigned)num_field(op, 6));
+            print_alloc("mipmap", rc, S_MIPMAP, (u64)(uintptr_t)a, 0);
+        } else {
+            CUarray a = NULL;
+            rc = api.cuArray3DCreate_v2(&a, &d);
+            print_alloc("array3d", rc, S_ARRAY, (u64)(uintptr_t)a, 0);
+        }
+    } else if (!strcmp(name, "destroy")) {
+        need_fields(op, 2);
+        struct slot *s = slot_field(op, 1);
+        rc = s->kind == S_MIPMAP ? api.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)s->value)
+                                 : api.cuArrayDestroy((CUarray)(uintptr_t)s->value);
+        out("destroy rc=%d", rc);
+    } else if (!strcmp(name, "phys")) {
+        need_fields(op, 1);
+        u64 (*used)(int) = (u64(*)(int))helper("fake_cuda_used");
+        u64 (*peak)(int) = (u64(*)(int))helper("fake_cuda_peak");
+        CUdevice dev = 0;
+        rc = current_device(&dev);
+        if (!used || !peak) out("phys rc=-1");
+        else out("phys rc=%d used=%llu peak=%llu", rc, used(dev), peak(dev));
+    } else if (!strcmp(name, "race")) {
+        need_fields(op, 4);
+        u64 threads = num_field(op, 1), iters = num_field(op, 2), size = num_field(op, 3);
+        if (threads == 0 || threads > 1024) usage_error(text, "THREADS must be 1..1024");
+        struct race *r = run_threads(threads, iters, size, race_thread);
+        out("race rc=0 ok=%llu denied=%llu other=%llu", r->ok, r->denied, r->other);
+    } else if (!strcmp(name, "racehold")) {
+        need_fields(op, 3);
+        u64 threads = num_field(op, 1), size = num_field(op, 2);
+        if (threads == 0 || threads > 1024) usage_error(text, "THREADS must be 1..1024");
+        struct race *r = run_threads(threads, 0, size, racehold_thread);
+        out("racehold rc=0 ok=%llu held_max=%llu other=%llu", r->ok, r->ok * size, r->other);
+    } else if (!strcmp(name, "nvml")) {
+        op_nvml(op);
+    } else if (!strcmp(name, "sym")) {
+        op_sym(op);
+    } else if (!strcmp(name, "sleep")) {
+        need_fields(op, 2);
+        u64 ms = num_field(op, 1);
+        struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        out("sleep rc=0");
+    } else if (!strcmp(name, "pagesize")) {
+        need_fields(op, 1);
+        int v = getpagesize();
+        int (*calls)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "thirdparty_calls");
+        if (calls) out("pagesize rc=0 value=%d calls=%d", v, calls());
+        else out("pagesize rc=0 value=%d", v);
+    } else {
+        usage_error(text, "unknown op");
+    }
+}
+
+static const char *const k_ops[] = {
+    "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
+    "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
+    "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "race",
+    "racehold", "nvml", "sym", "sleep", "pagesize",
+};
+
+/* Unknown op names are refused before anything runs. */
+static void check_op_names(int argc, char **argv) {
+    for (int i = 2; i < argc; i++) {
+        size_t len = strcspn(argv[i], ":");
+        int known = 0;
+        for (size_t k = 0; k < sizeof k_ops / sizeof k_ops[0]; k++)
+            if (strlen(k_ops[k]) == len && !strncmp(k_ops[k], argv[i], len)) known = 1;
+        if (!known) usage_error(argv[i], "unknown op");
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODE OP...\n", argv[0]);
+        return 2;
+    }
+    const char *m = argv[1];
+    if (!strcmp(m, "gpa")) g_mode = M_GPA;
+    else if (!strcmp(m, "gpa-ptsz")) g_mode = M_GPA_PTSZ;
+    else if (!strcmp(m, "gpa-legacy")) g_mode = M_GPA_LEGACY;
+    else if (!strcmp(m, "dlsym")) g_mode = M_DLSYM;
+#ifdef LINKED
+    else if (!strcmp(m, "linked")) g_mode = M_LINKED;
+#endif
+    else {
+        fprintf(stderr, "client: unknown mode '%s'\n", m);
+        return 2;
+    }
+
+    check_op_names(argc, argv);
+    resolve_all();
+    int rc = api.cuInit(0);
+    if (rc != CUDA_SUCCESS) {
+        out("init rc=%d", rc);
+        return 0;
+    }
+    CUdevice dev = 0;
+    int crc = api.cuDeviceGet(&dev, 0);
+    if (crc == CUDA_SUCCESS) crc = api.cuDevicePrimaryCtxRetain(&g_ctx, dev);
+    if (crc == CUDA_SUCCESS) crc = api.cuCtxSetCurrent(g_ctx);
+    out("init rc=%d ctx=%d", rc, crc);
+
+    for (int i = 2; i < argc; i++) run_op(argv[i]);
+    out("done");
+    free(g_slots);
+    return 0;
+}

@@ -1,0 +1,1229 @@
+/* Fake libcuda.so.1 for tests without a GPU. See README.md for the model.
+ * Device memory is a counter per physical device; no real memory backs it.
+ * One global mutex guards all state; the current context is thread-local. */
+#define _GNU_SOURCE
+#include "fake_cuda_api.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+typedef unsigned long long u64;
+
+#define MAX_DEV 64
+#define MIB (1ull << 20)
+#define GRANULARITY (2 * MIB)
+#define POOL_CHUNK (32 * MIB)
+#define DEVPTR_BASE 0x7f0000000000ull
+#define VA_BASE 0x200000000000ull
+#define HANDLE_BASE 0x100000000ull
+#define CTX_STACK 32
+
+/* ---------- global state (all guarded by g_mu) ---------- */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_config_loaded;
+static int g_inited;
+static int g_nphys;
+static u64 g_mem;
+static u64 g_ctx_bytes;
+static int g_nvis;
+static int g_vis[MAX_DEV]; /* ordinal -> physical index */
+static u64 g_used[MAX_DEV]; /* by physical index */
+static u64 g_peak[MAX_DEV];
+
+struct fake_ctx {
+    int device; /* ordinal */
+    int primary;
+    int destroyed;
+    int refcount; /* primary only */
+    unsigned flags;
+};
+static struct fake_ctx g_primary[MAX_DEV];
+static struct fake_ctx **g_ctxs; /* created (non-primary) contexts; never freed so stale handles stay safe */
+static size_t g_nctxs, g_capctxs;
+
+struct fake_pool {
+    int device;
+    int is_default;
+    int destroyed;
+    u64 reserve, live, threshold, reserve_high, used_high;
+};
+static struct fake_pool g_default_pool[MAX_DEV];
+static struct fake_pool *g_cur_pool[MAX_DEV];
+static struct fake_pool **g_pools; /* created pools; never freed */
+static size_t g_npools, g_cappools;
+
+static u64 g_dev_bump[MAX_DEV];
+static u64 g_va_bump = VA_BASE;
+static u64 g_handle_bump = HANDLE_BASE;
+
+static __thread struct fake_ctx *t_cur;
+static __thread struct fake_ctx *t_stack[CTX_STACK];
+static __thread int t_depth;
+
+/* ---------- ptr/handle table ---------- */
+
+enum kind { K_DEV = 1, K_MANAGED, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP, K_STREAM };
+
+struct entry {
+    u64 key;
+    struct entry *next;
+    int kind;
+    int device;
+    int released; /* VMM */
+    int host;     /* VMM: host location, not device memory */
+    u64 size;
+    u64 mapcount; /* VMM */
+    struct fake_pool *pool; /* K_ASYNC */
+};
+
+static struct entry **g_buckets;
+static size_t g_nbuckets, g_count;
+
+static size_t hslot(u64 key, size_t n) {
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    return (size_t)key & (n - 1);
+}
+
+static struct entry *tfind(u64 key) {
+    if (!g_nbuckets) return NULL;
+    for (struct entry *e = g_buckets[hslot(key, g_nbuckets)]; e; e = e->next)
+        if (e->key == key) return e;
+    return NULL;
+}
+
+static int tgrow(void) {
+    size_t n = g_nbuckets ? g_nbuckets * 2 : 1024;
+    struct entry **b = calloc(n, sizeof *b);
+    if (!b) return -1;
+    for (size_t i = 0; i < g_nbuckets; i++) {
+        struct entry *e = g_buckets[i];
+        while (e) {
+            struct entry *next = e->next;
+            size_t s = hslot(e->key, n);
+            e->next = b[s];
+            b[s] = e;
+            e = next;
+        }
+    }
+    free(g_buckets);
+    g_buckets = b;
+    g_nbuckets = n;
+    return 0;
+}
+
+static struct entry *tadd(u64 key, int kind, int device, u64 size) {
+    if (g_count >= g_nbuckets && tgrow() != 0) return NULL;
+    struct entry *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->key = key;
+    e->kind = kind;
+    e->device = device;
+    e->size = size;
+    size_t s = hslot(key, g_nbuckets);
+    e->next = g_buckets[s];
+    g_buckets[s] = e;
+    g_count++;
+    return e;
+}
+
+static void tdel(struct entry *victim) {
+    struct entry **pp = &g_buckets[hslot(victim->key, g_nbuckets)];
+    while (*pp && *pp != victim) pp = &(*pp)->next;
+    if (*pp) {
+        *pp = victim->next;
+        g_count--;
+    }
+    free(victim);
+}
+
+/* ---------- helpers ---------- */
+
+static u64 round_up(u64 x, u64 a) {
+    if (x > ~0ull - (a - 1)) return ~0ull / a * a;
+    return (x + a - 1) / a * a;
+}
+
+static u64 max_u64(u64 a, u64 b) { return a > b ? a : b; }
+
+static u64 env_u64(const char *name, u64 def) {
+    const char *s = getenv(name);
+    if (!s || !*s) return def;
+    char *end;
+    errno = 0;
+    u64 v = strtoull(s, &end, 10);
+    if (*end || errno) return def;
+    return v;
+}
+
+static void uuid_bytes(int phys, unsigned char out[16]) {
+    static const unsigned char head[4] = {0xfa, 0xce, 0xb0, 0x0c};
+    memset(out, 0, 16);
+    memcpy(out, head, 4);
+    out[15] = (unsigned char)phys;
+}
+
+static void uuid_string(int phys, char *out, size_t len) {
+    unsigned char u[16];
+    uuid_bytes(phys, u);
+    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+static int parse_visible_token(const char *tok) {
+    if (!*tok) return -1;
+    int digits = 1;
+    for (const char *c = tok; *c; c++)
+        if (*c < '0' || *c > '9') digits = 0;
+    if (digits) {
+        long v = strtol(tok, NULL, 10);
+        return v < g_nphys ? (int)v : -1;
+    }
+    if (strncasecmp(tok, "GPU-", 4) != 0) return -1;
+    for (int p = 0; p < g_nphys; p++) {
+        char u[64];
+        uuid_string(p, u, sizeof u);
+        if (strncasecmp(u, tok, strlen(tok)) == 0) return p;
+    }
+    return -1;
+}
+
+/* Reads the environment once (at cuInit, or at the first stats helper). */
+static void load_config_locked(void) {
+    if (g_config_loaded) return;
+    g_config_loaded = 1;
+    u64 n = env_u64("FAKE_CUDA_DEVICES", 1);
+    g_nphys = n > MAX_DEV ? MAX_DEV : (int)n;
+    g_mem = env_u64("FAKE_CUDA_MEM", 85899345920ull);
+    g_ctx_bytes = env_u64("FAKE_CUDA_CTX_BYTES", 0);
+
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    g_nvis = 0;
+    if (!cvd) {
+        for (int p = 0; p < g_nphys; p++) g_vis[g_nvis++] = p;
+    } else {
+        /* Like the real driver: the list stops at the first invalid or repeated entry. */
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", cvd);
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ",", &save); tok && g_nvis < MAX_DEV; tok = strtok_r(NULL, ",", &save)) {
+            while (*tok == ' ') tok++;
+            size_t l = strlen(tok);
+            while (l && tok[l - 1] == ' ') tok[--l] = 0;
+            int p = parse_visible_token(tok);
+            if (p < 0) break;
+            int dup = 0;
+            for (int i = 0; i < g_nvis; i++)
+                if (g_vis[i] == p) dup = 1;
+            if (dup) break;
+            g_vis[g_nvis++] = p;
+        }
+    }
+    for (int d = 0; d < MAX_DEV; d++) {
+        g_primary[d].device = d;
+        g_primary[d].primary = 1;
+        g_default_pool[d].device = d;
+        g_default_pool[d].is_default = 1;
+        g_cur_pool[d] = &g_default_pool[d];
+    }
+}
+
+static int valid_dev(int dev) { return dev >= 0 && dev < g_nvis; }
+
+static void pool_shrink_to(struct fake_pool *p, u64 target);
+
+static void uncharge(int dev, u64 bytes) {
+    int p = g_vis[dev];
+    g_used[p] -= bytes > g_used[p] ? g_used[p] : bytes;
+}
+
+static int fits(int dev, u64 bytes) { return bytes <= g_mem - g_used[g_vis[dev]]; }
+
+static void trim_device_pools(int dev) {
+    struct fake_pool *d = &g_default_pool[dev];
+    pool_shrink_to(d, round_up(d->live, POOL_CHUNK));
+    for (size_t i = 0; i < g_npools; i++)
+        if (g_pools[i]->device == dev) pool_shrink_to(g_pools[i], round_up(g_pools[i]->live, POOL_CHUNK));
+}
+
+/* Charges physical memory on ordinal dev. A synchronous allocation that does not fit
+ * first trims the device's pools to their live bytes, as the real driver does. */
+static CUresult charge(int dev, u64 bytes, int may_trim) {
+    if (!fits(dev, bytes)) {
+        if (may_trim) trim_device_pools(dev);
+        if (!fits(dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    int p = g_vis[dev];
+    g_used[p] += bytes;
+    if (g_used[p] > g_peak[p]) g_peak[p] = g_used[p];
+    return CUDA_SUCCESS;
+}
+
+static void pool_shrink_to(struct fake_pool *p, u64 target) {
+    if (p->reserve > target) {
+        uncharge(p->device, p->reserve - target);
+        p->reserve = target;
+    }
+}
+
+static void sync_device(int dev) {
+    struct fake_pool *d = &g_default_pool[dev];
+    pool_shrink_to(d, max_u64(round_up(d->live, POOL_CHUNK), d->threshold));
+    for (size_t i = 0; i < g_npools; i++) {
+        struct fake_pool *p = g_pools[i];
+        if (p->device != dev) continue;
+        pool_shrink_to(p, p->destroyed ? round_up(p->live, POOL_CHUNK)
+                                       : max_u64(round_up(p->live, POOL_CHUNK), p->threshold));
+    }
+}
+
+static int pool_known(struct fake_pool *p) {
+    if (!p) return 0;
+    for (int d = 0; d < g_nvis; d++)
+        if (p == &g_default_pool[d]) return 1;
+    for (size_t i = 0; i < g_npools; i++)
+        if (g_pools[i] == p) return !p->destroyed;
+    return 0;
+}
+
+static int ctx_known(struct fake_ctx *c) {
+    for (int d = 0; d < g_nvis; d++)
+        if (c == &g_primary[d]) return 1;
+    for (size_t i = 0; i < g_nctxs; i++)
+        if (g_ctxs[i] == c) return !c->destroyed;
+    return 0;
+}
+
+static int ctx_usable(struct fake_ctx *c) {
+    return c && !c->destroyed && (!c->primary || c->refcount > 0);
+}
+
+static CUresult cur_device(int *dev) {
+    if (!ctx_usable(t_cur)) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = t_cur->device;
+    return CUDA_SUCCESS;
+}
+
+static u64 next_devptr(int dev, u64 size) {
+    if (!g_dev_bump[dev]) g_dev_bump[dev] = DEVPTR_BASE + ((u64)dev << 40);
+    u64 p;
+    do {
+        p = g_dev_bump[dev];
+        g_dev_bump[dev] += round_up(size ? size : 1, GRANULARITY);
+    } while (tfind(p));
+    return p;
+}
+
+static u64 next_handle(void) {
+    g_handle_bump += 0x10;
+    return g_handle_bump;
+}
+
+#define BEGIN                                  \
+    CUresult rc_ = CUDA_SUCCESS;               \
+    pthread_mutex_lock(&g_mu);                 \
+    if (!g_inited) {                           \
+        rc_ = CUDA_ERROR_NOT_INITIALIZED;      \
+        goto out;                              \
+    }
+#define FAIL(code)   \
+    do {             \
+        rc_ = (code); \
+        goto out;    \
+    } while (0)
+#define TRY(expr)                          \
+    do {                                   \
+        if ((rc_ = (expr)) != CUDA_SUCCESS) \
+            goto out;                      \
+    } while (0)
+#define END                      \
+    out:                         \
+    pthread_mutex_unlock(&g_mu); \
+    return rc_;
+
+/* ---------- init, devices ---------- */
+
+CUresult cuInit(unsigned int flags) {
+    pthread_mutex_lock(&g_mu);
+    load_config_locked();
+    CUresult rc = CUDA_SUCCESS;
+    if (flags != 0) rc = CUDA_ERROR_INVALID_VALUE;
+    else if (g_nvis == 0) rc = CUDA_ERROR_NO_DEVICE;
+    else g_inited = 1;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+CUresult cuDriverGetVersion(int *version) {
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
+    *version = 13000;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *count) {
+    BEGIN;
+    if (!count) FAIL(CUDA_ERROR_INVALID_VALUE);
+    *count = g_nvis;
+    END
+}
+
+CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    BEGIN;
+    if (!dev) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(ordinal)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    *dev = ordinal;
+    END
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    BEGIN;
+    if (!name || len <= 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    snprintf(name, (size_t)len, "%s", "Fake H200");
+    END
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    BEGIN;
+    if (!bytes) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    *bytes = g_mem;
+    END
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    BEGIN;
+    if (!uuid) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    uuid_bytes(g_vis[dev], (unsigned char *)uuid->bytes);
+    END
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+
+CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
+    (void)attrib;
+    BEGIN;
+    if (!value) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    *value = 1;
+    END
+}
+
+/* ---------- contexts ---------- */
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    BEGIN;
+    if (!pctx) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    struct fake_ctx *c = &g_primary[dev];
+    if (c->refcount == 0 && g_ctx_bytes) TRY(charge(dev, g_ctx_bytes, 1));
+    c->refcount++;
+    *pctx = c;
+    END
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    BEGIN;
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    struct fake_ctx *c = &g_primary[dev];
+    if (c->refcount == 0) FAIL(CUDA_ERROR_INVALID_CONTEXT);
+    if (--c->refcount == 0) uncharge(dev, g_ctx_bytes);
+    END
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    BEGIN;
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    struct fake_ctx *c = &g_primary[dev];
+    if (c->refcount > 0) uncharge(dev, g_ctx_bytes);
+    c->refcount = 0;
+    END
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    BEGIN;
+    if (!flags || !active) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    *flags = g_primary[dev].flags;
+    *active = g_primary[dev].refcount > 0;
+    END
+}
+
+static void push_current(struct fake_ctx *c) {
+    if (t_depth < CTX_STACK) t_stack[t_depth++] = t_cur;
+    t_cur = c;
+}
+
+static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    BEGIN;
+    if (!pctx) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    if (g_nctxs == g_capctxs) {
+        size_t n = g_capctxs ? g_capctxs * 2 : 16;
+        struct fake_ctx **v = realloc(g_ctxs, n * sizeof *v);
+        if (!v) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+        g_ctxs = v;
+        g_capctxs = n;
+    }
+    struct fake_ctx *c = calloc(1, sizeof *c);
+    if (!c) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    if (g_ctx_bytes && charge(dev, g_ctx_bytes, 1) != CUDA_SUCCESS) {
+        free(c);
+        FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    c->device = dev;
+    c->flags = flags;
+    g_ctxs[g_nctxs++] = c;
+    push_current(c);
+    *pctx = c;
+    END
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, void *affinity, int n, unsigned int flags, CUdevice dev) {
+    (void)affinity;
+    (void)n;
+    return ctx_create(pctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
+    (void)params;
+    return ctx_create(pctx, flags, dev);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    BEGIN;
+    if (!ctx || ctx->primary || !ctx_known(ctx)) FAIL(CUDA_ERROR_INVALID_CONTEXT);
+    ctx->destroyed = 1;
+    uncharge(ctx->device, g_ctx_bytes);
+    if (t_cur == ctx) t_cur = t_depth ? t_stack[--t_depth] : NULL;
+    END
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    BEGIN;
+    if (ctx && !ctx_known(ctx)) FAIL(CUDA_ERROR_INVALID_CONTEXT);
+    t_cur = ctx;
+    END
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    BEGIN;
+    if (!pctx) FAIL(CUDA_ERROR_INVALID_VALUE);
+    *pctx = t_cur;
+    END
+}
+
+CUresult cuCtxGetDevice(CUdevice *dev) {
+    BEGIN;
+    if (!dev) FAIL(CUDA_ERROR_INVALID_VALUE);
+    TRY(cur_device(dev));
+    END
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    BEGIN;
+    if (!ctx || !ctx_known(ctx)) FAIL(CUDA_ERROR_INVALID_CONTEXT);
+    push_current(ctx);
+    END
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    BEGIN;
+    if (!t_cur) FAIL(CUDA_ERROR_INVALID_CONTEXT);
+    if (pctx) *pctx = t_cur;
+    t_cur = t_depth ? t_stack[--t_depth] : NULL;
+    END
+}
+
+CUresult cuCtxSynchronize(void) {
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    sync_device(dev);
+    END
+}
+
+/* ---------- synchronous memory ---------- */
+
+static CUresult sync_alloc(CUdeviceptr *dptr, u64 size, int kind) {
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    if (!dptr || size == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    TRY(charge(dev, size, 1));
+    struct entry *e = tadd(next_devptr(dev, size), kind, dev, size);
+    if (!e) {
+        uncharge(dev, size);
+        FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    *dptr = e->key;
+    END
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) { return sync_alloc(dptr, bytes, K_DEV); }
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elem) {
+    if (!pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16)) {
+        pthread_mutex_lock(&g_mu);
+        CUresult rc = g_inited ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+        pthread_mutex_unlock(&g_mu);
+        return rc;
+    }
+    u64 p = round_up(width, 512), bytes;
+    if (__builtin_mul_overflow(p, (u64)height, &bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = sync_alloc(dptr, bytes, K_DEV);
+    if (rc == CUDA_SUCCESS) *pitch = p;
+    return rc;
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
+    if (flags != 1 && flags != 2) {
+        pthread_mutex_lock(&g_mu);
+        CUresult rc = g_inited ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+        pthread_mutex_unlock(&g_mu);
+        return rc;
+    }
+    return sync_alloc(dptr, bytes, K_MANAGED);
+}
+
+/* Returns a stream-ordered allocation to its pool (live drops, reserve stays). */
+static void pool_release_entry(struct entry *e) {
+    struct fake_pool *p = e->pool;
+    p->live -= e->size > p->live ? p->live : e->size;
+    if (p->destroyed && p->live == 0) pool_shrink_to(p, 0);
+    tdel(e);
+}
+
+static CUresult free_any(CUdeviceptr dptr) {
+    struct entry *e = tfind(dptr);
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    if (e->kind == K_DEV || e->kind == K_MANAGED) {
+        uncharge(e->device, e->size);
+        tdel(e);
+        return CUDA_SUCCESS;
+    }
+    if (e->kind == K_ASYNC) {
+        pool_release_entry(e);
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    TRY(free_any(dptr));
+    END
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    if (!free_bytes || !total_bytes) FAIL(CUDA_ERROR_INVALID_VALUE);
+    u64 used = g_used[g_vis[dev]];
+    *free_bytes = used > g_mem ? 0 : g_mem - used;
+    *total_bytes = g_mem;
+    END
+}
+
+/* ---------- never hooked: succeed ---------- */
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes) { return cuMemcpyHtoD_v2(dst, src, bytes); }
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, void **params,
+                        void **extra) {
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params,
+        (void)extra;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                             unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, void **params,
+                             void **extra) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+CUresult cuStreamCreate(CUstream *pstream, unsigned int flags) {
+    (void)flags;
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    if (!pstream) FAIL(CUDA_ERROR_INVALID_VALUE);
+    struct entry *e = tadd(next_handle(), K_STREAM, dev, 0);
+    if (!e) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    *pstream = (CUstream)(uintptr_t)e->key;
+    END
+}
+
+CUresult cuStreamDestroy_v2(CUstream stream) {
+    BEGIN;
+    struct entry *e = tfind((u64)(uintptr_t)stream);
+    if (!e || e->kind != K_STREAM) FAIL(CUDA_ERROR_INVALID_VALUE);
+    tdel(e);
+    END
+}
+
+/* Synchronizing gives back pool memory above each pool's release threshold. */
+CUresult cuStreamSynchronize(CUstream stream) {
+    BEGIN;
+    int dev;
+    u64 s = (u64)(uintptr_t)stream;
+    if (s <= 2) { /* NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
+        TRY(cur_device(&dev));
+    } else {
+        struct entry *e = tfind(s);
+        if (!e || e->kind != K_STREAM) FAIL(CUDA_ERROR_INVALID_VALUE);
+        dev = e->device;
+    }
+    sync_device(dev);
+    END
+}
+
+CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
+
+CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    (void)fname;
+    BEGIN;
+    if (!module) FAIL(CUDA_ERROR_INVALID_VALUE);
+    *module = (CUmodule)(uintptr_t)0x1000;
+    END
+}
+
+/* ---------- virtual memory management ---------- */
+
+static CUresult check_location(const CUmemAllocationProp *prop) {
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        return valid_dev(prop->location.id) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST) return CUDA_SUCCESS;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllocationProp *prop, int option) {
+    BEGIN;
+    if (!gran || (option != 0 && option != 1)) FAIL(CUDA_ERROR_INVALID_VALUE);
+    TRY(check_location(prop));
+    *gran = GRANULARITY;
+    END
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags) {
+    BEGIN;
+    if (!handle || flags != 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    TRY(check_location(prop));
+    if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) FAIL(CUDA_ERROR_NOT_SUPPORTED);
+    if (size == 0 || size % GRANULARITY) FAIL(CUDA_ERROR_INVALID_VALUE);
+    int host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST;
+    int dev = host ? 0 : prop->location.id;
+    if (!host) TRY(charge(dev, size, 1));
+    struct entry *e = tadd(next_handle(), K_VMM, dev, size);
+    if (!e) {
+        if (!host) uncharge(dev, size);
+        FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    e->host = host;
+    *handle = e->key;
+    END
+}
+
+/* Physical memory goes back only when the handle is released and no mapping remains. */
+static void vmm_maybe_free(struct entry *e) {
+    if (e->released && e->mapcount == 0) {
+        if (!e->host) uncharge(e->device, e->size);
+        tdel(e);
+    }
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    BEGIN;
+    struct entry *e = tfind(handle);
+    if (!e || e->kind != K_VMM || e->released) FAIL(CUDA_ERROR_INVALID_VALUE);
+    e->released = 1;
+    vmm_maybe_free(e);
+    END
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                             unsigned long long flags) {
+    (void)addr;
+    (void)flags;
+    BEGIN;
+    if (!ptr || size == 0 || size % GRANULARITY || (align & (align - 1))) FAIL(CUDA_ERROR_INVALID_VALUE);
+    u64 a = align > GRANULARITY ? align : GRANULARITY;
+    u64 p = round_up(g_va_bump, a);
+    if (p > ~0ull - size) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    g_va_bump = p + size;
+    *ptr = p;
+    END
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    BEGIN;
+    if (!ptr || size == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    END
+}
+
+struct mapping {
+    u64 va, size, handle;
+};
+static struct mapping *g_maps;
+static size_t g_nmaps, g_capmaps;
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    BEGIN;
+    struct entry *e = tfind(handle);
+    if (!ptr || size == 0 || flags != 0 || !e || e->kind != K_VMM || e->released) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (offset > e->size || size > e->size - offset) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (g_nmaps == g_capmaps) {
+        size_t n = g_capmaps ? g_capmaps * 2 : 64;
+        struct mapping *m = realloc(g_maps, n * sizeof *m);
+        if (!m) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+        g_maps = m;
+        g_capmaps = n;
+    }
+    g_maps[g_nmaps++] = (struct mapping){ptr, size, handle};
+    e->mapcount++;
+    END
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    BEGIN;
+    if (!ptr || size == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    size_t removed = 0;
+    for (size_t i = 0; i < g_nmaps;) {
+        struct mapping m = g_maps[i];
+        if (m.va >= ptr && m.va - ptr < size) {
+            g_maps[i] = g_maps[--g_nmaps];
+            removed++;
+            struct entry *e = tfind(m.handle);
+            if (e && e->kind == K_VMM) {
+                e->mapcount--;
+                vmm_maybe_free(e);
+            }
+        } else {
+            i++;
+        }
+    }
+    if (!removed) FAIL(CUDA_ERROR_INVALID_VALUE);
+    END
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, size_t count) {
+    (void)ptr;
+    (void)size;
+    (void)desc;
+    (void)count;
+    BEGIN;
+    END
+}
+
+/* ---------- stream-ordered pools ---------- */
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    BEGIN;
+    if (!pool) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    *pool = &g_default_pool[dev];
+    END
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    BEGIN;
+    if (!pool) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    *pool = g_cur_pool[dev];
+    END
+}
+
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+    BEGIN;
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    if (!pool_known(pool) || pool->device != dev) FAIL(CUDA_ERROR_INVALID_VALUE);
+    g_cur_pool[dev] = pool;
+    END
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    BEGIN;
+    if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(props->location.id)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    if (g_npools == g_cappools) {
+        size_t n = g_cappools ? g_cappools * 2 : 16;
+        struct fake_pool **v = realloc(g_pools, n * sizeof *v);
+        if (!v) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+        g_pools = v;
+        g_cappools = n;
+    }
+    struct fake_pool *p = calloc(1, sizeof *p);
+    if (!p) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    p->device = props->location.id;
+    g_pools[g_npools++] = p;
+    *pool = p;
+    END
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    BEGIN;
+    if (!pool_known(pool) || pool->is_default) FAIL(CUDA_ERROR_INVALID_VALUE);
+    pool->destroyed = 1;
+    if (g_cur_pool[pool->device] == pool) g_cur_pool[pool->device] = &g_default_pool[pool->device];
+    pool_shrink_to(pool, round_up(pool->live, POOL_CHUNK));
+    END
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    BEGIN;
+    if (!pool_known(pool) || !value) FAIL(CUDA_ERROR_INVALID_VALUE);
+    u64 v = *(u64 *)value;
+    switch (attr) {
+    case 1: case 2: case 3: break; /* reuse policies (int): accepted, no effect */
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->threshold = v; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        if (v) FAIL(CUDA_ERROR_INVALID_VALUE);
+        pool->reserve_high = pool->reserve;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (v) FAIL(CUDA_ERROR_INVALID_VALUE);
+        pool->used_high = pool->live;
+        break;
+    default: FAIL(CUDA_ERROR_INVALID_VALUE);
+    }
+    END
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    BEGIN;
+    if (!pool_known(pool) || !value) FAIL(CUDA_ERROR_INVALID_VALUE);
+    u64 *out = value;
+    switch (attr) {
+    case 1: case 2: case 3: *(int *)value = 1; break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *out = pool->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *out = pool->reserve; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *out = pool->reserve_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *out = pool->live; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *out = pool->used_high; break;
+    default: FAIL(CUDA_ERROR_INVALID_VALUE);
+    }
+    END
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_keep) {
+    BEGIN;
+    if (!pool_known(pool)) FAIL(CUDA_ERROR_INVALID_VALUE);
+    pool_shrink_to(pool, max_u64(round_up(pool->live, POOL_CHUNK), round_up(min_keep, POOL_CHUNK)));
+    END
+}
+
+/* pool == NULL: the current pool of the current context's device. */
+static CUresult async_alloc(CUdeviceptr *dptr, u64 size, struct fake_pool *pool) {
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    if (!dptr || size == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!pool) pool = g_cur_pool[dev];
+    else if (!pool_known(pool)) FAIL(CUDA_ERROR_INVALID_VALUE);
+    u64 grown = 0;
+    if (size > ~0ull - pool->live) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    if (pool->live + size > pool->reserve) {
+        u64 want = round_up(pool->live + size, POOL_CHUNK);
+        grown = want - pool->reserve;
+        TRY(charge(pool->device, grown, 0));
+        pool->reserve = want;
+    }
+    struct entry *e = tadd(next_devptr(pool->device, size), K_ASYNC, pool->device, size);
+    if (!e) {
+        pool->reserve -= grown;
+        uncharge(pool->device, grown);
+        FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    e->pool = pool;
+    pool->live += size;
+    pool->reserve_high = max_u64(pool->reserve_high, pool->reserve);
+    pool->used_high = max_u64(pool->used_high, pool->live);
+    *dptr = e->key;
+    END
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    (void)stream;
+    return async_alloc(dptr, bytes, NULL);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    return cuMemAllocAsync(dptr, bytes, stream);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream) {
+    (void)stream;
+    if (!pool) {
+        pthread_mutex_lock(&g_mu);
+        CUresult rc = g_inited ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+        pthread_mutex_unlock(&g_mu);
+        return rc;
+    }
+    return async_alloc(dptr, bytes, pool);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream) {
+    return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    (void)stream;
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    TRY(free_any(dptr));
+    END
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) { return cuMemFreeAsync(dptr, stream); }
+
+/* ---------- arrays ---------- */
+
+static int format_bytes(int format) {
+    switch (format) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 0;
+    }
+}
+
+static u64 dim(u64 x, unsigned level) {
+    x >>= level;
+    return x ? x : 1;
+}
+
+/* Bytes of a (mipmapped) array; 0 when the descriptor is invalid or overflows. */
+static u64 array_bytes(u64 w, u64 h, u64 d, int format, unsigned ch, unsigned levels) {
+    u64 elem = (u64)format_bytes(format);
+    if (!elem || w == 0 || (ch != 1 && ch != 2 && ch != 4) || levels == 0) return 0;
+    u64 total = 0;
+    for (unsigned l = 0; l < levels && l < 64; l++) {
+        u64 t;
+        if (__builtin_mul_overflow(dim(w, l), dim(h, l), &t) || __builtin_mul_overflow(t, dim(d, l), &t) ||
+            __builtin_mul_overflow(t, elem * ch, &t) || __builtin_add_overflow(total, t, &total))
+            return 0;
+    }
+    return total;
+}
+
+static CUresult array_create(u64 *out, u64 bytes, int kind) {
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    if (!out || bytes == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    TRY(charge(dev, bytes, 1));
+    struct entry *e = tadd(next_handle(), kind, dev, bytes);
+    if (!e) {
+        uncharge(dev, bytes);
+        FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    *out = e->key;
+    END
+}
+
+CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    u64 bytes = desc ? array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 1) : 0;
+    u64 h = 0;
+    CUresult rc = array_create(arr ? &h : NULL, bytes, K_ARRAY);
+    if (rc == CUDA_SUCCESS) *arr = (CUarray)(uintptr_t)h;
+    return rc;
+}
+
+CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    u64 bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1) : 0;
+    u64 h = 0;
+    CUresult rc = array_create(arr ? &h : NULL, bytes, K_ARRAY);
+    if (rc == CUDA_SUCCESS) *arr = (CUarray)(uintptr_t)h;
+    return rc;
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels) {
+    u64 bytes =
+        desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, levels) : 0;
+    u64 h = 0;
+    CUresult rc = array_create(arr ? &h : NULL, bytes, K_MIPMAP);
+    if (rc == CUDA_SUCCESS) *arr = (CUmipmappedArray)(uintptr_t)h;
+    return rc;
+}
+
+static CUresult array_destroy(u64 key, int kind) {
+    BEGIN;
+    struct entry *e = tfind(key);
+    if (!e || e->kind != kind) FAIL(CUDA_ERROR_INVALID_VALUE);
+    uncharge(e->device, e->size);
+    tdel(e);
+    END
+}
+
+CUresult cuArrayDestroy(CUarray arr) { return array_destroy((u64)(uintptr_t)arr, K_ARRAY); }
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) { return array_destroy((u64)(uintptr_t)arr, K_MIPMAP); }
+
+/* ---------- cuGetProcAddress ---------- */
+
+struct proc {
+    const char *name;
+    int version;
+    int per_thread;
+    void *fn;
+};
+
+#define P(n, v, f) {n, v, 0, (void *)f}
+#define PT(n, v, f) {n, v, 1, (void *)f}
+static const struct proc g_procs[] = {
+    P("cuInit", 2000, cuInit),
+    P("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    P("cuDeviceGet", 2000, cuDeviceGet),
+    P("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    P("cuDeviceGetName", 2000, cuDeviceGetName),
+    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    P("cuCtxCreate", 3020, cuCtxCreate_v2),
+    P("cuCtxCreate", 11040, cuCtxCreate_v3),
+    P("cuCtxCreate", 12050, cuCtxCreate_v4),
+    P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuMemAlloc", 3020, cuMemAlloc_v2),
+    P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    P("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    P("cuMemFree", 3020, cuMemFree_v2),
+    P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+    PT("cuMemcpyHtoD", 7000, cuMemcpyHtoD_v2_ptds),
+    P("cuLaunchKernel", 4000, cuLaunchKernel),
+    PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
+    P("cuStreamCreate", 2000, cuStreamCreate),
+    P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
+    P("cuModuleLoad", 2000, cuModuleLoad),
+    P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    P("cuMemCreate", 10020, cuMemCreate),
+    P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    P("cuMemAddressFree", 10020, cuMemAddressFree),
+    P("cuMemMap", 10020, cuMemMap),
+    P("cuMemUnmap", 10020, cuMemUnmap),
+    P("cuMemSetAccess", 10020, cuMemSetAccess),
+    P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    P("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
+    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    PT("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
+    P("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
+    P("cuArrayCreate", 3020, cuArrayCreate_v2),
+    P("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    P("cuArrayDestroy", 2000, cuArrayDestroy),
+    P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    P("cuGetProcAddress", 11030, cuGetProcAddress),
+    P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+};
+
+/* Works before cuInit, like the real driver (cudart resolves cuInit through it). */
+static CUresult proc_lookup(const char *sym, void **pfn, int version, unsigned long long flags, int *status) {
+    if (!sym || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    int known = 0, best = -1, best_pt = -1;
+    for (int i = 0; i < (int)(sizeof g_procs / sizeof g_procs[0]); i++) {
+        const struct proc *p = &g_procs[i];
+        if (strcmp(p->name, sym) != 0) continue;
+        known = 1;
+        if (p->version > version) continue;
+        int *slot = p->per_thread ? &best_pt : &best;
+        if (*slot < 0 || g_procs[*slot].version < p->version) *slot = i;
+    }
+    int pick = ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best_pt >= 0) ? best_pt : best;
+    if (pick < 0) {
+        if (status) *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = g_procs[pick].fn;
+    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags) {
+    return proc_lookup(sym, pfn, version, flags, NULL);
+}
+
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status) {
+    return proc_lookup(sym, pfn, version, flags, status);
+}
+
+CUresult cuGetProcAddress_v2_ptsz(const char *sym, void **pfn, int version, unsigned long long flags, int *status) {
+    return proc_lookup(sym, pfn, version, flags, status);
+}
+
+/* ---------- test helpers ---------- */
+
+static u64 stat_ordinal(int ordinal, const u64 *arr) {
+    pthread_mutex_lock(&g_mu);
+    load_config_locked();
+    u64 v = valid_dev(ordinal) ? arr[g_vis[ordinal]] : 0;
+    pthread_mutex_unlock(&g_mu);
+    return v;
+}
+
+unsigned long long fake_cuda_used(int ordinal) { return stat_ordinal(ordinal, g_used); }
+
+unsigned long long fake_cuda_peak(int ordinal) { return stat_ordinal(ordinal, g_peak); }
+
+unsigned long long fake_cuda_phys_used(int physical_index) {
+    pthread_mutex_lock(&g_mu);
+    load_config_locked();
+    u64 v = physical_index >= 0 && physical_index < g_nphys ? g_used[physical_index] : 0;
+    pthread_mutex_unlock(&g_mu);
+    return v;
+}
+
+/* fork() while another thread holds the lock must not leave the child deadlocked. */
+static void fork_prepare(void) { pthread_mutex_lock(&g_mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void fork_child(void) { pthread_mutex_unlock(&g_mu); }
+
+__attribute__((constructor)) static void fake_cuda_ctor(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }

@@ -1,0 +1,288 @@
+//! Shared harness for the integration tests: runs the C test clients (built by `build.rs`
+//! from `tests/fake_driver/`) against the fake driver, optionally under a preload, and
+//! reads their one-line-per-op output.
+//!
+//! Output format of the client: `<op> rc=<int> [key=value]...`, one line per op, then `done`.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Directory holding the fake `libcuda.so.1` and `libnvidia-ml.so.1`.
+pub fn fake_dir() -> &'static str {
+    env!("FAKE_DRIVER_DIR")
+}
+
+/// The fake `libcuda.so.1` itself.
+pub fn fake_cuda_lib() -> &'static str {
+    env!("FAKE_CUDA_LIB")
+}
+
+/// The third-party preload that relies on `RTLD_NEXT` (exports `getpagesize`).
+pub fn thirdparty_lib() -> &'static str {
+    env!("FAKE_THIRDPARTY_LIB")
+}
+
+/// The client binary for a mode: `client_linked` for "linked", `client` otherwise.
+pub fn client_bin(mode: &str) -> &'static str {
+    if mode == "linked" {
+        env!("FAKE_CLIENT_LINKED")
+    } else {
+        env!("FAKE_CLIENT")
+    }
+}
+
+/// The cdylib under test. `cargo test` builds it as `target/<profile>/deps/libcudabudget.so`
+/// (next to the test executables) and only `cargo build` copies it up to
+/// `target/<profile>/`; the `deps/` one is preferred because it is always the newest.
+pub fn lib_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().expect("test binary has a parent dir");
+    let in_deps = dir.join("libcudabudget.so");
+    if in_deps.is_file() {
+        return in_deps;
+    }
+    let profile = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().unwrap()
+    } else {
+        dir
+    };
+    profile.join("libcudabudget.so")
+}
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+pub const KI: u64 = KIB;
+pub const MI: u64 = MIB;
+pub const GI: u64 = GIB;
+pub const TI: u64 = 1 << 40;
+
+/// What to put in `LD_PRELOAD` for [`client`]: `Some(path)` / `None`, or `true` for the
+/// cdylib under test ([`lib_path`]) / `false` for nothing.
+pub trait Preload {
+    fn preload(self) -> Option<PathBuf>;
+}
+
+impl Preload for Option<&Path> {
+    fn preload(self) -> Option<PathBuf> {
+        self.map(Path::to_path_buf)
+    }
+}
+
+impl Preload for bool {
+    fn preload(self) -> Option<PathBuf> {
+        self.then(lib_path)
+    }
+}
+
+/// What one client run printed.
+#[derive(Debug)]
+pub struct Run {
+    pub lines: Vec<String>,
+    pub status: ExitStatus,
+    pub stderr: String,
+}
+
+/// Variables that must not leak from the test's environment into a client.
+fn is_scrubbed(name: &str) -> bool {
+    name.starts_with("CUDABUDGET_")
+        || name.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
+        || name.starts_with("FAKE_CUDA_")
+        || name == "CUDA_VISIBLE_DEVICES"
+        || name == "LD_PRELOAD"
+        || name == "LD_LIBRARY_PATH"
+}
+
+/// The command that runs a client: `LD_LIBRARY_PATH` = the fake driver dir, `LD_PRELOAD`
+/// = `preload` when given, every `CUDABUDGET_*`, `CUDA_DEVICE_MEMORY_LIMIT*`, `FAKE_CUDA_*`
+/// and `CUDA_VISIBLE_DEVICES` variable removed, then `envs` applied (they win over all of it).
+pub fn client_command(
+    mode: &str,
+    ops: &[&str],
+    envs: &[(&str, &str)],
+    preload: Option<&Path>,
+) -> Command {
+    let mut cmd = Command::new(client_bin(mode));
+    cmd.arg(mode).args(ops);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(is_scrubbed) {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd.env("LD_LIBRARY_PATH", fake_dir());
+    if let Some(p) = preload {
+        cmd.env("LD_PRELOAD", p);
+    }
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs a client (see [`client_command`]) and collects its output. `preload`:
+/// `Option<&Path>`, or `true` for the cdylib under test.
+pub fn client(mode: &str, ops: &[&str], envs: &[(&str, &str)], preload: impl Preload) -> Run {
+    let preload = preload.preload();
+    if let Some(p) = &preload {
+        assert_preloadable(p);
+    }
+    run(client_command(mode, ops, envs, preload.as_deref()))
+}
+
+/// Runs a client under the cdylib under test ([`lib_path`]).
+pub fn budget_run(mode: &str, ops: &[&str], envs: &[(&str, &str)]) -> Run {
+    client(mode, ops, envs, true)
+}
+
+/// Runs a client with `LD_PRELOAD` set to exactly `preload` (e.g. a `:`-separated list).
+pub fn client_with_preload(
+    mode: &str,
+    ops: &[&str],
+    envs: &[(&str, &str)],
+    preload: impl AsRef<OsStr>,
+) -> Run {
+    let mut cmd = client_command(mode, ops, envs, None);
+    cmd.env("LD_PRELOAD", preload);
+    run(cmd)
+}
+
+/// ld.so only warns about a missing preload and runs the program without it, which would
+/// make a budget test pass or fail for the wrong reason.
+fn assert_preloadable(p: &Path) {
+    assert!(
+        p.is_file(),
+        "preload {} does not exist (is the cdylib built?)",
+        p.display()
+    );
+}
+
+/// Runs any command with piped output and a time limit (`FAKE_CLIENT_TIMEOUT_S`, default
+/// 120 s): a hung child is killed and reported as a failure.
+pub fn run(mut cmd: Command) -> Run {
+    let limit = std::env::var("FAKE_CLIENT_TIMEOUT_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(limit);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for client") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let st = child.wait().expect("wait for killed client");
+            let stdout = out_t.join().unwrap_or_default();
+            let stderr = err_t.join().unwrap_or_default();
+            panic!(
+                "{cmd:?} ran over {limit} s and was killed ({st})\nstdout:\n{stdout}\nstderr:\n{stderr}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let stdout = out_t.join().unwrap_or_default();
+    let stderr = err_t.join().unwrap_or_default();
+    Run {
+        lines: stdout.lines().map(str::to_owned).collect(),
+        status,
+        stderr,
+    }
+}
+
+impl Run {
+    /// Everything the run printed, for assertion messages.
+    pub fn dump(&self) -> String {
+        format!(
+            "status: {}\nstdout:\n{}\nstderr:\n{}",
+            self.status,
+            self.lines.join("\n"),
+            self.stderr
+        )
+    }
+
+    /// All lines of op `op` (matched on the first word), in order.
+    pub fn lines_of(&self, op: &str) -> Vec<&str> {
+        self.lines
+            .iter()
+            .filter(|l| l.split(' ').next() == Some(op))
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// The `nth` (from 0) line printed by op `op`; panics with the whole output if absent.
+    pub fn line(&self, op: &str, nth: usize) -> &str {
+        match self.lines_of(op).get(nth) {
+            Some(l) => l,
+            None => panic!("no line #{nth} for op '{op}'\n{}", self.dump()),
+        }
+    }
+
+    /// The `nth` line of `op` if it exists.
+    pub fn line_opt(&self, op: &str, nth: usize) -> Option<&str> {
+        self.lines_of(op).get(nth).copied()
+    }
+
+    /// Value of `key=` in the `nth` line of `op`; panics if missing.
+    pub fn field(&self, op: &str, nth: usize, key: &str) -> String {
+        let line = self.line(op, nth);
+        let prefix = format!("{key}=");
+        match line
+            .split(' ')
+            .skip(1)
+            .find_map(|w| w.strip_prefix(prefix.as_str()))
+        {
+            Some(v) => v.to_owned(),
+            None => panic!("no '{key}=' in line {line:?}\n{}", self.dump()),
+        }
+    }
+
+    /// The `rc=` of the `nth` line of `op`.
+    pub fn rc(&self, op: &str, nth: usize) -> i64 {
+        let v = self.field(op, nth, "rc");
+        v.parse()
+            .unwrap_or_else(|_| panic!("rc={v:?} is not a number\n{}", self.dump()))
+    }
+
+    /// A numeric field (decimal, or hex with `0x`).
+    pub fn num(&self, op: &str, nth: usize, key: &str) -> u64 {
+        let v = self.field(op, nth, key);
+        let parsed = match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => v.parse(),
+        };
+        parsed.unwrap_or_else(|_| panic!("{key}={v:?} is not a number\n{}", self.dump()))
+    }
+
+    /// True when the client ran every op and exited 0.
+    pub fn completed(&self) -> bool {
+        self.status.success() && self.lines.last().map(String::as_str) == Some("done")
+    }
+
+    /// Panics with the whole output unless the client ran every op and exited 0.
+    #[track_caller]
+    pub fn assert_completed(&self) -> &Self {
+        assert!(self.completed(), "client did not complete\n{}", self.dump());
+        self
+    }
+}
