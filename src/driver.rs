@@ -1,0 +1,279 @@
+//! The real CUDA driver: our own `dlopen("libcuda.so.1")` handle, one table of the
+//! driver's entry points, and typed calls into them.
+//!
+//! This is the only module that knows where the driver lives and what its functions look
+//! like. It never calls through our exported names (that would re-enter the hooks): every
+//! symbol is looked up with the *real* `dlsym`, which [`real_dlsym`] finds with `dlvsym`.
+//! Nothing here runs in a constructor or inside `dlsym`; [`load`] runs at the first hook
+//! call.
+
+#![allow(non_snake_case)]
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+/// A driver status code as the driver returned it. Never turned into a Rust `enum`: an
+/// unknown value must stay a value.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CuResult(pub u32);
+
+impl CuResult {
+    pub const SUCCESS: Self = Self(0);
+    pub const INVALID_VALUE: Self = Self(1);
+    pub const OUT_OF_MEMORY: Self = Self(2);
+    pub const NOT_INITIALIZED: Self = Self(3);
+    pub const SHARED_OBJECT_INIT_FAILED: Self = Self(303);
+    pub const NOT_PERMITTED: Self = Self(800);
+    pub const UNKNOWN: Self = Self(999);
+
+    pub fn is_ok(self) -> bool {
+        self == Self::SUCCESS
+    }
+}
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemLocation {
+    pub kind: c_int,
+    pub id: c_int,
+}
+pub const MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// `CUmemAllocationProp`: only the leading fields are read.
+#[repr(C)]
+pub struct MemAllocationProp {
+    pub alloc_type: c_int,
+    pub requested_handle_types: c_int,
+    pub location: MemLocation,
+    pub win32_metadata: *mut c_void,
+    pub alloc_flags: [u8; 8],
+}
+
+/// `CUmemPoolProps`: only the leading fields are read.
+#[repr(C)]
+pub struct MemPoolProps {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: MemLocation,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_int,
+    pub num_channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_int,
+    pub num_channels: u32,
+    pub flags: u32,
+}
+
+pub type DevicePtr = u64;
+pub type Device = c_int;
+pub type Handle = *mut c_void;
+
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+pub const MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+
+macro_rules! driver_table {
+    ($($name:ident ( $($arg:ident : $ty:ty),* );)*) => {
+        /// One entry per driver function we call or hook; the index into [`REAL`].
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Sym { $($name),* }
+
+        impl Sym {
+            pub const ALL: &'static [Sym] = &[$(Sym::$name),*];
+            /// The exported name of this exact variant.
+            pub fn name(self) -> &'static CStr {
+                match self { $(Sym::$name => { const N: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) { Ok(n) => n, Err(_) => panic!() }; N })* }
+            }
+        }
+
+        const SYMS: usize = [$(Sym::$name),*].len();
+
+        /// Typed calls into the real driver. Each returns `NOT_INITIALIZED` when the
+        /// driver lacks the function (or was never loaded), as the driver itself would.
+        pub mod real {
+            use super::*;
+            $(
+                /// # Safety
+                /// The arguments must be valid for the driver function of the same name.
+                pub unsafe fn $name($($arg: $ty),*) -> CuResult {
+                    let f = REAL[Sym::$name as usize].load(Ordering::Acquire);
+                    if f.is_null() {
+                        return CuResult::NOT_INITIALIZED;
+                    }
+                    // SAFETY: `f` was returned by dlsym for this exact name, whose C
+                    // signature is the one spelled out in the table.
+                    unsafe {
+                        let f: unsafe extern "C" fn($($ty),*) -> CuResult = std::mem::transmute(f);
+                        f($($arg),*)
+                    }
+                }
+            )*
+        }
+    };
+}
+
+driver_table! {
+    cuInit(flags: u32);
+    cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64);
+    cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
+    cuGetProcAddress_v2_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
+    cuDeviceGetCount(count: *mut c_int);
+    cuDeviceGet(device: *mut Device, ordinal: c_int);
+    cuDeviceTotalMem_v2(bytes: *mut usize, device: Device);
+    cuDeviceGetUuid(uuid: *mut [u8; 16], device: Device);
+    cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: Device);
+    cuCtxGetDevice(device: *mut Device);
+    cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Device);
+    cuDevicePrimaryCtxRelease_v2(device: Device);
+    cuDevicePrimaryCtxReset_v2(device: Device);
+    cuDevicePrimaryCtxGetState(device: Device, flags: *mut u32, active: *mut c_int);
+    cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: Device);
+    cuCtxCreate_v3(ctx: *mut Handle, params: *mut c_void, num: c_int, flags: u32, device: Device);
+    cuCtxCreate_v4(ctx: *mut Handle, params: *mut c_void, flags: u32, device: Device);
+    cuCtxDestroy_v2(ctx: Handle);
+    cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize);
+    cuMemAllocPitch_v2(dptr: *mut DevicePtr, pitch: *mut usize, width: usize, height: usize, elem: u32);
+    cuMemAllocManaged(dptr: *mut DevicePtr, bytes: usize, flags: u32);
+    cuMemFree_v2(dptr: DevicePtr);
+    cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
+    cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, flags: u64);
+    cuMemRelease(handle: u64);
+    cuMemMap(ptr: DevicePtr, size: usize, offset: usize, handle: u64, flags: u64);
+    cuMemUnmap(ptr: DevicePtr, size: usize);
+    cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const MemAllocationProp, option: c_int);
+    cuMemAllocAsync(dptr: *mut DevicePtr, bytes: usize, stream: Handle);
+    cuMemAllocAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Handle);
+    cuMemAllocFromPoolAsync(dptr: *mut DevicePtr, bytes: usize, pool: Handle, stream: Handle);
+    cuMemAllocFromPoolAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, pool: Handle, stream: Handle);
+    cuMemFreeAsync(dptr: DevicePtr, stream: Handle);
+    cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle);
+    cuMemPoolCreate(pool: *mut Handle, props: *const MemPoolProps);
+    cuMemPoolDestroy(pool: Handle);
+    cuMemPoolTrimTo(pool: Handle, keep: usize);
+    cuMemPoolGetAttribute(pool: Handle, attr: c_int, value: *mut c_void);
+    cuDeviceGetDefaultMemPool(pool: *mut Handle, device: Device);
+    cuDeviceGetMemPool(pool: *mut Handle, device: Device);
+    cuArrayCreate_v2(array: *mut Handle, desc: *const ArrayDescriptor);
+    cuArray3DCreate_v2(array: *mut Handle, desc: *const Array3dDescriptor);
+    cuMipmappedArrayCreate(array: *mut Handle, desc: *const Array3dDescriptor, levels: u32);
+    cuArrayDestroy(array: Handle);
+    cuMipmappedArrayDestroy(array: Handle);
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const NULL_FN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+/// The driver's own function for each [`Sym`], from our handle.
+static REAL: [AtomicPtr<c_void>; SYMS] = [NULL_FN; SYMS];
+
+/// The driver's own pointer for `sym` (null when the driver lacks it).
+pub fn real_ptr(sym: Sym) -> *mut c_void {
+    REAL[sym as usize].load(Ordering::Acquire)
+}
+
+/// The variant whose real function is exactly `p`, if it is one in our table.
+pub fn sym_of_real(p: *mut c_void) -> Option<Sym> {
+    if p.is_null() {
+        return None;
+    }
+    Sym::ALL.iter().copied().find(|&s| real_ptr(s) == p)
+}
+
+/// The variant whose name is exactly `name`.
+pub fn sym_named(name: &[u8]) -> Option<Sym> {
+    Sym::ALL
+        .iter()
+        .copied()
+        .find(|s| s.name().to_bytes() == name)
+}
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// glibc's `dlsym`, found with `dlvsym` so that our exported `dlsym` is never involved.
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut p = REAL_DLSYM.load(Ordering::Acquire);
+    if p.is_null() {
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated names; it neither calls
+            // dlsym nor allocates in a way that re-enters us.
+            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+            if !p.is_null() {
+                break;
+            }
+        }
+        if p.is_null() {
+            return None;
+        }
+        REAL_DLSYM.store(p, Ordering::Release);
+    }
+    // SAFETY: `p` is glibc's dlsym, whose signature is `DlsymFn`.
+    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
+}
+
+/// Looks `name` up in `handle` with the real dlsym.
+pub fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    match real_dlsym() {
+        // SAFETY: a handle from dlopen (or a pseudo-handle) and a NUL-terminated name.
+        Some(dlsym) => unsafe { dlsym(handle, name.as_ptr()) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+const UNLOADED: u8 = 0;
+const LOADING: u8 = 1;
+const LOADED: u8 = 2;
+const MISSING: u8 = 3;
+static LOAD_STATE: AtomicU8 = AtomicU8::new(UNLOADED);
+
+/// Opens our own handle on `libcuda.so.1` and fills the table, once. Returns whether the
+/// driver is there. Threads that arrive while another loads wait for it.
+pub fn load() -> bool {
+    match LOAD_STATE.load(Ordering::Acquire) {
+        LOADED => return true,
+        MISSING => return false,
+        _ => {}
+    }
+    if LOAD_STATE
+        .compare_exchange(UNLOADED, LOADING, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        let loaded = load_now();
+        LOAD_STATE.store(if loaded { LOADED } else { MISSING }, Ordering::Release);
+        return loaded;
+    }
+    while LOAD_STATE.load(Ordering::Acquire) == LOADING {
+        std::thread::yield_now();
+    }
+    LOAD_STATE.load(Ordering::Acquire) == LOADED
+}
+
+fn load_now() -> bool {
+    // SAFETY: dlopen with a NUL-terminated name. cudart opens the driver RTLD_LOCAL, so
+    // RTLD_NEXT could not see it: our own handle is the reliable way in. When the driver
+    // is loaded already (it always is by the time a hook runs) this only takes a reference.
+    let handle =
+        unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return false;
+    }
+    for &sym in Sym::ALL {
+        REAL[sym as usize].store(lookup(handle, sym.name()), Ordering::Release);
+    }
+    true
+}

@@ -1,0 +1,398 @@
+//! What every allocation hook does: resolve the device, reserve, call the driver, commit
+//! or roll back; and on the way back, release what a free gives back.
+//!
+//! Before any denial the process's stream-ordered pools are trimmed and the footprint is
+//! re-read, so memory that is only cached, or an overhead figure that went stale, never
+//! causes a refusal.
+
+use crate::driver::{CuResult, DevicePtr, Handle};
+use crate::footprint;
+use crate::ledger::{AddrTable, BankGuard, DeviceLedger, Entry, Kind, Reservation};
+use crate::pools;
+use crate::report;
+use crate::runtime::{self, Mode};
+
+/// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
+/// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
+pub const POOL_STEP: u64 = 32 << 20;
+
+/// Array handles (`CUarray`, `CUmipmappedArray`) and what they hold.
+static ARRAYS: AddrTable<{ 1 << 12 }> = AddrTable::new();
+
+/// The budgeted device for a hook, or what the hook must return without budgeting:
+/// `Err(None)` = call the driver unchanged, `Err(Some(rc))` = return `rc`.
+#[inline]
+fn budgeted_device(
+    device: Option<usize>,
+) -> Result<(usize, &'static DeviceLedger), Option<CuResult>> {
+    let mode = runtime::mode();
+    if mode != Mode::Budgeted {
+        return Err(runtime::refusal(mode));
+    }
+    let device = match device {
+        Some(d) => d,
+        None => runtime::current_device().ok_or(None)?,
+    };
+    runtime::budgeted(device).map(|d| (device, d)).ok_or(None)
+}
+
+/// Passes a hook through: the driver's answer, or the refusal the mode calls for.
+#[inline]
+fn pass(refusal: Option<CuResult>, real: impl FnOnce() -> CuResult) -> CuResult {
+    refusal.unwrap_or_else(real)
+}
+
+/// Reserves `bytes` on `device`; if they do not fit, trims the pools and re-reads the
+/// footprint, then tries once more before denying.
+pub fn admit<'d>(
+    call: &str,
+    device: usize,
+    d: &'d DeviceLedger,
+    bytes: u64,
+) -> Result<Reservation<'d>, CuResult> {
+    footprint::maybe_reconcile(device, d);
+    if let Ok(r) = d.reserve(bytes) {
+        return Ok(r);
+    }
+    trim_pools(device, d, &mut d.pool.collect());
+    footprint::reconcile_now(device, d);
+    d.reserve(bytes).map_err(|denial| {
+        d.note_denial();
+        report::denial(call, device, &denial);
+        CuResult::OUT_OF_MEMORY
+    })
+}
+
+/// A synchronous allocation of `bytes` whose address (or handle) the driver writes to
+/// `out`: `cuMemAlloc`, `cuMemAllocManaged`, arrays.
+pub fn alloc_direct(
+    call: &str,
+    bytes: u64,
+    device: Option<usize>,
+    out: *mut u64,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    alloc_into(&runtime::ledger().pointers, call, bytes, device, out, real)
+}
+
+/// As [`alloc_direct`], for array handles.
+pub fn alloc_array(
+    call: &str,
+    bytes: u64,
+    out: *mut Handle,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    alloc_into(&ARRAYS, call, bytes, None, out.cast(), real)
+}
+
+fn alloc_into<const N: usize>(
+    table: &AddrTable<N>,
+    call: &str,
+    bytes: u64,
+    device: Option<usize>,
+    out: *mut u64,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    let (device, d) = match budgeted_device(device) {
+        Ok(found) => found,
+        Err(refusal) => return pass(refusal, real),
+    };
+    let reservation = match admit(call, device, d, bytes) {
+        Ok(r) => r,
+        Err(rc) => return rc,
+    };
+    let rc = real();
+    if rc.is_ok() && !out.is_null() {
+        // SAFETY: the driver succeeded, so it wrote the new address through `out`.
+        let key = unsafe { *out };
+        table.insert(
+            key,
+            Entry {
+                bytes,
+                device,
+                kind: Kind::Direct,
+            },
+        );
+        reservation.commit();
+    }
+    rc
+}
+
+/// `cuMemAllocPitch`: the pitch is the driver's choice, so the reservation is for the
+/// widest pitch it uses (512-byte alignment) and is trimmed to the real figure after.
+pub fn alloc_pitch(
+    width: usize,
+    height: usize,
+    dptr: *mut DevicePtr,
+    pitch: *mut usize,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    let estimate = (width as u64).div_ceil(512) * 512 * height as u64;
+    let rc = alloc_direct("cuMemAllocPitch", estimate, None, dptr, real);
+    if rc.is_ok() && !pitch.is_null() && !dptr.is_null() {
+        // SAFETY: the driver succeeded and wrote both out-parameters.
+        let (ptr, actual) = unsafe { (*dptr, *pitch as u64 * height as u64) };
+        if actual != estimate {
+            let table = &runtime::ledger().pointers;
+            if let Some(mut entry) = table.remove(ptr) {
+                if let Some(d) = runtime::ledger().device(entry.device) {
+                    if actual > estimate {
+                        d.charge(actual - estimate);
+                    } else {
+                        d.release(estimate - actual);
+                    }
+                }
+                entry.bytes = actual;
+                table.insert(ptr, entry);
+            }
+        }
+    }
+    rc
+}
+
+/// A free of a device pointer, synchronous or stream-ordered. A pointer the ledger never
+/// saw passes through and moves nothing.
+pub fn free(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
+    free_from(&runtime::ledger().pointers, ptr, real)
+}
+
+/// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
+pub fn free_array(array: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+    free_from(&ARRAYS, array as u64, real)
+}
+
+fn free_from<const N: usize>(
+    table: &AddrTable<N>,
+    key: u64,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    let mode = runtime::mode();
+    if mode != Mode::Budgeted {
+        return pass(runtime::refusal(mode), real);
+    }
+    // Removed before the driver frees it: once freed, the driver may hand the same
+    // address to another thread, whose insert must not find ours.
+    let Some(entry) = table.remove(key) else {
+        return real();
+    };
+    let rc = real();
+    if rc.is_ok() {
+        release(entry);
+    } else {
+        table.insert(key, entry);
+    }
+    rc
+}
+
+fn release(entry: Entry) {
+    let Some(d) = runtime::ledger().device(entry.device) else {
+        return;
+    };
+    match entry.kind {
+        Kind::Direct => d.release(entry.bytes),
+        Kind::Pooled => d.pool.give(runtime::shard(), entry.bytes),
+    }
+}
+
+/// A stream-ordered allocation (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
+///
+/// The device pays for the pools' reserve, not for each block: an allocation that fits
+/// in what the pools already hold takes credit from its thread's shard and nothing else.
+/// Only when the pools must grow is the growth admitted against the budget.
+#[inline]
+pub fn alloc_pooled(
+    call: &str,
+    bytes: u64,
+    pool: Option<Handle>,
+    dptr: *mut DevicePtr,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    let device = pool.and_then(pools::device_of);
+    let (device, d) = match budgeted_device(device) {
+        Ok(found) => found,
+        Err(refusal) => return pass(refusal, real),
+    };
+    let shard = runtime::shard();
+    if !d.pool.take(shard, bytes) {
+        return grow_pools(call, device, d, shard, bytes, dptr, real);
+    }
+    let rc = real();
+    record_pooled(rc, dptr, bytes, device, d, shard);
+    rc
+}
+
+#[inline]
+fn record_pooled(
+    rc: CuResult,
+    dptr: *mut DevicePtr,
+    bytes: u64,
+    device: usize,
+    d: &DeviceLedger,
+    shard: usize,
+) {
+    if rc.is_ok() && !dptr.is_null() {
+        // SAFETY: the driver succeeded and wrote the address.
+        let ptr = unsafe { *dptr };
+        runtime::ledger().pointers.insert(
+            ptr,
+            Entry {
+                bytes,
+                device,
+                kind: Kind::Pooled,
+            },
+        );
+    } else {
+        d.pool.give(shard, bytes);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn grow_pools(
+    call: &str,
+    device: usize,
+    d: &DeviceLedger,
+    shard: usize,
+    bytes: u64,
+    dptr: *mut DevicePtr,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    let mut bank = d.pool.collect();
+    if bank.credit() < 0 {
+        // The pools must grow by the deficit: admit that first.
+        let growth = bank.credit().unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP;
+        match admit_growth(call, device, d, &mut bank, growth) {
+            Ok(()) => {}
+            Err(rc) => {
+                bank.refund(bytes);
+                return rc;
+            }
+        }
+    }
+    bank.lend(shard);
+    let rc = real();
+    // The driver's own figure replaces our estimate of the reserve.
+    if let Some(reserve) = pools::reserve(device) {
+        apply(d, bank.set_charge(reserve));
+    }
+    drop(bank);
+    record_pooled(rc, dptr, bytes, device, d, shard);
+    rc
+}
+
+/// Charges `growth` of pool reserve to `d`, trimming and re-reading before a denial.
+fn admit_growth(
+    call: &str,
+    device: usize,
+    d: &DeviceLedger,
+    bank: &mut BankGuard<'_>,
+    growth: u64,
+) -> Result<(), CuResult> {
+    let charge = d.pool.charge();
+    if let Ok(r) = d.reserve(growth) {
+        r.commit();
+        bank.set_charge(charge + growth);
+        return Ok(());
+    }
+    trim_pools(device, d, bank);
+    footprint::reconcile_now(device, d);
+    if bank.credit() >= 0 {
+        return Ok(());
+    }
+    let growth = bank.credit().unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP;
+    let charge = d.pool.charge();
+    match d.reserve(growth) {
+        Ok(r) => {
+            r.commit();
+            bank.set_charge(charge + growth);
+            Ok(())
+        }
+        Err(denial) => {
+            d.note_denial();
+            report::denial(call, device, &denial);
+            Err(CuResult::OUT_OF_MEMORY)
+        }
+    }
+}
+
+/// Gives back what the process's pools hold but do not use, and charges the device the
+/// reserve that is left.
+pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
+    if d.pool.charge() == 0 {
+        return;
+    }
+    pools::trim(device);
+    if let Some(reserve) = pools::reserve(device) {
+        apply(d, bank.set_charge(reserve));
+    }
+}
+
+fn apply(d: &DeviceLedger, delta: i64) {
+    if delta >= 0 {
+        d.charge(delta as u64);
+    } else {
+        d.release(delta.unsigned_abs());
+    }
+}
+
+/// Bytes an array of this shape holds: width × height × depth × element size ×
+/// channels, each level of a mipmap in turn.
+pub fn array_bytes(
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: i32,
+    channels: u32,
+    levels: u32,
+) -> u64 {
+    let element = element_bytes(format) * channels.max(1) as u64;
+    let mut total = 0u64;
+    for level in 0..levels.max(1) {
+        let dim = |n: usize| ((n as u64) >> level).max(1);
+        total = total.saturating_add(
+            dim(width)
+                .saturating_mul(dim(height))
+                .saturating_mul(dim(depth))
+                .saturating_mul(element),
+        );
+        if dim(width) == 1 && dim(height) == 1 && dim(depth) == 1 {
+            break;
+        }
+    }
+    total
+}
+
+/// Bytes per channel of a `CUarray_format`; formats we do not know count 16 bytes, which
+/// over-charges rather than lets an array slip past the budget.
+fn element_bytes(format: i32) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4, // (UN)SIGNED_INT32, FLOAT
+        _ => 16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrays_are_sized_from_their_descriptor() {
+        assert_eq!(array_bytes(1024, 768, 0, 0x20, 4, 1), 1024 * 768 * 16);
+        assert_eq!(array_bytes(100, 0, 0, 0x01, 1, 1), 100);
+        assert_eq!(array_bytes(64, 64, 64, 0x10, 2, 1), 64 * 64 * 64 * 4);
+    }
+
+    #[test]
+    fn mipmaps_count_every_level_down_to_one_texel() {
+        // 8x8 floats: 64 + 16 + 4 + 1 texels.
+        assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 10), (64 + 16 + 4 + 1) * 4);
+        assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 2), (64 + 16) * 4);
+    }
+
+    #[test]
+    fn unknown_formats_are_charged_generously() {
+        assert_eq!(array_bytes(10, 1, 1, 0x91, 1, 1), 160);
+    }
+}

@@ -1,0 +1,249 @@
+//! `cuInit`, the views (`cuMemGetInfo`, `cuDeviceTotalMem`) and the context calls whose
+//! memory the footprint charges.
+
+use std::ffi::{c_int, c_void};
+
+use super::guard;
+use crate::driver::{CuResult, Device, Handle, real};
+use crate::footprint;
+use crate::runtime::{self, Mode};
+
+/// Refused with `CUDA_ERROR_NOT_PERMITTED` when the configuration is malformed: the
+/// process must not run unbudgeted.
+///
+/// # Safety
+/// As the driver's `cuInit`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
+    guard("cuInit", || match runtime::refusal(runtime::mode()) {
+        Some(rc) => rc,
+        // SAFETY: the caller's argument.
+        None => unsafe { real::cuInit(flags) },
+    })
+}
+
+/// Total = min(budget, physical); free = min(physical free, budget − used).
+///
+/// # Safety
+/// As the driver's `cuMemGetInfo_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    guard("cuMemGetInfo", || {
+        if let Some(rc) = runtime::refusal(runtime::mode()) {
+            return rc;
+        }
+        // SAFETY: the caller's out-pointers.
+        let rc = unsafe { real::cuMemGetInfo_v2(free, total) };
+        if rc.is_ok()
+            && !free.is_null()
+            && !total.is_null()
+            && let Some((device, d)) = budgeted_view()
+        {
+            footprint::maybe_reconcile(device, d);
+            let budget = d.budget();
+            // SAFETY: the driver just filled both.
+            unsafe {
+                *total = (*total as u64).min(budget) as usize;
+                *free = (*free as u64).min(budget.saturating_sub(d.used())) as usize;
+            }
+        }
+        rc
+    })
+}
+
+fn budgeted_view() -> Option<(usize, &'static crate::ledger::DeviceLedger)> {
+    if runtime::mode() != Mode::Budgeted {
+        return None;
+    }
+    runtime::budgeted_current()
+}
+
+/// min(budget, physical).
+///
+/// # Safety
+/// As the driver's `cuDeviceTotalMem_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: Device) -> CuResult {
+    guard("cuDeviceTotalMem", || {
+        if let Some(rc) = runtime::refusal(runtime::mode()) {
+            return rc;
+        }
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuDeviceTotalMem_v2(bytes, device) };
+        if rc.is_ok()
+            && !bytes.is_null()
+            && device >= 0
+            && runtime::mode() == Mode::Budgeted
+            && let Some(d) = runtime::budgeted(device as usize)
+        {
+            // SAFETY: the driver just filled it.
+            unsafe { *bytes = (*bytes as u64).min(d.budget()) as usize };
+        }
+        rc
+    })
+}
+
+/// Runs a context creation on `device` and charges the context when it succeeds.
+fn creating_context(device: Device, create: impl FnOnce() -> CuResult) -> CuResult {
+    let mode = runtime::mode();
+    if let Some(rc) = runtime::refusal(mode) {
+        return rc;
+    }
+    if mode != Mode::Budgeted || device < 0 {
+        return create();
+    }
+    let device = device as usize;
+    let before = footprint::before_context(device);
+    let rc = create();
+    if rc.is_ok() {
+        footprint::context_created(device, before);
+    }
+    rc
+}
+
+/// Tells the footprint a context of `device` is gone when the primary context became
+/// inactive.
+fn primary_released(device: Device, rc: CuResult) -> CuResult {
+    if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
+        let (mut flags, mut active) = (0u32, 0 as c_int);
+        // SAFETY: valid out-pointers.
+        let state = unsafe { real::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) };
+        if state.is_ok() && active == 0 {
+            footprint::context_gone(device as usize);
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// As the driver's `cuDevicePrimaryCtxRetain`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Device) -> CuResult {
+    guard("cuDevicePrimaryCtxRetain", || {
+        let mut active = 0 as c_int;
+        let mut flags = 0u32;
+        // A retain of an already active primary context creates nothing.
+        // SAFETY: valid out-pointers.
+        let was_active =
+            unsafe { real::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }.is_ok()
+                && active != 0;
+        if was_active {
+            // SAFETY: the caller's arguments.
+            return unsafe { real::cuDevicePrimaryCtxRetain(ctx, device) };
+        }
+        // SAFETY: the caller's arguments.
+        creating_context(device, || unsafe {
+            real::cuDevicePrimaryCtxRetain(ctx, device)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuDevicePrimaryCtxRelease_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: Device) -> CuResult {
+    // SAFETY: the caller's argument.
+    guard("cuDevicePrimaryCtxRelease", || {
+        primary_released(device, unsafe {
+            real::cuDevicePrimaryCtxRelease_v2(device)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuDevicePrimaryCtxReset_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: Device) -> CuResult {
+    // SAFETY: the caller's argument.
+    guard("cuDevicePrimaryCtxReset", || {
+        primary_released(device, unsafe { real::cuDevicePrimaryCtxReset_v2(device) })
+    })
+}
+
+/// Contexts from `cuCtxCreate`, with their devices, so their destruction can be told.
+static CREATED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
+    if rc.is_ok() && !ctx.is_null() {
+        // SAFETY: the driver wrote the new context.
+        let handle = unsafe { *ctx } as usize;
+        CREATED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((handle, device.max(0) as usize));
+    }
+    rc
+}
+
+/// # Safety
+/// As the driver's `cuCtxCreate_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: Device) -> CuResult {
+    guard("cuCtxCreate", || {
+        // SAFETY: the caller's arguments.
+        let rc = creating_context(device, || unsafe {
+            real::cuCtxCreate_v2(ctx, flags, device)
+        });
+        remember_created(ctx, device, rc)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuCtxCreate_v3`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    ctx: *mut Handle,
+    params: *mut c_void,
+    num: c_int,
+    flags: u32,
+    device: Device,
+) -> CuResult {
+    guard("cuCtxCreate", || {
+        // SAFETY: the caller's arguments.
+        let rc = creating_context(device, || unsafe {
+            real::cuCtxCreate_v3(ctx, params, num, flags, device)
+        });
+        remember_created(ctx, device, rc)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuCtxCreate_v4`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    ctx: *mut Handle,
+    params: *mut c_void,
+    flags: u32,
+    device: Device,
+) -> CuResult {
+    guard("cuCtxCreate", || {
+        // SAFETY: the caller's arguments.
+        let rc = creating_context(device, || unsafe {
+            real::cuCtxCreate_v4(ctx, params, flags, device)
+        });
+        remember_created(ctx, device, rc)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuCtxDestroy_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
+    guard("cuCtxDestroy", || {
+        // SAFETY: the caller's argument.
+        let rc = unsafe { real::cuCtxDestroy_v2(ctx) };
+        if rc.is_ok() {
+            let device = {
+                let mut created = CREATED.lock().unwrap_or_else(|e| e.into_inner());
+                created
+                    .iter()
+                    .position(|&(c, _)| c == ctx as usize)
+                    .map(|i| created.swap_remove(i).1)
+            };
+            if let Some(device) = device {
+                footprint::context_gone(device);
+            }
+        }
+        rc
+    })
+}

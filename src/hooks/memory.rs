@@ -1,0 +1,433 @@
+//! The allocation and release entry points, one per driver variant, in the order of
+//! DESIGN.md's table. Each is resolve → reserve → real call → commit or roll back, in
+//! [`crate::enforce`].
+
+use std::ffi::c_int;
+
+use super::guard;
+use crate::driver::{
+    Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_LOCATION_TYPE_DEVICE,
+    MemAllocationProp, MemPoolProps, real,
+};
+use crate::enforce::{self, array_bytes};
+use crate::runtime::{self, Mode};
+use crate::{pools, vmm};
+
+/// # Safety
+/// As the driver's `cuMemAlloc_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize) -> CuResult {
+    guard("cuMemAlloc", || {
+        // SAFETY: the caller's arguments.
+        enforce::alloc_direct("cuMemAlloc", bytes as u64, None, dptr, || unsafe {
+            real::cuMemAlloc_v2(dptr, bytes)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemAllocPitch_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut DevicePtr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: u32,
+) -> CuResult {
+    guard("cuMemAllocPitch", || {
+        // SAFETY: the caller's arguments.
+        enforce::alloc_pitch(width, height, dptr, pitch, || unsafe {
+            real::cuMemAllocPitch_v2(dptr, pitch, width, height, elem)
+        })
+    })
+}
+
+/// Managed memory is counted in full: it may all come to live on the device.
+///
+/// # Safety
+/// As the driver's `cuMemAllocManaged`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut DevicePtr,
+    bytes: usize,
+    flags: u32,
+) -> CuResult {
+    guard("cuMemAllocManaged", || {
+        // SAFETY: the caller's arguments.
+        enforce::alloc_direct("cuMemAllocManaged", bytes as u64, None, dptr, || unsafe {
+            real::cuMemAllocManaged(dptr, bytes, flags)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemFree_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
+    // SAFETY: the caller's argument.
+    guard("cuMemFree", || {
+        enforce::free(dptr, || unsafe { real::cuMemFree_v2(dptr) })
+    })
+}
+
+/// Device memory from `cuMemCreate` counts from creation until it really goes back
+/// (released and unmapped). Before refusing, the driver is asked whether it would accept
+/// the request at all, with the smallest allocation of the same kind: PyTorch picks its
+/// handle type by the error it gets, and a budget OOM must not hide "not supported".
+///
+/// # Safety
+/// As the driver's `cuMemCreate`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> CuResult {
+    guard("cuMemCreate", || {
+        // SAFETY: the caller's arguments.
+        let create = || unsafe { real::cuMemCreate(handle, size, prop, flags) };
+        let mode = runtime::mode();
+        if mode != Mode::Budgeted || prop.is_null() {
+            return runtime::refusal(mode).unwrap_or_else(create);
+        }
+        // SAFETY: checked non-null; the caller passes a valid property struct.
+        let location = unsafe { (*prop).location };
+        if location.kind != MEM_LOCATION_TYPE_DEVICE || location.id < 0 {
+            return create();
+        }
+        let device = location.id as usize;
+        let Some(d) = runtime::budgeted(device) else {
+            return create();
+        };
+        let bytes = size as u64;
+        let reservation = match d.reserve(bytes) {
+            Ok(r) => r,
+            Err(_) => {
+                // SAFETY: the caller's property struct.
+                if let Some(rc) = unsafe { driver_rejects(size, prop, flags) } {
+                    return rc;
+                }
+                match enforce::admit("cuMemCreate", device, d, bytes) {
+                    Ok(r) => r,
+                    Err(rc) => return rc,
+                }
+            }
+        };
+        let rc = create();
+        if rc.is_ok() {
+            // SAFETY: the driver wrote the handle.
+            vmm::lock().created(unsafe { *handle }, bytes, device);
+            reservation.commit();
+        }
+        rc
+    })
+}
+
+/// The driver's error for this request regardless of its size, if it has one.
+///
+/// # Safety
+/// `prop` must be valid for the driver.
+unsafe fn driver_rejects(
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> Option<CuResult> {
+    let mut granularity = 0usize;
+    // SAFETY: valid out-pointer and the caller's property struct (option 0 = minimum).
+    let rc = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
+    if !rc.is_ok() {
+        return Some(rc);
+    }
+    if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
+        return Some(CuResult::INVALID_VALUE);
+    }
+    let mut probe = 0u64;
+    // SAFETY: the smallest allocation of the same kind, released at once.
+    let rc = unsafe { real::cuMemCreate(&mut probe, granularity, prop, flags) };
+    if rc.is_ok() {
+        // SAFETY: the handle just created.
+        let _ = unsafe { real::cuMemRelease(probe) };
+        None
+    } else if rc == CuResult::OUT_OF_MEMORY {
+        None
+    } else {
+        Some(rc)
+    }
+}
+
+/// # Safety
+/// As the driver's `cuMemRelease`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
+    guard("cuMemRelease", || {
+        // SAFETY: the caller's argument.
+        let rc = unsafe { real::cuMemRelease(handle) };
+        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
+            let returned = vmm::lock().released(handle);
+            give_back(returned);
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemMap`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: DevicePtr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CuResult {
+    guard("cuMemMap", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuMemMap(ptr, size, offset, handle, flags) };
+        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
+            vmm::lock().mapped(ptr, size as u64, handle);
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemUnmap`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemUnmap(ptr: DevicePtr, size: usize) -> CuResult {
+    guard("cuMemUnmap", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuMemUnmap(ptr, size) };
+        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
+            let returned = vmm::lock().unmapped(ptr, size as u64);
+            for r in returned {
+                give_back(Some(r));
+            }
+        }
+        rc
+    })
+}
+
+fn give_back(returned: vmm::Returned) {
+    if let Some((device, bytes)) = returned
+        && let Some(d) = runtime::ledger().device(device)
+    {
+        d.release(bytes);
+    }
+}
+
+/// # Safety
+/// As the driver's `cuMemAllocAsync`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut DevicePtr,
+    bytes: usize,
+    stream: Handle,
+) -> CuResult {
+    guard("cuMemAllocAsync", || {
+        // SAFETY: the caller's arguments.
+        enforce::alloc_pooled("cuMemAllocAsync", bytes as u64, None, dptr, || unsafe {
+            real::cuMemAllocAsync(dptr, bytes, stream)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemAllocAsync_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut DevicePtr,
+    bytes: usize,
+    stream: Handle,
+) -> CuResult {
+    guard("cuMemAllocAsync", || {
+        // SAFETY: the caller's arguments.
+        enforce::alloc_pooled("cuMemAllocAsync", bytes as u64, None, dptr, || unsafe {
+            real::cuMemAllocAsync_ptsz(dptr, bytes, stream)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemAllocFromPoolAsync`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut DevicePtr,
+    bytes: usize,
+    pool: Handle,
+    stream: Handle,
+) -> CuResult {
+    guard("cuMemAllocFromPoolAsync", || {
+        // SAFETY: the caller's arguments.
+        enforce::alloc_pooled(
+            "cuMemAllocFromPoolAsync",
+            bytes as u64,
+            Some(pool),
+            dptr,
+            || unsafe { real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) },
+        )
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemAllocFromPoolAsync_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut DevicePtr,
+    bytes: usize,
+    pool: Handle,
+    stream: Handle,
+) -> CuResult {
+    guard("cuMemAllocFromPoolAsync", || {
+        // SAFETY: the caller's arguments.
+        enforce::alloc_pooled(
+            "cuMemAllocFromPoolAsync",
+            bytes as u64,
+            Some(pool),
+            dptr,
+            || unsafe { real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream) },
+        )
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemFreeAsync`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
+    // SAFETY: the caller's arguments.
+    guard("cuMemFreeAsync", || {
+        enforce::free(dptr, || unsafe { real::cuMemFreeAsync(dptr, stream) })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemFreeAsync_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
+    guard("cuMemFreeAsync", || {
+        // SAFETY: the caller's arguments.
+        enforce::free(dptr, || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) })
+    })
+}
+
+/// Remembers the pool and its device, so its reserve is counted and trimmed.
+///
+/// # Safety
+/// As the driver's `cuMemPoolCreate`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut Handle,
+    props: *const MemPoolProps,
+) -> CuResult {
+    guard("cuMemPoolCreate", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuMemPoolCreate(pool, props) };
+        if rc.is_ok() && !pool.is_null() && !props.is_null() {
+            // SAFETY: the driver accepted `props` and wrote the pool.
+            let (location, handle) = unsafe { ((*props).location, *pool) };
+            if location.kind == MEM_LOCATION_TYPE_DEVICE && location.id >= 0 {
+                pools::register(handle, location.id as usize);
+            }
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMemPoolDestroy`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
+    guard("cuMemPoolDestroy", || {
+        // SAFETY: the caller's argument.
+        let rc = unsafe { real::cuMemPoolDestroy(pool) };
+        if rc.is_ok() {
+            pools::unregister(pool);
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// As the driver's `cuArrayCreate_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    array: *mut Handle,
+    desc: *const ArrayDescriptor,
+) -> CuResult {
+    guard("cuArrayCreate", || {
+        // SAFETY: the caller's arguments.
+        let create = || unsafe { real::cuArrayCreate_v2(array, desc) };
+        if desc.is_null() {
+            return create();
+        }
+        // SAFETY: checked non-null.
+        let d = unsafe { &*desc };
+        let bytes = array_bytes(d.width, d.height, 0, d.format, d.num_channels, 1);
+        enforce::alloc_array("cuArrayCreate", bytes, array, create)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuArray3DCreate_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    array: *mut Handle,
+    desc: *const Array3dDescriptor,
+) -> CuResult {
+    guard("cuArray3DCreate", || {
+        // SAFETY: the caller's arguments.
+        let create = || unsafe { real::cuArray3DCreate_v2(array, desc) };
+        if desc.is_null() {
+            return create();
+        }
+        // SAFETY: checked non-null.
+        let d = unsafe { &*desc };
+        let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, 1);
+        enforce::alloc_array("cuArray3DCreate", bytes, array, create)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMipmappedArrayCreate`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    array: *mut Handle,
+    desc: *const Array3dDescriptor,
+    levels: u32,
+) -> CuResult {
+    guard("cuMipmappedArrayCreate", || {
+        // SAFETY: the caller's arguments.
+        let create = || unsafe { real::cuMipmappedArrayCreate(array, desc, levels) };
+        if desc.is_null() {
+            return create();
+        }
+        // SAFETY: checked non-null.
+        let d = unsafe { &*desc };
+        let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, levels);
+        enforce::alloc_array("cuMipmappedArrayCreate", bytes, array, create)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuArrayDestroy`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
+    // SAFETY: the caller's argument.
+    guard("cuArrayDestroy", || {
+        enforce::free_array(array, || unsafe { real::cuArrayDestroy(array) })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuMipmappedArrayDestroy`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CuResult {
+    guard("cuMipmappedArrayDestroy", || {
+        // SAFETY: the caller's argument.
+        enforce::free_array(array, || unsafe { real::cuMipmappedArrayDestroy(array) })
+    })
+}
+
+#[allow(dead_code)]
+const _: c_int = 0;

@@ -1,0 +1,99 @@
+//! The exported symbols, and nothing else: each hook is a few lines that call into
+//! [`crate::enforce`], [`crate::footprint`] or the driver.
+//!
+//! [`hook_for`] is the one list of what is interposed; `dlsym` and `cuGetProcAddress`
+//! both answer from it, so every way a program reaches the driver ends in the same hook.
+//! Exports carry `cfg_attr(not(test), no_mangle)` so that unit-test binaries do not
+//! interpose themselves.
+
+#![allow(non_snake_case)]
+
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::driver::{CuResult, Sym};
+
+pub mod dlsym;
+pub mod info;
+pub mod memory;
+pub mod nvml;
+pub mod proc_address;
+
+/// Runs a hook body; a panic becomes `CUDA_ERROR_UNKNOWN` instead of crossing into C.
+#[inline(always)]
+pub(crate) fn guard(call: &'static str, body: impl FnOnce() -> CuResult) -> CuResult {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(rc) => rc,
+        Err(_) => {
+            crate::report::caught_panic(call);
+            CuResult::UNKNOWN
+        }
+    }
+}
+
+/// Our hook for the driver variant `sym`, if we wrap it.
+pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
+    use info::*;
+    use memory::*;
+    use proc_address::*;
+    let f: *const () = match sym {
+        Sym::cuInit => cuInit as *const (),
+        Sym::cuGetProcAddress => cuGetProcAddress as *const (),
+        Sym::cuGetProcAddress_v2 => cuGetProcAddress_v2 as *const (),
+        Sym::cuGetProcAddress_v2_ptsz => cuGetProcAddress_v2_ptsz as *const (),
+        Sym::cuDeviceTotalMem_v2 => cuDeviceTotalMem_v2 as *const (),
+        Sym::cuMemGetInfo_v2 => cuMemGetInfo_v2 as *const (),
+        Sym::cuDevicePrimaryCtxRetain => cuDevicePrimaryCtxRetain as *const (),
+        Sym::cuDevicePrimaryCtxRelease_v2 => cuDevicePrimaryCtxRelease_v2 as *const (),
+        Sym::cuDevicePrimaryCtxReset_v2 => cuDevicePrimaryCtxReset_v2 as *const (),
+        Sym::cuCtxCreate_v2 => cuCtxCreate_v2 as *const (),
+        Sym::cuCtxCreate_v3 => cuCtxCreate_v3 as *const (),
+        Sym::cuCtxCreate_v4 => cuCtxCreate_v4 as *const (),
+        Sym::cuCtxDestroy_v2 => cuCtxDestroy_v2 as *const (),
+        Sym::cuMemAlloc_v2 => cuMemAlloc_v2 as *const (),
+        Sym::cuMemAllocPitch_v2 => cuMemAllocPitch_v2 as *const (),
+        Sym::cuMemAllocManaged => cuMemAllocManaged as *const (),
+        Sym::cuMemFree_v2 => cuMemFree_v2 as *const (),
+        Sym::cuMemCreate => cuMemCreate as *const (),
+        Sym::cuMemRelease => cuMemRelease as *const (),
+        Sym::cuMemMap => cuMemMap as *const (),
+        Sym::cuMemUnmap => cuMemUnmap as *const (),
+        Sym::cuMemAllocAsync => cuMemAllocAsync as *const (),
+        Sym::cuMemAllocAsync_ptsz => cuMemAllocAsync_ptsz as *const (),
+        Sym::cuMemAllocFromPoolAsync => cuMemAllocFromPoolAsync as *const (),
+        Sym::cuMemAllocFromPoolAsync_ptsz => cuMemAllocFromPoolAsync_ptsz as *const (),
+        Sym::cuMemFreeAsync => cuMemFreeAsync as *const (),
+        Sym::cuMemFreeAsync_ptsz => cuMemFreeAsync_ptsz as *const (),
+        Sym::cuMemPoolCreate => cuMemPoolCreate as *const (),
+        Sym::cuMemPoolDestroy => cuMemPoolDestroy as *const (),
+        Sym::cuArrayCreate_v2 => cuArrayCreate_v2 as *const (),
+        Sym::cuArray3DCreate_v2 => cuArray3DCreate_v2 as *const (),
+        Sym::cuMipmappedArrayCreate => cuMipmappedArrayCreate as *const (),
+        Sym::cuArrayDestroy => cuArrayDestroy as *const (),
+        Sym::cuMipmappedArrayDestroy => cuMipmappedArrayDestroy as *const (),
+        // Called by the library, never wrapped.
+        Sym::cuDeviceGetCount
+        | Sym::cuDeviceGet
+        | Sym::cuDeviceGetUuid
+        | Sym::cuDeviceGetUuid_v2
+        | Sym::cuCtxGetDevice
+        | Sym::cuDevicePrimaryCtxGetState
+        | Sym::cuMemGetAllocationGranularity
+        | Sym::cuMemPoolTrimTo
+        | Sym::cuMemPoolGetAttribute
+        | Sym::cuDeviceGetDefaultMemPool
+        | Sym::cuDeviceGetMemPool => return None,
+    };
+    Some(f as *mut c_void)
+}
+
+/// Our hook for an exact exported name (`dlsym`'s question), CUDA or NVML.
+pub fn hook_named(name: &[u8]) -> Option<*mut c_void> {
+    if name.starts_with(b"nvml") {
+        return nvml::hook_named(name);
+    }
+    if !name.starts_with(b"cu") {
+        return None;
+    }
+    crate::driver::sym_named(name).and_then(hook_for)
+}

@@ -1,0 +1,131 @@
+//! `cuGetProcAddress` and its variants: how cudart (PyTorch, CuPy, nvcc programs) reaches
+//! every other entry point.
+//!
+//! We call the real one, then look at the pointer the driver chose: the driver's answer
+//! decides the variant (and so the ABI), and we hand back our hook for *that exact*
+//! variant. Asked for `cuGetProcAddress` itself, we hand back our wrapper of the variant
+//! the driver returned. Everything else comes back untouched.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+
+use super::guard;
+use crate::driver::{self, CuResult, Sym, real};
+use crate::runtime::{self, Mode};
+
+/// Replaces the driver's answer `found` for `symbol` with our hook when we wrap it.
+fn redirect(symbol: *const c_char, found: *mut c_void) -> *mut c_void {
+    if found.is_null() {
+        return found;
+    }
+    let sym = driver::sym_of_real(found).or_else(|| named_by_dladdr(found));
+    let Some(sym) = sym else { return found };
+    if matches!(
+        sym,
+        Sym::cuGetProcAddress | Sym::cuGetProcAddress_v2 | Sym::cuGetProcAddress_v2_ptsz
+    ) {
+        return super::hook_for(sym).unwrap_or(found);
+    }
+    // A process with no budget keeps the driver's own functions.
+    if runtime::mode() != Mode::Budgeted && runtime::mode() != Mode::Refused {
+        return found;
+    }
+    let _ = symbol;
+    super::hook_for(sym).unwrap_or(found)
+}
+
+/// The variant `p` is, by the name `dladdr` gives it, when it is exactly an exported
+/// driver function we know but our table holds another pointer for it.
+fn named_by_dladdr(p: *mut c_void) -> Option<Sym> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr only reads the address and fills `info`.
+    let ok = unsafe { libc::dladdr(p, &mut info) } != 0;
+    if !ok || info.dli_sname.is_null() || info.dli_saddr != p {
+        return None;
+    }
+    // SAFETY: dladdr returned a NUL-terminated symbol name.
+    let name = unsafe { CStr::from_ptr(info.dli_sname) }.to_bytes();
+    let sym = driver::sym_named(name)?;
+    // Only when our own table has nothing for it: two different drivers in one process
+    // are not ours to mix.
+    driver::real_ptr(sym).is_null().then_some(sym)
+}
+
+fn resolve(
+    call: impl FnOnce() -> CuResult,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+) -> CuResult {
+    if !driver::load() {
+        return CuResult::SHARED_OBJECT_INIT_FAILED;
+    }
+    let rc = call();
+    if rc.is_ok() && !pfn.is_null() {
+        // SAFETY: the driver just wrote a pointer through `pfn`.
+        unsafe { *pfn = redirect(symbol, *pfn) };
+    }
+    rc
+}
+
+/// # Safety
+/// As the driver's `cuGetProcAddress`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CuResult {
+    guard("cuGetProcAddress", || {
+        resolve(
+            // SAFETY: the caller's arguments, passed on unchanged.
+            || unsafe { real::cuGetProcAddress(symbol, pfn, version, flags) },
+            symbol,
+            pfn,
+        )
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGetProcAddress_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    guard("cuGetProcAddress_v2", || {
+        resolve(
+            // SAFETY: the caller's arguments, passed on unchanged.
+            || unsafe { real::cuGetProcAddress_v2(symbol, pfn, version, flags, status) },
+            symbol,
+            pfn,
+        )
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGetProcAddress_v2_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    guard("cuGetProcAddress_v2_ptsz", || {
+        resolve(
+            // SAFETY: the caller's arguments, passed on unchanged.
+            || unsafe { real::cuGetProcAddress_v2_ptsz(symbol, pfn, version, flags, status) },
+            symbol,
+            pfn,
+        )
+    })
+}

@@ -1,0 +1,715 @@
+//! The ledger: what each device's budget is, what the process holds on it, and which
+//! pointer holds how much.
+//!
+//! Pure and thread-safe; it never calls the driver. Admission is a reservation taken
+//! atomically *before* the real call ([`DeviceLedger::reserve`]): two threads racing for
+//! the last bytes can never both pass. The reservation is committed when the driver
+//! succeeds and rolled back when it fails. Counters never go below zero: a release of
+//! more than is held stops at zero.
+//!
+//! Stream-ordered allocations are not charged one by one: what they cost the device is
+//! the pools' reserve, which the hooks charge through [`PoolCredit`] (see there).
+//!
+//! The hot paths (an allocation that fits, a free) take no lock and make no system call:
+//! one compare-and-swap on the device's counter or one on the thread's pool shard, and
+//! one on a slot of the address table.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// Devices the ledger can budget; higher ordinals pass through unbudgeted.
+pub const MAX_DEVICES: usize = 64;
+
+/// `budget` of a device that has no budget.
+pub const UNBUDGETED: u64 = u64::MAX;
+/// `budget` of a device whose budget has not been worked out yet.
+pub const UNRESOLVED: u64 = u64::MAX - 1;
+
+/// A refused request, with what the device held and allowed at that moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Denial {
+    pub requested: u64,
+    pub used: u64,
+    pub budget: u64,
+}
+
+/// One device's budget and usage.
+pub struct DeviceLedger {
+    budget: AtomicU64,
+    used: AtomicU64,
+    peak: AtomicU64,
+    denials: AtomicU64,
+    /// The part of `used` that no hook saw: the context, modules, and whatever the
+    /// footprint reconciliation found beyond the tracked allocations.
+    overhead: AtomicU64,
+    pub pool: PoolCredit,
+}
+
+impl DeviceLedger {
+    const fn new() -> Self {
+        Self {
+            budget: AtomicU64::new(UNRESOLVED),
+            used: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            denials: AtomicU64::new(0),
+            overhead: AtomicU64::new(0),
+            pool: PoolCredit::new(),
+        }
+    }
+
+    /// The budget in bytes, `UNBUDGETED`, or `UNRESOLVED`.
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
+    }
+
+    pub fn set_budget(&self, bytes: u64) {
+        self.budget.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    pub fn denials(&self) -> u64 {
+        self.denials.load(Ordering::Relaxed)
+    }
+
+    pub fn overhead(&self) -> u64 {
+        self.overhead.load(Ordering::Relaxed)
+    }
+
+    /// Reserves `bytes` if they fit in the budget. Dropping the reservation without
+    /// [`Reservation::commit`] gives the bytes back.
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>, Denial> {
+        let budget = self.budget();
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let after = match used.checked_add(bytes) {
+                Some(after) if after <= budget => after,
+                _ => {
+                    return Err(Denial {
+                        requested: bytes,
+                        used,
+                        budget,
+                    });
+                }
+            };
+            match self
+                .used
+                .compare_exchange_weak(used, after, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(after, Ordering::Relaxed);
+                    return Ok(Reservation {
+                        device: self,
+                        bytes,
+                        committed: false,
+                    });
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// Charges `bytes` whatever the budget says: memory the driver already handed out.
+    pub fn charge(&self, bytes: u64) {
+        let after = self
+            .used
+            .fetch_add(bytes, Ordering::AcqRel)
+            .saturating_add(bytes);
+        self.peak.fetch_max(after, Ordering::Relaxed);
+    }
+
+    /// Gives back `bytes`, stopping at zero.
+    pub fn release(&self, bytes: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(bytes))
+            });
+    }
+
+    /// Replaces the overhead charge with `bytes`, moving `used` by the difference.
+    pub fn set_overhead(&self, bytes: u64) {
+        let old = self.overhead.swap(bytes, Ordering::AcqRel);
+        if bytes >= old {
+            self.charge(bytes - old);
+        } else {
+            self.release(old - bytes);
+        }
+    }
+
+    pub fn note_denial(&self) -> u64 {
+        self.denials.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Forgets everything the device held (its last context is gone, and its memory
+    /// with it). The budget and the statistics stay.
+    pub fn clear(&self) {
+        self.used.store(0, Ordering::Release);
+        self.overhead.store(0, Ordering::Release);
+        self.pool.clear();
+    }
+}
+
+/// Bytes taken from a device's budget, given back on drop unless committed.
+#[must_use = "a reservation is rolled back when dropped"]
+pub struct Reservation<'a> {
+    device: &'a DeviceLedger,
+    bytes: u64,
+    committed: bool,
+}
+
+impl Reservation<'_> {
+    pub fn commit(mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.device.release(self.bytes);
+        }
+    }
+}
+
+/// Shards of pool credit; a thread keeps to one.
+pub const POOL_SHARDS: usize = 32;
+/// What a shard takes from the bank at a time, so that most allocations touch only the
+/// thread's own shard.
+const POOL_REFILL: i64 = 64 << 20;
+
+#[repr(align(64))]
+struct Shard(AtomicI64);
+
+/// The stream-ordered pools' charge on one device, split so that allocations and frees
+/// that fit in what is already charged touch only their thread's shard.
+///
+/// Invariant: `charge == Σ shards + bank + live`, where `live` is what the process's
+/// stream-ordered allocations hold now. An allocation takes its size from its shard; a
+/// free puts it back (the pool keeps the memory, so the charge stays). When a shard runs
+/// dry, [`PoolCredit::collect`] gathers every shard into the bank under the lock: a
+/// negative total is the growth the pools need, which the caller must admit against the
+/// budget before the driver grows the pool.
+pub struct PoolCredit {
+    shards: [Shard; POOL_SHARDS],
+    charge: AtomicU64,
+    bank: Mutex<i64>,
+}
+
+impl PoolCredit {
+    const fn new() -> Self {
+        Self {
+            shards: [const { Shard(AtomicI64::new(0)) }; POOL_SHARDS],
+            charge: AtomicU64::new(0),
+            bank: Mutex::new(0),
+        }
+    }
+
+    /// Takes `bytes` from `shard`; false when the shard had too little, in which case
+    /// the debt stays recorded there and the caller must go through [`Self::collect`].
+    pub fn take(&self, shard: usize, bytes: u64) -> bool {
+        let bytes = clamp_i64(bytes);
+        let before = self.shards[shard % POOL_SHARDS]
+            .0
+            .fetch_sub(bytes, Ordering::AcqRel);
+        before >= bytes
+    }
+
+    /// Puts `bytes` back into `shard` (a stream-ordered free, or a failed allocation).
+    pub fn give(&self, shard: usize, bytes: u64) {
+        self.shards[shard % POOL_SHARDS]
+            .0
+            .fetch_add(clamp_i64(bytes), Ordering::AcqRel);
+    }
+
+    /// The pools' bytes charged to the device.
+    pub fn charge(&self) -> u64 {
+        self.charge.load(Ordering::Acquire)
+    }
+
+    /// Locks the bank and gathers every shard into it. The guard's value is the credit
+    /// left after every allocation so far; negative: the pools must grow by that much.
+    pub fn collect(&self) -> BankGuard<'_> {
+        let mut bank = self.bank.lock().unwrap_or_else(|e| e.into_inner());
+        for shard in &self.shards {
+            *bank = bank.saturating_add(shard.0.swap(0, Ordering::AcqRel));
+        }
+        BankGuard { credit: self, bank }
+    }
+
+    fn clear(&self) {
+        let mut bank = self.bank.lock().unwrap_or_else(|e| e.into_inner());
+        for shard in &self.shards {
+            shard.0.store(0, Ordering::Release);
+        }
+        *bank = 0;
+        self.charge.store(0, Ordering::Release);
+    }
+}
+
+/// The pool bank, locked, with every shard gathered in it.
+pub struct BankGuard<'a> {
+    credit: &'a PoolCredit,
+    bank: std::sync::MutexGuard<'a, i64>,
+}
+
+impl BankGuard<'_> {
+    /// Credit left (negative: a deficit).
+    pub fn credit(&self) -> i64 {
+        *self.bank
+    }
+
+    /// The pools' charge now equals `reserve` (the driver's figure, or our estimate of
+    /// it); returns the change, which the caller applies to the device's `used`.
+    pub fn set_charge(&mut self, reserve: u64) -> i64 {
+        let old = self.credit.charge.swap(reserve, Ordering::AcqRel);
+        let delta = clamp_i64(reserve).saturating_sub(clamp_i64(old));
+        *self.bank = self.bank.saturating_add(delta);
+        delta
+    }
+
+    /// Puts `bytes` back into the bank (an allocation that will not happen after all).
+    pub fn refund(&mut self, bytes: u64) {
+        *self.bank = self.bank.saturating_add(clamp_i64(bytes));
+    }
+
+    /// Hands part of the bank to `shard`, so that its next allocations stay lock-free.
+    pub fn lend(&mut self, shard: usize) {
+        let amount = (*self.bank).min(POOL_REFILL);
+        if amount > 0 {
+            *self.bank -= amount;
+            self.credit.shards[shard % POOL_SHARDS]
+                .0
+                .fetch_add(amount, Ordering::AcqRel);
+        }
+    }
+}
+
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// How an address-table entry was charged, so that its release goes the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `cuMemAlloc`, `cuMemAllocPitch`, `cuMemAllocManaged`, arrays: charged to `used`.
+    Direct = 0,
+    /// Stream-ordered: taken from the pool credit.
+    Pooled = 1,
+}
+
+/// What the address table stores for one pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub bytes: u64,
+    pub device: usize,
+    pub kind: Kind,
+}
+
+const SIZE_BITS: u32 = 56;
+const SIZE_MASK: u64 = (1 << SIZE_BITS) - 1;
+
+impl Entry {
+    fn pack(self) -> u64 {
+        let kind = self.kind as u64;
+        (self.bytes.min(SIZE_MASK)) | ((self.device as u64 & 0x3f) << SIZE_BITS) | (kind << 62)
+    }
+
+    fn unpack(v: u64) -> Self {
+        Self {
+            bytes: v & SIZE_MASK,
+            device: ((v >> SIZE_BITS) & 0x3f) as usize,
+            kind: if v >> 62 == 1 {
+                Kind::Pooled
+            } else {
+                Kind::Direct
+            },
+        }
+    }
+}
+
+const EMPTY: u64 = 0;
+const BUSY: u64 = u64::MAX;
+/// Slots an entry may lie from its home slot; lookups never look further.
+const WINDOW: usize = 32;
+
+struct Slot {
+    key: AtomicU64,
+    value: AtomicU64,
+}
+
+/// A lock-free map from an address (or handle) to an [`Entry`]: open addressing with a
+/// bounded probe window, so a lookup of an address we never saw costs at most `WINDOW`
+/// probes. A slot is claimed with a compare-and-swap to `BUSY`, filled, then published.
+/// When every slot of a window is taken the entry goes to a locked overflow map, which
+/// stays empty in practice.
+pub struct AddrTable<const N: usize> {
+    slots: [Slot; N],
+    overflow: Mutex<std::collections::BTreeMap<u64, u64>>,
+    overflow_len: AtomicU64,
+}
+
+impl<const N: usize> AddrTable<N> {
+    pub const fn new() -> Self {
+        assert!(N.is_power_of_two() && N >= WINDOW);
+        Self {
+            slots: [const {
+                Slot {
+                    key: AtomicU64::new(EMPTY),
+                    value: AtomicU64::new(0),
+                }
+            }; N],
+            overflow: Mutex::new(std::collections::BTreeMap::new()),
+            overflow_len: AtomicU64::new(0),
+        }
+    }
+
+    fn home(key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (N - 1)
+    }
+
+    /// Records `key`. The caller guarantees `key` is not in the table (the driver never
+    /// hands out a live address twice; frees remove before calling the driver).
+    pub fn insert(&self, key: u64, entry: Entry) {
+        if key == EMPTY || key == BUSY {
+            return;
+        }
+        let home = Self::home(key);
+        for i in 0..WINDOW {
+            let slot = &self.slots[(home + i) & (N - 1)];
+            if slot.key.load(Ordering::Relaxed) == EMPTY
+                && slot
+                    .key
+                    .compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                slot.value.store(entry.pack(), Ordering::Relaxed);
+                slot.key.store(key, Ordering::Release);
+                return;
+            }
+        }
+        let mut overflow = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
+        overflow.insert(key, entry.pack());
+        self.overflow_len
+            .store(overflow.len() as u64, Ordering::Release);
+    }
+
+    /// Removes `key` and returns its entry; `None` for an address never recorded.
+    pub fn remove(&self, key: u64) -> Option<Entry> {
+        if key == EMPTY || key == BUSY {
+            return None;
+        }
+        let home = Self::home(key);
+        for i in 0..WINDOW {
+            let slot = &self.slots[(home + i) & (N - 1)];
+            if slot.key.load(Ordering::Acquire) == key
+                && slot
+                    .key
+                    .compare_exchange(key, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                let value = slot.value.load(Ordering::Relaxed);
+                slot.key.store(EMPTY, Ordering::Release);
+                return Some(Entry::unpack(value));
+            }
+        }
+        if self.overflow_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut overflow = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
+        let value = overflow.remove(&key);
+        self.overflow_len
+            .store(overflow.len() as u64, Ordering::Release);
+        value.map(Entry::unpack)
+    }
+
+    /// Drops every entry of `device` (its context was destroyed with all its memory).
+    pub fn purge_device(&self, device: usize) {
+        for slot in &self.slots {
+            let key = slot.key.load(Ordering::Acquire);
+            if key == EMPTY || key == BUSY {
+                continue;
+            }
+            if Entry::unpack(slot.value.load(Ordering::Relaxed)).device == device {
+                let _ = slot
+                    .key
+                    .compare_exchange(key, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+        let mut overflow = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
+        overflow.retain(|_, v| Entry::unpack(*v).device != device);
+        self.overflow_len
+            .store(overflow.len() as u64, Ordering::Release);
+    }
+}
+
+impl<const N: usize> Default for AddrTable<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The process's ledger: one [`DeviceLedger`] per device and the address table.
+pub struct Ledger {
+    devices: [DeviceLedger; MAX_DEVICES],
+    /// Device pointers from every allocation path.
+    pub pointers: AddrTable<{ 1 << 20 }>,
+}
+
+impl Ledger {
+    pub const fn new() -> Self {
+        Self {
+            devices: [const { DeviceLedger::new() }; MAX_DEVICES],
+            pointers: AddrTable::new(),
+        }
+    }
+
+    /// The ledger of `device`, or `None` past [`MAX_DEVICES`].
+    pub fn device(&self, device: usize) -> Option<&DeviceLedger> {
+        self.devices.get(device)
+    }
+
+    pub fn devices(&self) -> impl Iterator<Item = (usize, &DeviceLedger)> {
+        self.devices.iter().enumerate()
+    }
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn device(budget: u64) -> DeviceLedger {
+        let d = DeviceLedger::new();
+        d.set_budget(budget);
+        d
+    }
+
+    #[test]
+    fn a_reservation_that_fits_is_charged_and_one_that_does_not_is_refused() {
+        let d = device(100);
+        d.reserve(60).unwrap().commit();
+        assert_eq!(d.used(), 60);
+        let denial = d.reserve(41).err().unwrap();
+        assert_eq!(
+            denial,
+            Denial {
+                requested: 41,
+                used: 60,
+                budget: 100
+            }
+        );
+        d.reserve(40).unwrap().commit();
+        assert_eq!(d.used(), 100);
+        assert_eq!(d.peak(), 100);
+    }
+
+    #[test]
+    fn a_dropped_reservation_is_rolled_back() {
+        let d = device(100);
+        {
+            let _r = d.reserve(70).unwrap();
+            assert_eq!(d.used(), 70);
+        }
+        assert_eq!(d.used(), 0);
+    }
+
+    #[test]
+    fn releases_never_take_the_counter_below_zero() {
+        let d = device(100);
+        d.reserve(10).unwrap().commit();
+        d.release(1 << 60);
+        assert_eq!(d.used(), 0);
+        d.release(5);
+        assert_eq!(d.used(), 0);
+    }
+
+    #[test]
+    fn a_request_that_overflows_is_refused() {
+        let d = device(UNBUDGETED - 2);
+        d.reserve(10).unwrap().commit();
+        assert!(d.reserve(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn racing_threads_never_pass_the_budget_together() {
+        let d = Arc::new(device(1000));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let d = Arc::clone(&d);
+                std::thread::spawn(move || {
+                    let mut held = 0;
+                    while let Ok(r) = d.reserve(7) {
+                        r.commit();
+                        held += 7;
+                    }
+                    held
+                })
+            })
+            .collect();
+        let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(total <= 1000);
+        assert!(total > 1000 - 7);
+        assert_eq!(d.used(), total);
+        assert_eq!(d.peak(), total);
+    }
+
+    #[test]
+    fn overhead_moves_used_by_the_difference() {
+        let d = device(1000);
+        d.reserve(100).unwrap().commit();
+        d.set_overhead(300);
+        assert_eq!(d.used(), 400);
+        d.set_overhead(50);
+        assert_eq!(d.used(), 150);
+        assert_eq!(d.overhead(), 50);
+    }
+
+    #[test]
+    fn the_table_finds_what_was_inserted_and_nothing_else() {
+        let t: AddrTable<1024> = AddrTable::new();
+        let e = Entry {
+            bytes: 4096,
+            device: 3,
+            kind: Kind::Pooled,
+        };
+        t.insert(0x7f00_0000_0000, e);
+        assert_eq!(t.remove(0x7f00_0020_0000), None);
+        assert_eq!(t.remove(0x7f00_0000_0000), Some(e));
+        assert_eq!(t.remove(0x7f00_0000_0000), None);
+    }
+
+    #[test]
+    fn the_table_spills_to_overflow_when_a_window_is_full() {
+        let t: AddrTable<64> = AddrTable::new();
+        let keys: Vec<u64> = (1..=200u64).map(|k| k << 21).collect();
+        for (i, &k) in keys.iter().enumerate() {
+            t.insert(
+                k,
+                Entry {
+                    bytes: i as u64 + 1,
+                    device: 0,
+                    kind: Kind::Direct,
+                },
+            );
+        }
+        for (i, &k) in keys.iter().enumerate() {
+            assert_eq!(t.remove(k).map(|e| e.bytes), Some(i as u64 + 1));
+        }
+        assert_eq!(t.overflow_len.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn purging_a_device_drops_only_its_entries() {
+        let t: AddrTable<1024> = AddrTable::new();
+        for (k, dev) in [(1u64 << 21, 0), (2 << 21, 1), (3 << 21, 0)] {
+            t.insert(
+                k,
+                Entry {
+                    bytes: 1,
+                    device: dev,
+                    kind: Kind::Direct,
+                },
+            );
+        }
+        t.purge_device(0);
+        assert_eq!(t.remove(1 << 21), None);
+        assert_eq!(t.remove(3 << 21), None);
+        assert!(t.remove(2 << 21).is_some());
+    }
+
+    #[test]
+    fn sizes_up_to_64_pib_and_every_device_survive_packing() {
+        for (bytes, device) in [(0, 0), (1, 63), (SIZE_MASK, 17)] {
+            for kind in [Kind::Direct, Kind::Pooled] {
+                let e = Entry {
+                    bytes,
+                    device,
+                    kind,
+                };
+                assert_eq!(Entry::unpack(e.pack()), e);
+            }
+        }
+    }
+
+    #[test]
+    fn pool_credit_is_taken_from_the_shard_and_a_dry_shard_reports_the_deficit() {
+        let p = PoolCredit::new();
+        // Nothing charged yet: the first allocation finds no credit.
+        assert!(!p.take(0, 100));
+        let mut bank = p.collect();
+        assert_eq!(bank.credit(), -100);
+        // The caller grows the pool by 32 units and charges them.
+        assert_eq!(bank.set_charge(132), 132);
+        assert_eq!(bank.credit(), 32);
+        bank.lend(0);
+        drop(bank);
+        assert!(p.take(0, 30));
+        assert!(!p.take(0, 30)); // 2 left, 28 owed
+        let bank = p.collect();
+        assert_eq!(bank.credit(), -28);
+    }
+
+    #[test]
+    fn frees_return_credit_to_the_freeing_thread_and_collect_finds_it() {
+        let p = PoolCredit::new();
+        {
+            let mut bank = p.collect();
+            bank.set_charge(1000);
+        }
+        // One thread allocates everything, another frees it.
+        assert!(!p.take(1, 1000));
+        {
+            let mut bank = p.collect();
+            assert_eq!(bank.credit(), 0);
+            bank.lend(1);
+        }
+        p.give(2, 1000);
+        let bank = p.collect();
+        assert_eq!(bank.credit(), 1000);
+    }
+
+    #[test]
+    fn racing_pool_allocations_keep_the_books_balanced() {
+        let p = Arc::new(PoolCredit::new());
+        {
+            let mut bank = p.collect();
+            bank.set_charge(10_000);
+        }
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let p = Arc::clone(&p);
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        if !p.take(t, 10) {
+                            let mut bank = p.collect();
+                            if bank.credit() < 0 {
+                                bank.refund(10);
+                                continue;
+                            }
+                            bank.lend(t);
+                        }
+                        p.give(t, 10);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let bank = p.collect();
+        assert_eq!(bank.credit(), 10_000);
+    }
+}

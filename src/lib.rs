@@ -1,0 +1,33 @@
+//! cudabudget: hard device-memory budgets for CUDA processes.
+//!
+//! Loaded with `LD_PRELOAD`, the library interposes the CUDA driver API on every path a
+//! program reaches it by (`dlsym`, `cuGetProcAddress`, direct linking), keeps exact
+//! accounting of the device memory the process holds, returns
+//! `CUDA_ERROR_OUT_OF_MEMORY` before a budget is crossed, and makes the process see its
+//! budget as the size of the card. See README.md for use and DESIGN notes.
+//!
+//! Modules:
+//! - [`quantity`], [`config`]: environment → budgets (pure).
+//! - [`ledger`]: per-device reservations and the address table (pure, thread-safe).
+//! - `driver`, `nvml`: the real libraries, from our own handles.
+//! - `runtime`: the process-wide state and its lazy initialisation.
+//! - `enforce`, `pools`, `vmm`, `footprint`: what the hooks decide.
+//! - `hooks`: the exported symbols only.
+//! - `report`: what the user is told.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+// Under `cargo test` the hooks are not exported (see hooks/mod.rs), so they look unused.
+#![cfg_attr(test, allow(dead_code))]
+
+pub mod config;
+mod driver;
+mod enforce;
+mod footprint;
+mod hooks;
+pub mod ledger;
+mod nvml;
+mod pools;
+pub mod quantity;
+mod report;
+mod runtime;
+mod vmm;

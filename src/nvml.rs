@@ -1,0 +1,327 @@
+//! The real NVML (`libnvidia-ml.so.1`), from our own handle: the per-process memory
+//! figure that `nvidia-smi` shows, and the mapping between NVML devices and this
+//! process's CUDA ordinals.
+//!
+//! Loaded and initialised lazily, off the hot path: the first time a footprint is
+//! reconciled or an NVML view is asked for.
+
+#![allow(non_snake_case)]
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+use crate::driver::{self, real};
+
+pub type NvmlDevice = *mut c_void;
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct Memory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct MemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlProcessInfo_t` (v2 layout, used by `_v3` of the process queries).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+const NVML_SUCCESS: c_int = 0;
+
+#[derive(Clone, Copy)]
+#[repr(usize)]
+pub enum F {
+    Init,
+    GetHandleByUUID,
+    GetIndex,
+    GetUUID,
+    GetMemoryInfo,
+    GetMemoryInfoV2,
+    GetComputeRunningProcessesV3,
+}
+
+const NAMES: [&CStr; 7] = [
+    c"nvmlInit_v2",
+    c"nvmlDeviceGetHandleByUUID",
+    c"nvmlDeviceGetIndex",
+    c"nvmlDeviceGetUUID",
+    c"nvmlDeviceGetMemoryInfo",
+    c"nvmlDeviceGetMemoryInfo_v2",
+    c"nvmlDeviceGetComputeRunningProcesses_v3",
+];
+
+static REAL: [AtomicPtr<c_void>; 7] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 7];
+
+const UNLOADED: u8 = 0;
+const LOADING: u8 = 1;
+const READY: u8 = 2;
+const MISSING: u8 = 3;
+static STATE: AtomicU8 = AtomicU8::new(UNLOADED);
+
+/// The real function `f`, loading the library (without initialising it) first.
+pub fn real_fn(f: F) -> *mut c_void {
+    load_library();
+    REAL[f as usize].load(Ordering::Acquire)
+}
+
+fn load_library() {
+    if STATE.load(Ordering::Acquire) != UNLOADED
+        || STATE
+            .compare_exchange(UNLOADED, LOADING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    {
+        while STATE.load(Ordering::Acquire) == LOADING {
+            std::thread::yield_now();
+        }
+        return;
+    }
+    // SAFETY: dlopen with a NUL-terminated name.
+    let handle = unsafe {
+        libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        )
+    };
+    if handle.is_null() {
+        STATE.store(MISSING, Ordering::Release);
+        return;
+    }
+    for (slot, name) in REAL.iter().zip(NAMES) {
+        slot.store(driver::lookup(handle, name), Ordering::Release);
+    }
+    STATE.store(READY, Ordering::Release);
+}
+
+static INITIALISED: AtomicU8 = AtomicU8::new(0);
+
+/// NVML, loaded and initialised; false when it is not there.
+fn ready() -> bool {
+    match INITIALISED.load(Ordering::Acquire) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    let init = real_fn(F::Init);
+    let ok = !init.is_null() && {
+        // SAFETY: nvmlInit_v2 takes no argument; NVML counts initialisations, so ours
+        // does not disturb the program's own.
+        let init: unsafe extern "C" fn() -> c_int = unsafe { std::mem::transmute(init) };
+        unsafe { init() == NVML_SUCCESS }
+    };
+    INITIALISED.store(if ok { 1 } else { 2 }, Ordering::Release);
+    ok
+}
+
+/// The UUID of CUDA ordinal `device`, as NVML writes it ("GPU-xxxxxxxx-…").
+pub fn cuda_uuid(device: usize) -> Option<String> {
+    let mut handle = 0;
+    let mut uuid = [0u8; 16];
+    // SAFETY: valid out-pointers.
+    let ok = unsafe {
+        real::cuDeviceGet(&mut handle, device as i32).is_ok()
+            && (real::cuDeviceGetUuid_v2(&mut uuid, handle).is_ok()
+                || real::cuDeviceGetUuid(&mut uuid, handle).is_ok())
+    };
+    ok.then(|| format_uuid(&uuid))
+}
+
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
+}
+
+fn handle_of(device: usize) -> Option<NvmlDevice> {
+    if !ready() {
+        return None;
+    }
+    let uuid = std::ffi::CString::new(cuda_uuid(device)?).ok()?;
+    let f = real_fn(F::GetHandleByUUID);
+    if f.is_null() {
+        return None;
+    }
+    let mut handle: NvmlDevice = std::ptr::null_mut();
+    // SAFETY: nvmlDeviceGetHandleByUUID(const char*, nvmlDevice_t*).
+    let rc = unsafe {
+        let f: unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int =
+            std::mem::transmute(f);
+        f(uuid.as_ptr(), &mut handle)
+    };
+    (rc == NVML_SUCCESS).then_some(handle)
+}
+
+/// What `nvidia-smi` shows for this process on CUDA ordinal `device`; `None` when NVML
+/// cannot say (missing, or this process is not in its list, as in a PID namespace).
+pub fn process_used(device: usize) -> Option<u64> {
+    let handle = handle_of(device)?;
+    let f = real_fn(F::GetComputeRunningProcessesV3);
+    if f.is_null() {
+        return None;
+    }
+    let mut infos = [ProcessInfo {
+        pid: 0,
+        used_gpu_memory: 0,
+        gpu_instance_id: 0,
+        compute_instance_id: 0,
+    }; 128];
+    let mut count: c_uint = infos.len() as c_uint;
+    // SAFETY: nvmlDeviceGetComputeRunningProcesses_v3(device, unsigned*, nvmlProcessInfo_t*)
+    // with room for `count` entries.
+    let rc = unsafe {
+        let f: unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut ProcessInfo) -> c_int =
+            std::mem::transmute(f);
+        f(handle, &mut count, infos.as_mut_ptr())
+    };
+    if rc != NVML_SUCCESS {
+        return None;
+    }
+    let pid = std::process::id();
+    infos[..(count as usize).min(infos.len())]
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.used_gpu_memory)
+}
+
+/// Memory in use on the whole device (all processes).
+pub fn device_used(device: usize) -> Option<u64> {
+    let handle = handle_of(device)?;
+    let f = real_fn(F::GetMemoryInfo);
+    if f.is_null() {
+        return None;
+    }
+    let mut m = Memory {
+        total: 0,
+        free: 0,
+        used: 0,
+    };
+    // SAFETY: nvmlDeviceGetMemoryInfo(device, nvmlMemory_t*).
+    let rc = unsafe {
+        let f: unsafe extern "C" fn(NvmlDevice, *mut Memory) -> c_int = std::mem::transmute(f);
+        f(handle, &mut m)
+    };
+    (rc == NVML_SUCCESS).then_some(m.used)
+}
+
+/// The CUDA ordinal of an NVML device in this process: by UUID when CUDA is initialised
+/// here, else from `CUDA_VISIBLE_DEVICES` (indices or UUID prefixes), as CUDA would
+/// number the devices.
+pub fn ordinal_of(device: NvmlDevice) -> Option<usize> {
+    let uuid = nvml_uuid(device)?;
+    let mut count = 0;
+    // SAFETY: a valid out-pointer; fails harmlessly before cuInit.
+    if driver::load() && unsafe { real::cuDeviceGetCount(&mut count) }.is_ok() {
+        return (0..count.max(0) as usize).find(|&d| cuda_uuid(d).as_deref() == Some(&uuid));
+    }
+    let index = nvml_index(device)?;
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    ordinal_from_visible(visible.as_deref(), index, &uuid)
+}
+
+fn nvml_uuid(device: NvmlDevice) -> Option<String> {
+    let f = real_fn(F::GetUUID);
+    if f.is_null() {
+        return None;
+    }
+    let mut buf = [0 as c_char; 96];
+    // SAFETY: nvmlDeviceGetUUID(device, char*, unsigned) with the buffer's size.
+    let rc = unsafe {
+        let f: unsafe extern "C" fn(NvmlDevice, *mut c_char, c_uint) -> c_int =
+            std::mem::transmute(f);
+        f(device, buf.as_mut_ptr(), buf.len() as c_uint)
+    };
+    if rc != NVML_SUCCESS {
+        return None;
+    }
+    buf[buf.len() - 1] = 0;
+    // SAFETY: NUL-terminated within the buffer (forced above).
+    Some(
+        unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}
+
+fn nvml_index(device: NvmlDevice) -> Option<u32> {
+    let f = real_fn(F::GetIndex);
+    if f.is_null() {
+        return None;
+    }
+    let mut index: c_uint = 0;
+    // SAFETY: nvmlDeviceGetIndex(device, unsigned*).
+    let rc = unsafe {
+        let f: unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> c_int = std::mem::transmute(f);
+        f(device, &mut index)
+    };
+    (rc == NVML_SUCCESS).then_some(index)
+}
+
+/// CUDA's numbering under `CUDA_VISIBLE_DEVICES`: the k-th valid entry is ordinal k; an
+/// entry is an NVML index or a UUID prefix; parsing stops at the first invalid entry.
+pub fn ordinal_from_visible(visible: Option<&str>, index: u32, uuid: &str) -> Option<usize> {
+    let Some(visible) = visible else {
+        return Some(index as usize);
+    };
+    for (ordinal, entry) in visible.split(',').map(str::trim).enumerate() {
+        if let Ok(i) = entry.parse::<u32>() {
+            if i == index {
+                return Some(ordinal);
+            }
+        } else if entry.starts_with("GPU-") {
+            if uuid.starts_with(entry) {
+                return Some(ordinal);
+            }
+        } else {
+            return None;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_written_as_nvml_writes_them() {
+        let mut b = [0u8; 16];
+        b[0] = 0xfa;
+        b[15] = 0x01;
+        assert_eq!(format_uuid(&b), "GPU-fa000000-0000-0000-0000-000000000001");
+    }
+
+    #[test]
+    fn visible_devices_renumber_nvml_indices() {
+        let uuid = "GPU-aaaa";
+        assert_eq!(ordinal_from_visible(None, 1, uuid), Some(1));
+        assert_eq!(ordinal_from_visible(Some("1"), 1, uuid), Some(0));
+        assert_eq!(ordinal_from_visible(Some("1"), 0, uuid), None);
+        assert_eq!(ordinal_from_visible(Some("2,0"), 0, uuid), Some(1));
+        assert_eq!(ordinal_from_visible(Some("GPU-aa"), 3, uuid), Some(0));
+        assert_eq!(ordinal_from_visible(Some("5,GPU-aa"), 3, uuid), Some(1));
+        // CUDA stops at the first invalid entry.
+        assert_eq!(ordinal_from_visible(Some("x,0"), 0, uuid), None);
+    }
+}

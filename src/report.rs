@@ -1,0 +1,195 @@
+//! What the library tells the user: configuration errors, denials (rate-limited), debug
+//! lines, and the summary at exit.
+//!
+//! Every line starts with `cudabudget:` and goes to stderr with one `write(2)` from a
+//! buffer on the stack: no allocation, no lock, nothing that could re-enter the library.
+
+use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use crate::config::{ConfigError, LogLevel};
+use crate::ledger::Denial;
+
+static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Warn as u8);
+
+pub fn set_level(level: LogLevel) {
+    LEVEL.store(level as u8, Ordering::Relaxed);
+}
+
+pub fn enabled(level: LogLevel) -> bool {
+    level != LogLevel::Off && level as u8 <= LEVEL.load(Ordering::Relaxed)
+}
+
+/// A line of at most 512 bytes, longer text cut.
+struct Line {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl fmt::Write for Line {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let n = s.len().min(self.buf.len() - 1 - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+fn emit(args: fmt::Arguments<'_>) {
+    let mut line = Line {
+        buf: [0; 512],
+        len: 0,
+    };
+    let _ = line.write_str("cudabudget: ");
+    let _ = line.write_fmt(args);
+    line.buf[line.len] = b'\n';
+    // SAFETY: writes initialised bytes of a stack buffer to fd 2.
+    unsafe {
+        libc::write(2, line.buf.as_ptr().cast(), line.len + 1);
+    }
+}
+
+/// One line at `level`, if the user asked for that much.
+pub fn line(level: LogLevel, args: fmt::Arguments<'_>) {
+    if enabled(level) {
+        emit(args);
+    }
+}
+
+/// The malformed-configuration line: always shown, whatever the log level (the log level
+/// may itself be what is malformed).
+pub fn config_error(error: &ConfigError) {
+    // ConfigError's Display already starts with "cudabudget: ".
+    let mut line = Line {
+        buf: [0; 512],
+        len: 0,
+    };
+    let _ = write!(line, "{error}");
+    line.buf[line.len] = b'\n';
+    // SAFETY: as in `emit`.
+    unsafe {
+        libc::write(2, line.buf.as_ptr().cast(), line.len + 1);
+    }
+}
+
+fn now_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC_COARSE is served by the vDSO.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+pub fn monotonic_ms() -> u64 {
+    now_ms()
+}
+
+static LAST_DENIAL_MS: AtomicU64 = AtomicU64::new(0);
+static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+
+/// A refused allocation: at most one line a second, with a count of those left out.
+pub fn denial(call: &str, device: usize, denial: &Denial) {
+    if !enabled(LogLevel::Warn) {
+        return;
+    }
+    let now = now_ms().max(1);
+    let last = LAST_DENIAL_MS.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < 1000
+        || LAST_DENIAL_MS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+    emit(format_args!(
+        "denied {call} of {} on device {device}: {} in use, budget {}{}",
+        Bytes(denial.requested),
+        Bytes(denial.used),
+        Bytes(denial.budget),
+        Suppressed(suppressed),
+    ));
+}
+
+struct Suppressed(u64);
+impl fmt::Display for Suppressed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => Ok(()),
+            n => write!(f, " ({n} more denials not shown)"),
+        }
+    }
+}
+
+/// Bytes in the human form, formatted without allocating a String on the hot path.
+pub struct Bytes(pub u64);
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+        if self.0 < 1024 {
+            return write!(f, "{} B", self.0);
+        }
+        let mut unit = 0;
+        let mut scale = 1024u64;
+        while unit + 1 < UNITS.len() && self.0 / scale >= 1024 {
+            scale *= 1024;
+            unit += 1;
+        }
+        let whole = self.0 / scale;
+        let hundredths = (self.0 % scale) as u128 * 100 / scale as u128;
+        write!(f, "{whole}.{hundredths:02} {}", UNITS[unit])
+    }
+}
+
+/// A panic caught at the FFI boundary.
+pub fn caught_panic(call: &str) {
+    emit(format_args!(
+        "internal error in {call}; the call failed with CUDA_ERROR_UNKNOWN"
+    ));
+}
+
+static SUMMARY_INSTALLED: AtomicU8 = AtomicU8::new(0);
+
+/// At `info`, registers the exit summary (peak and denials per budgeted device).
+pub fn install_exit_summary() {
+    if enabled(LogLevel::Info) && SUMMARY_INSTALLED.swap(1, Ordering::Relaxed) == 0 {
+        // SAFETY: registers a plain extern "C" function.
+        unsafe {
+            libc::atexit(exit_summary);
+        }
+    }
+}
+
+extern "C" fn exit_summary() {
+    let ledger = crate::runtime::ledger();
+    for (device, d) in ledger.devices() {
+        let budget = d.budget();
+        if budget >= crate::ledger::UNRESOLVED {
+            continue;
+        }
+        emit(format_args!(
+            "device {device}: peak {} of budget {}, {} in use at exit, {} denied",
+            Bytes(d.peak()),
+            Bytes(budget),
+            Bytes(d.used()),
+            d.denials()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_read_like_the_budget_variables() {
+        assert_eq!(Bytes(0).to_string(), "0 B");
+        assert_eq!(Bytes(1023).to_string(), "1023 B");
+        assert_eq!(Bytes(8 << 30).to_string(), "8.00 GiB");
+        assert_eq!(Bytes((5 << 30) + (1 << 29)).to_string(), "5.50 GiB");
+        assert_eq!(Bytes(520 << 20).to_string(), "520.00 MiB");
+    }
+}

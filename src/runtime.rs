@@ -1,0 +1,236 @@
+//! The process-wide state the hooks share: whether the library budgets at all, the
+//! configuration, the ledger, and which device a call is for.
+//!
+//! Initialisation is a state machine in one atomic (bytehound's pattern), entered lazily
+//! by the first hook that needs it — never by a constructor or by `dlsym`. After that,
+//! deciding what to do costs a hook one relaxed load.
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+
+use crate::config::{Config, LogLevel};
+use crate::driver::{self, CuResult, real};
+use crate::ledger::{DeviceLedger, Ledger, UNBUDGETED, UNRESOLVED};
+use crate::quantity::Limit;
+use crate::report;
+
+/// What the hooks do in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Budgets are configured: account and enforce.
+    Budgeted,
+    /// No budget variable is set: call the driver and nothing else.
+    Passthrough,
+    /// The configuration is malformed: CUDA is refused.
+    Refused,
+    /// `libcuda.so.1` could not be opened by us.
+    NoDriver,
+}
+
+const UNINIT: u8 = 0;
+const BUSY: u8 = 1;
+const BUDGETED: u8 = 2;
+const PASSTHROUGH: u8 = 3;
+const REFUSED: u8 = 4;
+const NO_DRIVER: u8 = 5;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static CONFIG: OnceLock<Config> = OnceLock::new();
+static LEDGER: Ledger = Ledger::new();
+
+thread_local! {
+    /// Set while this thread initialises, so a hook it re-enters does not wait on itself.
+    static INITIALISING: Cell<bool> = const { Cell::new(false) };
+    /// This thread's pool-credit shard (`u32::MAX` until assigned).
+    static SHARD: Cell<u32> = const { Cell::new(u32::MAX) };
+}
+
+/// The mode, initialising on first use.
+#[inline]
+pub fn mode() -> Mode {
+    match STATE.load(Ordering::Acquire) {
+        BUDGETED => Mode::Budgeted,
+        PASSTHROUGH => Mode::Passthrough,
+        REFUSED => Mode::Refused,
+        NO_DRIVER => Mode::NoDriver,
+        _ => init(),
+    }
+}
+
+#[cold]
+fn init() -> Mode {
+    if INITIALISING.with(Cell::get) {
+        // Re-entered from our own initialisation: let the driver answer.
+        return Mode::Passthrough;
+    }
+    if STATE
+        .compare_exchange(UNINIT, BUSY, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        INITIALISING.with(|c| c.set(true));
+        let state = init_now();
+        INITIALISING.with(|c| c.set(false));
+        STATE.store(state, Ordering::Release);
+    }
+    while STATE.load(Ordering::Acquire) == BUSY {
+        std::thread::yield_now();
+    }
+    mode()
+}
+
+fn init_now() -> u8 {
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(error) => {
+            report::config_error(&error);
+            return REFUSED;
+        }
+    };
+    report::set_level(config.log);
+    let unbudgeted = config.is_unbudgeted();
+    let _ = CONFIG.set(config);
+    if !driver::load() {
+        report::line(
+            LogLevel::Error,
+            format_args!("cannot open libcuda.so.1 from the library; CUDA calls will fail"),
+        );
+        return NO_DRIVER;
+    }
+    if unbudgeted {
+        return PASSTHROUGH;
+    }
+    report::install_exit_summary();
+    BUDGETED
+}
+
+pub fn config() -> Option<&'static Config> {
+    CONFIG.get()
+}
+
+pub fn ledger() -> &'static Ledger {
+    &LEDGER
+}
+
+/// Devices the process sees (0 until asked successfully).
+static DEVICE_COUNT: AtomicU32 = AtomicU32::new(0);
+
+fn device_count() -> u32 {
+    let n = DEVICE_COUNT.load(Ordering::Relaxed);
+    if n != 0 {
+        return n;
+    }
+    let mut count = 0;
+    // SAFETY: a valid out-pointer.
+    let rc = unsafe { real::cuDeviceGetCount(&mut count) };
+    if rc.is_ok() && count > 0 {
+        DEVICE_COUNT.store(count as u32, Ordering::Relaxed);
+        count as u32
+    } else {
+        0
+    }
+}
+
+/// Whether the process sees exactly one device (then every call is for ordinal 0).
+#[inline]
+pub fn single_device() -> bool {
+    DEVICE_COUNT.load(Ordering::Relaxed) == 1 || device_count() == 1
+}
+
+/// The calling context's device. A process that sees one device needs no driver call.
+#[inline]
+pub fn current_device() -> Option<usize> {
+    if single_device() {
+        return Some(0);
+    }
+    let mut device = 0;
+    // SAFETY: a valid out-pointer.
+    let rc = unsafe { real::cuCtxGetDevice(&mut device) };
+    (rc.is_ok() && device >= 0).then_some(device as usize)
+}
+
+/// The ledger of `device` when that device has a budget.
+#[inline]
+pub fn budgeted(device: usize) -> Option<&'static DeviceLedger> {
+    let d = LEDGER.device(device)?;
+    match d.budget() {
+        UNBUDGETED => None,
+        UNRESOLVED => resolve_budget(device, d, None),
+        _ => Some(d),
+    }
+}
+
+/// As [`budgeted`], where the caller knows the device's size (NVML, in a process that
+/// never initialised CUDA).
+pub fn budgeted_with_total(device: usize, total: u64) -> Option<&'static DeviceLedger> {
+    let d = LEDGER.device(device)?;
+    match d.budget() {
+        UNBUDGETED => None,
+        UNRESOLVED => resolve_budget(device, d, Some(total)),
+        _ => Some(d),
+    }
+}
+
+/// The ledger of the calling context's device when it has a budget: what every
+/// allocation hook starts with.
+#[inline]
+pub fn budgeted_current() -> Option<(usize, &'static DeviceLedger)> {
+    let device = current_device()?;
+    budgeted(device).map(|d| (device, d))
+}
+
+#[cold]
+fn resolve_budget(
+    device: usize,
+    d: &'static DeviceLedger,
+    known_total: Option<u64>,
+) -> Option<&'static DeviceLedger> {
+    let Some(limit) = config()?.limit_for(device as u32) else {
+        d.set_budget(UNBUDGETED);
+        return None;
+    };
+    let bytes = match limit {
+        Limit::Bytes(b) => b,
+        // A percentage needs the device's size; until it is known, stay unresolved.
+        Limit::Percent(_) => limit.resolve(physical_total(device).or(known_total)?),
+    };
+    d.set_budget(bytes.min(UNRESOLVED - 1));
+    Some(d)
+}
+
+/// The device's physical memory, from the driver.
+pub fn physical_total(device: usize) -> Option<u64> {
+    let mut handle = 0;
+    let mut total = 0usize;
+    // SAFETY: valid out-pointers.
+    let ok = unsafe {
+        real::cuDeviceGet(&mut handle, device as i32).is_ok()
+            && real::cuDeviceTotalMem_v2(&mut total, handle).is_ok()
+    };
+    ok.then_some(total as u64)
+}
+
+/// This thread's pool-credit shard.
+#[inline]
+pub fn shard() -> usize {
+    SHARD.with(|s| {
+        let v = s.get();
+        if v != u32::MAX {
+            return v as usize;
+        }
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let v = NEXT.fetch_add(1, Ordering::Relaxed) % crate::ledger::POOL_SHARDS as u32;
+        s.set(v);
+        v as usize
+    })
+}
+
+/// The answer for a hook when the mode is not `Budgeted`: `None` means call the driver.
+#[inline]
+pub fn refusal(mode: Mode) -> Option<CuResult> {
+    match mode {
+        Mode::Budgeted | Mode::Passthrough => None,
+        Mode::Refused => Some(CuResult::NOT_PERMITTED),
+        Mode::NoDriver => Some(CuResult::SHARED_OBJECT_INIT_FAILED),
+    }
+}

@@ -1,0 +1,229 @@
+//! Stream-ordered pools, virtual memory management, arrays, NVML and the context: every
+//! allocation path stays inside the budget, counted in physical terms.
+
+mod util;
+
+use util::{GI, MI, budget_run};
+
+#[test]
+fn stream_ordered_allocations_are_budgeted_by_the_pools_reserve() {
+    for mode in ["gpa", "gpa-ptsz", "dlsym"] {
+        let run = budget_run(
+            mode,
+            &[
+                "async:5Gi",
+                "async:4Gi",
+                "freeasync:0",
+                "async:4Gi",
+                "reserve",
+                "phys",
+            ],
+            &[("CUDABUDGET_LIMIT", "8Gi")],
+        );
+        assert_eq!(run.rc("async", 0), 0, "{mode}\n{run:?}");
+        assert_eq!(run.rc("async", 1), 2, "{mode}: 5 + 4 > 8\n{run:?}");
+        assert_eq!(
+            run.rc("async", 2),
+            0,
+            "{mode}: the freed block is reused\n{run:?}"
+        );
+        assert!(run.num("phys", 0, "peak") <= 8 * GI, "{mode}");
+    }
+}
+
+#[test]
+fn allocations_from_an_explicit_pool_count_too() {
+    let run = budget_run(
+        "dlsym",
+        &[
+            "poolasync:3Gi",
+            "newpool",
+            "poolasyncin:0:3Gi",
+            "poolasyncin:0:3Gi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    assert_eq!(run.rc("poolasync", 0), 0);
+    assert_eq!(run.rc("poolasyncin", 0), 0, "{run:?}");
+    assert_eq!(run.rc("poolasyncin", 1), 2, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 8 * GI);
+}
+
+#[test]
+fn a_synchronous_allocation_after_an_async_free_stays_within_the_budget_physically() {
+    // PyTorch sets the release threshold to the maximum: freed blocks stay in the pool.
+    let run = budget_run(
+        "gpa",
+        &[
+            "threshold:max",
+            "async:5Gi",
+            "freeasync:0",
+            "sync",
+            "reserve",
+            "alloc:4Gi",
+            "reserve",
+            "phys",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    assert_eq!(
+        run.num("reserve", 0, "bytes"),
+        5 * GI,
+        "the pool kept the block\n{run:?}"
+    );
+    assert_eq!(
+        run.rc("alloc", 0),
+        0,
+        "the pool is trimmed before a denial\n{run:?}"
+    );
+    assert_eq!(run.num("reserve", 1, "bytes"), 0);
+    assert!(
+        run.num("phys", 0, "peak") <= 8 * GI,
+        "physical peak {}",
+        run.num("phys", 0, "peak")
+    );
+    assert_eq!(run.num("phys", 0, "used"), 4 * GI);
+    assert_eq!(run.num("info", 0, "free"), 4 * GI);
+}
+
+#[test]
+fn the_pools_cached_memory_is_charged_until_it_really_goes_back() {
+    let run = budget_run(
+        "gpa",
+        &["threshold:max", "async:5Gi", "freeasync:0", "sync", "info"],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    // The pool still holds 5 GiB of the device: the view says so.
+    assert_eq!(run.num("info", 0, "free"), 3 * GI, "{run:?}");
+}
+
+#[test]
+fn vmm_memory_counts_until_released_and_unmapped() {
+    let run = budget_run(
+        "dlsym",
+        &[
+            "create:4Gi",
+            "map:0",
+            "create:4Gi",
+            "release:0",
+            "create:4Gi",
+            "unmap:0",
+            "create:4Gi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "6Gi")],
+    );
+    assert_eq!(run.rc("create", 0), 0);
+    assert_eq!(run.rc("create", 1), 2, "{run:?}");
+    assert_eq!(run.rc("create", 2), 2, "released but still mapped\n{run:?}");
+    assert_eq!(run.rc("create", 3), 0, "released and unmapped\n{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 6 * GI);
+}
+
+#[test]
+fn the_driver_rejects_what_it_rejects_before_the_budget_decides() {
+    // PyTorch tries a FABRIC handle first and falls back on any error but OOM.
+    let run = budget_run(
+        "gpa",
+        &["createfabric:2Gi", "createfabric:20Gi", "create:20Gi"],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    assert_eq!(run.rc("createfabric", 0), 801, "{run:?}");
+    assert_eq!(
+        run.rc("createfabric", 1),
+        801,
+        "not supported beats out of budget\n{run:?}"
+    );
+    assert_eq!(run.rc("create", 0), 2);
+}
+
+#[test]
+fn host_memory_from_cu_mem_create_is_not_device_memory() {
+    let run = budget_run("gpa", &["createhost:16Gi"], &[("CUDABUDGET_LIMIT", "8Gi")]);
+    assert_eq!(run.rc("createhost", 0), 0);
+}
+
+#[test]
+fn arrays_are_charged_from_their_descriptors() {
+    // 1024 x 1024 x 4 channels of float: 16 MiB each.
+    let run = budget_run(
+        "gpa",
+        &[
+            "array:1024:1024:0x20:4",
+            "array:1024:1024:0x20:4",
+            "destroy:0",
+            "array3d:64:64:64:0x20:4",
+            "mipmap:1024:1024:0:0x20:4:11",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "20Mi")],
+    );
+    assert_eq!(run.rc("array", 0), 0);
+    assert_eq!(run.rc("array", 1), 2, "{run:?}");
+    assert_eq!(run.rc("destroy", 0), 0);
+    assert_eq!(run.rc("array3d", 0), 0);
+    assert_eq!(run.rc("mipmap", 0), 2, "4 + 21.3 MiB > 20 MiB\n{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 16 * MI);
+}
+
+#[test]
+fn nvml_and_cu_mem_get_info_agree() {
+    let run = budget_run(
+        "gpa",
+        &["alloc:3Gi", "info", "nvml:0"],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    let (free, total) = (run.num("info", 0, "free"), run.num("info", 0, "total"));
+    assert_eq!(run.num("nvml", 0, "total"), total, "{run:?}");
+    assert_eq!(run.num("nvml", 0, "total2"), total);
+    assert_eq!(run.num("nvml", 0, "used"), 3 * GI);
+    assert_eq!(run.num("nvml", 0, "free"), free);
+    assert_eq!(run.num("nvml", 0, "used2"), 3 * GI);
+    assert!(run.num("nvml", 0, "free") + run.num("nvml", 0, "used") <= run.num("nvml", 0, "total"));
+}
+
+#[test]
+fn nvml_reports_the_budget_for_the_right_physical_card() {
+    let run = budget_run(
+        "gpa",
+        &["total:0", "nvml:1", "nvml:0"],
+        &[
+            ("FAKE_CUDA_DEVICES", "2"),
+            ("CUDA_VISIBLE_DEVICES", "1"),
+            ("CUDABUDGET_LIMIT_0", "5Gi"),
+        ],
+    );
+    assert_eq!(run.num("total", 0, "bytes"), 5 * GI);
+    assert_eq!(
+        run.num("nvml", 0, "total"),
+        5 * GI,
+        "physical card 1 is ordinal 0\n{run:?}"
+    );
+    assert_eq!(
+        run.num("nvml", 1, "total"),
+        80 * GI,
+        "card 0 is not this process's"
+    );
+}
+
+#[test]
+fn the_context_is_charged_when_it_is_created() {
+    let run = budget_run(
+        "gpa",
+        &["info", "alloc:7Gi", "alloc:513Mi", "phys"],
+        &[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+        ],
+    );
+    assert_eq!(run.num("info", 0, "free"), 8 * GI - 512 * MI, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0);
+    assert_eq!(
+        run.rc("alloc", 1),
+        2,
+        "7 GiB + 512 MiB of context is the whole budget"
+    );
+    assert!(run.num("phys", 0, "peak") <= 8 * GI);
+}

@@ -1,0 +1,92 @@
+//! A malformed budget refuses CUDA with one line that says why; it never runs unbudgeted.
+
+mod util;
+
+use util::{budget_run, lib_path};
+
+const MALFORMED: &[(&str, &str)] = &[
+    ("CUDABUDGET_LIMIT", ""),
+    ("CUDABUDGET_LIMIT", " "),
+    ("CUDABUDGET_LIMIT", "10XB"),
+    ("CUDABUDGET_LIMIT", "-1G"),
+    ("CUDABUDGET_LIMIT", "150%"),
+    ("CUDABUDGET_LIMIT", "0%"),
+    ("CUDABUDGET_LIMIT", "1.2.3Gi"),
+    ("CUDABUDGET_LIMIT", "Gi"),
+    ("CUDABUDGET_LIMIT", "12Gig"),
+    ("CUDABUDGET_LIMIT", "1e9"),
+    ("CUDABUDGET_LIMIT", "0x10"),
+    ("CUDABUDGET_LIMIT", "ten"),
+    ("CUDABUDGET_LIMIT", "18446744073709551616"),
+    ("CUDABUDGET_LIMIT", "17179869184Ti"),
+    ("CUDABUDGET_LIMIT", "1,5Gi"),
+    ("CUDABUDGET_LIMIT", "5 Gi"),
+    ("CUDABUDGET_LIMIT", "100m"),
+    ("CUDABUDGET_LIMIT", "8Gb"),
+    ("CUDABUDGET_LIMIT", "+1G"),
+    ("CUDABUDGET_LIMIT", "%"),
+    ("CUDABUDGET_LIMIT", "inf"),
+    ("CUDABUDGET_LIMIT", "NaN"),
+    ("CUDABUDGET_LIMIT_0", "1Ki1"),
+    ("CUDABUDGET_LIMIT_1", "-5%"),
+    ("CUDABUDGET_LIMIT_X", "8Gi"),
+    ("CUDABUDGET_LOG", "loud"),
+    ("CUDABUDGET_SCOPE", "job:train"),
+    ("CUDABUDGET_ON_EXCEED", "wait:30s"),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "8Gi"),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "-1"),
+];
+
+#[test]
+fn every_malformed_value_refuses_cuinit_with_one_line_naming_variable_and_value() {
+    assert!(MALFORMED.len() >= 25);
+    for &(name, value) in MALFORMED {
+        let run = budget_run("gpa", &["alloc:1Gi"], &[(name, value)]);
+        assert_eq!(
+            run.rc("init", 0),
+            800,
+            "{name}={value:?} must refuse cuInit\n{run:?}"
+        );
+        assert!(
+            run.line_opt("alloc", 0).is_none(),
+            "nothing ran after the refusal"
+        );
+        let lines: Vec<&str> = run.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{name}={value:?}: {lines:?}");
+        let line = lines[0];
+        assert!(line.starts_with("cudabudget: "), "{line}");
+        assert!(line.contains(name), "{line} names {name}");
+        assert!(
+            line.contains(&format!("{value:?}")),
+            "{line} quotes {value:?}"
+        );
+    }
+}
+
+#[test]
+fn the_refusal_holds_on_every_resolution_path() {
+    for mode in ["gpa", "gpa-legacy", "dlsym", "linked"] {
+        let run = budget_run(mode, &["alloc:1Gi"], &[("CUDABUDGET_LIMIT", "10XB")]);
+        assert_eq!(run.rc("init", 0), 800, "{mode}\n{run:?}");
+    }
+}
+
+#[test]
+fn the_message_gives_valid_examples() {
+    let run = budget_run("gpa", &[], &[("CUDABUDGET_LIMIT", "10XB")]);
+    assert!(run.stderr.contains("20Gi"), "{}", run.stderr);
+    assert!(run.stderr.contains("40%"), "{}", run.stderr);
+}
+
+#[test]
+fn a_process_that_never_calls_cuda_is_not_told_anything() {
+    let out = std::process::Command::new("sh")
+        .args(["-c", "echo fine"])
+        .env("LD_PRELOAD", lib_path())
+        .env("CUDABUDGET_LIMIT", "10XB")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
