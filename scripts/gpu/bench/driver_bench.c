@@ -1,0 +1,320 @@
+// cudabudget driver-API micro-benchmark (real GPU).
+//
+// Build: gcc -O2 -o /tmp/cb-gpu/driver_bench scripts/gpu/bench/driver_bench.c -ldl -lpthread
+// No libcuda link: like cudart, dlopen("libcuda.so.1"), dlsym "cuGetProcAddress_v2"
+// and resolve every entry point by base name with version 13000.
+//
+// Measures (after a warm-up of each):
+//   ns per cuMemAlloc_v2+cuMemFree_v2 pair at 4 KiB, 2 MiB, 64 MiB
+//   ns per cuMemAllocAsync+cuMemFreeAsync pair (4 KiB) on stream 0, 1 thread
+//   16 threads, each with its own stream: total async pairs/s
+//   ns per cuMemGetInfo_v2
+//   ns per cuCtxGetDevice (a function the library does not wrap)
+// The default pool's release threshold is set to max (as PyTorch does), so the
+// async pair measures the pool's fast path. Prints one JSON line.
+//
+// Usage: driver_bench [--scale F]   (F multiplies every iteration count; default 1)
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUmemoryPool;
+typedef unsigned long long CUdeviceptr;
+typedef uint64_t cuuint64_t;
+
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_STREAM_NON_BLOCKING 1
+#define CU_GET_PROC_ADDRESS_DEFAULT 0
+
+typedef CUresult (*pfn_getproc_v2)(const char *, void **, int, cuuint64_t, int *);
+typedef CUresult (*pfn_init)(unsigned);
+typedef CUresult (*pfn_devget)(CUdevice *, int);
+typedef CUresult (*pfn_retain)(CUcontext *, CUdevice);
+typedef CUresult (*pfn_setcur)(CUcontext);
+typedef CUresult (*pfn_alloc)(CUdeviceptr *, size_t);
+typedef CUresult (*pfn_free)(CUdeviceptr);
+typedef CUresult (*pfn_alloc_async)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*pfn_free_async)(CUdeviceptr, CUstream);
+typedef CUresult (*pfn_meminfo)(size_t *, size_t *);
+typedef CUresult (*pfn_ctxdev)(CUdevice *);
+typedef CUresult (*pfn_stream_create)(CUstream *, unsigned);
+typedef CUresult (*pfn_stream_sync)(CUstream);
+typedef CUresult (*pfn_stream_destroy)(CUstream);
+typedef CUresult (*pfn_default_pool)(CUmemoryPool *, CUdevice);
+typedef CUresult (*pfn_pool_set)(CUmemoryPool, int, void *);
+typedef CUresult (*pfn_pool_get)(CUmemoryPool, int, void *);
+typedef CUresult (*pfn_pool_trim)(CUmemoryPool, size_t);
+typedef CUresult (*pfn_errname)(CUresult, const char **);
+
+static void *lib;
+static pfn_getproc_v2 getproc;
+static pfn_init p_init;
+static pfn_devget p_devget;
+static pfn_retain p_retain;
+static pfn_setcur p_setcur;
+static pfn_alloc p_alloc;
+static pfn_free p_free;
+static pfn_alloc_async p_alloc_async;
+static pfn_free_async p_free_async;
+static pfn_meminfo p_meminfo;
+static pfn_ctxdev p_ctxdev;
+static pfn_stream_create p_stream_create;
+static pfn_stream_sync p_stream_sync;
+static pfn_stream_destroy p_stream_destroy;
+static pfn_default_pool p_default_pool;
+static pfn_pool_set p_pool_set;
+static pfn_pool_get p_pool_get;
+static pfn_pool_trim p_pool_trim;
+static pfn_errname p_errname;
+
+static CUcontext ctx;
+static char errors[4096];
+static const char *resolve_path = "cuGetProcAddress_v2";
+
+static void add_error(const char *what, CUresult r) {
+    const char *name = "?";
+    if (p_errname) p_errname(r, &name);
+    size_t l = strlen(errors);
+    if (l < sizeof(errors) - 200)
+        snprintf(errors + l, sizeof(errors) - l, "%s%s=%d(%s)", l ? "; " : "", what, r, name ? name : "?");
+}
+
+// Fallback names when cuGetProcAddress_v2 is missing (never expected on driver 580).
+static const char *concrete(const char *base) {
+    static const char *map[][2] = {{"cuMemAlloc", "cuMemAlloc_v2"},       {"cuMemFree", "cuMemFree_v2"},
+                                   {"cuMemGetInfo", "cuMemGetInfo_v2"},   {"cuStreamDestroy", "cuStreamDestroy_v2"},
+                                   {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"}, {NULL, NULL}};
+    for (int i = 0; map[i][0]; i++)
+        if (!strcmp(map[i][0], base)) return map[i][1];
+    return base;
+}
+
+static void *sym(const char *base) {
+    void *p = NULL;
+    if (getproc) {
+        int status = 0;
+        CUresult r = getproc(base, &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+        if (r != 0 || !p) {
+            fprintf(stderr, "driver_bench: cuGetProcAddress_v2(%s) = %d, status %d\n", base, r, status);
+            p = NULL;
+        }
+    } else {
+        p = dlsym(lib, concrete(base));
+    }
+    return p;
+}
+
+// Which shared object a resolved pointer lives in (basename), for the report.
+static const char *owner(void *p) {
+    Dl_info di;
+    if (!p || !dladdr(p, &di) || !di.dli_fname) return "?";
+    const char *s = strrchr(di.dli_fname, '/');
+    return s ? s + 1 : di.dli_fname;
+}
+
+static inline double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static double bench_sync_pair(size_t bytes, long n) {
+    CUdeviceptr d;
+    CUresult r;
+    for (long i = 0; i < n / 10 + 5; i++) {  // warm-up
+        if ((r = p_alloc(&d, bytes)) != 0) { add_error("cuMemAlloc(warm)", r); return -1; }
+        p_free(d);
+    }
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        if ((r = p_alloc(&d, bytes)) != 0) { add_error("cuMemAlloc", r); return -1; }
+        if ((r = p_free(d)) != 0) { add_error("cuMemFree", r); return -1; }
+    }
+    return (now_ns() - t0) / (double)n;
+}
+
+static double bench_async_pair(CUstream s, size_t bytes, long n) {
+    CUdeviceptr d;
+    CUresult r;
+    for (long i = 0; i < n / 20 + 100; i++) {  // warm-up
+        if ((r = p_alloc_async(&d, bytes, s)) != 0) { add_error("cuMemAllocAsync(warm)", r); return -1; }
+        p_free_async(d, s);
+    }
+    p_stream_sync(s);
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        if ((r = p_alloc_async(&d, bytes, s)) != 0) { add_error("cuMemAllocAsync", r); return -1; }
+        if ((r = p_free_async(d, s)) != 0) { add_error("cuMemFreeAsync", r); return -1; }
+    }
+    double t = (now_ns() - t0) / (double)n;
+    p_stream_sync(s);
+    return t;
+}
+
+#define NTHREADS 16
+static pthread_barrier_t barrier;
+static long mt_pairs;
+static double mt_end[NTHREADS];
+static double mt_start;
+static int mt_fail;
+
+static void *mt_worker(void *arg) {
+    long id = (long)arg;
+    CUstream s = NULL;
+    CUdeviceptr d;
+    CUresult r = p_setcur(ctx);
+    if (r == 0) r = p_stream_create(&s, CU_STREAM_NON_BLOCKING);
+    if (r != 0) __atomic_store_n(&mt_fail, 1, __ATOMIC_SEQ_CST);
+    for (long i = 0; r == 0 && i < 1000; i++) {  // warm-up
+        r = p_alloc_async(&d, 4096, s);
+        if (r == 0) p_free_async(d, s);
+    }
+    if (r != 0) __atomic_store_n(&mt_fail, 1, __ATOMIC_SEQ_CST);
+    if (s) p_stream_sync(s);
+    pthread_barrier_wait(&barrier);  // (a) everyone warmed up
+    pthread_barrier_wait(&barrier);  // (b) main has read the start time
+    for (long i = 0; r == 0 && i < mt_pairs; i++) {
+        r = p_alloc_async(&d, 4096, s);
+        if (r == 0) r = p_free_async(d, s);
+    }
+    mt_end[id] = now_ns();
+    if (r != 0) __atomic_store_n(&mt_fail, 1, __ATOMIC_SEQ_CST);
+    if (s) {
+        p_stream_sync(s);
+        p_stream_destroy(s);
+    }
+    return NULL;
+}
+
+static double bench_async_mt(long pairs_per_thread, double *ns_per_pair_thread) {
+    pthread_t th[NTHREADS];
+    mt_pairs = pairs_per_thread;
+    mt_fail = 0;
+    pthread_barrier_init(&barrier, NULL, NTHREADS + 1);
+    for (long i = 0; i < NTHREADS; i++) pthread_create(&th[i], NULL, mt_worker, (void *)i);
+    pthread_barrier_wait(&barrier);
+    mt_start = now_ns();
+    pthread_barrier_wait(&barrier);
+    double end = 0;
+    for (int i = 0; i < NTHREADS; i++) {
+        pthread_join(th[i], NULL);
+        if (mt_end[i] > end) end = mt_end[i];
+    }
+    pthread_barrier_destroy(&barrier);
+    if (mt_fail) { add_error("async16", -1); return -1; }
+    double wall = end - mt_start;
+    *ns_per_pair_thread = wall / (double)pairs_per_thread;
+    return (double)(NTHREADS * pairs_per_thread) / (wall / 1e9);
+}
+
+static double bench_meminfo(long n) {
+    size_t f, t;
+    CUresult r;
+    for (long i = 0; i < n / 20 + 10; i++) p_meminfo(&f, &t);
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        if ((r = p_meminfo(&f, &t)) != 0) { add_error("cuMemGetInfo", r); return -1; }
+    return (now_ns() - t0) / (double)n;
+}
+
+static double bench_untouched(long n) {
+    CUdevice dev;
+    volatile int sink = 0;
+    for (long i = 0; i < 10000; i++) p_ctxdev(&dev);
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        p_ctxdev(&dev);
+        sink += dev;
+    }
+    (void)sink;
+    return (now_ns() - t0) / (double)n;
+}
+
+int main(int argc, char **argv) {
+    double scale = 1.0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--scale")) scale = atof(argv[i + 1]);
+    if (scale <= 0) scale = 1.0;
+#define N(x) ((long)((x) * scale) > 0 ? (long)((x) * scale) : 1L)
+
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        printf("{\"error\":\"dlopen libcuda.so.1 failed\"}\n");
+        return 1;
+    }
+    getproc = (pfn_getproc_v2)dlsym(lib, "cuGetProcAddress_v2");
+    if (!getproc) resolve_path = "dlsym";
+    p_errname = (pfn_errname)sym("cuGetErrorName");
+    p_init = (pfn_init)sym("cuInit");
+    p_devget = (pfn_devget)sym("cuDeviceGet");
+    p_retain = (pfn_retain)sym("cuDevicePrimaryCtxRetain");
+    p_setcur = (pfn_setcur)sym("cuCtxSetCurrent");
+    p_alloc = (pfn_alloc)sym("cuMemAlloc");
+    p_free = (pfn_free)sym("cuMemFree");
+    p_alloc_async = (pfn_alloc_async)sym("cuMemAllocAsync");
+    p_free_async = (pfn_free_async)sym("cuMemFreeAsync");
+    p_meminfo = (pfn_meminfo)sym("cuMemGetInfo");
+    p_ctxdev = (pfn_ctxdev)sym("cuCtxGetDevice");
+    p_stream_create = (pfn_stream_create)sym("cuStreamCreate");
+    p_stream_sync = (pfn_stream_sync)sym("cuStreamSynchronize");
+    p_stream_destroy = (pfn_stream_destroy)sym("cuStreamDestroy");
+    p_default_pool = (pfn_default_pool)sym("cuDeviceGetDefaultMemPool");
+    p_pool_set = (pfn_pool_set)sym("cuMemPoolSetAttribute");
+    p_pool_get = (pfn_pool_get)sym("cuMemPoolGetAttribute");
+    p_pool_trim = (pfn_pool_trim)sym("cuMemPoolTrimTo");
+    if (!p_init || !p_devget || !p_retain || !p_setcur || !p_alloc || !p_free || !p_alloc_async || !p_free_async ||
+        !p_meminfo || !p_ctxdev || !p_stream_create || !p_stream_sync || !p_stream_destroy || !p_default_pool ||
+        !p_pool_set || !p_pool_get || !p_pool_trim) {
+        printf("{\"error\":\"could not resolve every entry point (see stderr)\"}\n");
+        return 1;
+    }
+    CUresult r;
+    CUdevice dev;
+    if ((r = p_init(0)) != 0 || (r = p_devget(&dev, 0)) != 0 || (r = p_retain(&ctx, dev)) != 0 ||
+        (r = p_setcur(ctx)) != 0) {
+        add_error("init", r);
+        printf("{\"error\":\"%s\"}\n", errors);
+        return 1;
+    }
+    CUmemoryPool pool;
+    if ((r = p_default_pool(&pool, dev)) != 0) add_error("cuDeviceGetDefaultMemPool", r);
+    cuuint64_t thr = UINT64_MAX;
+    if ((r = p_pool_set(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr)) != 0) add_error("cuMemPoolSetAttribute", r);
+
+    double s4k = bench_sync_pair(4096, N(2000));
+    double s2m = bench_sync_pair(2u << 20, N(2000));
+    double s64m = bench_sync_pair(64u << 20, N(500));
+    double a1 = bench_async_pair(NULL, 4096, N(200000));
+    double a16_ns = -1;
+    double a16 = bench_async_mt(N(50000), &a16_ns);
+    double mi = bench_meminfo(N(20000));
+    double un = bench_untouched(N(1000000));
+
+    cuuint64_t reserved = 0;
+    p_pool_get(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    thr = 0;
+    p_pool_set(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
+    p_pool_trim(pool, 0);
+
+    const char *pre = getenv("LD_PRELOAD");
+    printf("{\"bench\":\"driver\",\"preloaded\":%s,\"resolve\":\"%s\",\"scale\":%g,"
+           "\"sync_4k_ns\":%.1f,\"sync_2m_ns\":%.1f,\"sync_64m_ns\":%.1f,"
+           "\"async_1t_ns\":%.2f,\"async_16t_pairs_per_s\":%.0f,\"async_16t_ns_per_pair_per_thread\":%.2f,"
+           "\"meminfo_ns\":%.1f,\"untouched_ns\":%.3f,\"pool_reserved\":%llu,"
+           "\"alloc_owner\":\"%s\",\"alloc_async_owner\":\"%s\",\"untouched_owner\":\"%s\",\"errors\":\"%s\"}\n",
+           (pre && strstr(pre, "libcudabudget")) ? "true" : "false", resolve_path, scale, s4k, s2m, s64m, a1, a16,
+           a16_ns, mi, un, (unsigned long long)reserved, owner((void *)p_alloc), owner((void *)p_alloc_async),
+           owner((void *)p_ctxdev), errors);
+    fflush(stdout);
+    return 0;
+}

@@ -1,0 +1,209 @@
+"""Summarise run_bench.sh's raw outputs into a markdown table.
+
+Reads WORK/<bench>.<variant>.<rep>.out (last JSON line of each) and prints
+medians, min..max spread, delta and ratio per metric, with the targets of
+issue 4 marked PASS/FAIL (reported only: run_bench.sh's exit code does not
+depend on them).
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def last_json(path):
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def load(work, bench):
+    """{variant: [json, ...]} in rep order."""
+    out = {}
+    pat = re.compile(r"^%s\.(native|budget)\.(\d+)\.out$" % re.escape(bench))
+    for p in glob.glob(os.path.join(work, bench + ".*.out")):
+        m = pat.match(os.path.basename(p))
+        if not m:
+            continue
+        out.setdefault(m.group(1), []).append((int(m.group(2)), last_json(p), p))
+    return {k: [(i, j, p) for i, j, p in sorted(v)] for k, v in out.items()}
+
+
+def values(runs, key):
+    vs = []
+    for _, j, _ in runs or []:
+        if (j and not j.get("error") and j.get("rc") in (None, 0)
+                and isinstance(j.get(key), (int, float)) and j[key] >= 0):
+            vs.append(float(j[key]))
+    return vs
+
+
+def fmt(v, nd=1):
+    if v is None:
+        return "n/a"
+    if abs(v) >= 1e6:
+        return "%.3g" % v
+    return ("%." + str(nd) + "f") % v
+
+
+def stat(vs, nd=1):
+    if not vs:
+        return None, "n/a"
+    med = statistics.median(vs)
+    return med, "%s (%s..%s, n=%d)" % (fmt(med, nd), fmt(min(vs), nd), fmt(max(vs), nd), len(vs))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--header", default="")
+    a = ap.parse_args()
+
+    lines = []
+    verdicts = []
+
+    def row(metric, unit, native_vs, budget_vs, target_desc, judge, nd=1):
+        n_med, n_s = stat(native_vs, nd)
+        b_med, b_s = stat(budget_vs, nd)
+        delta = ratio = None
+        if n_med is not None and b_med is not None:
+            delta = b_med - n_med
+            ratio = (b_med / n_med) if n_med else None
+        verdict = "n/a"
+        if judge is None:
+            verdict = "info"
+        elif delta is not None:
+            try:
+                verdict = "PASS" if judge(n_med, b_med, native_vs, budget_vs) else "FAIL"
+            except Exception as e:  # noqa: BLE001
+                verdict = "ERR(%s)" % e
+        if judge is not None:
+            verdicts.append((metric, verdict))
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            metric, unit, n_s, b_s, fmt(delta, 2) if delta is not None else "n/a",
+            ("%.4f" % ratio) if ratio is not None else "n/a", target_desc, verdict))
+
+    if a.header:
+        lines.append(a.header)
+        lines.append("")
+    # ---- driver micro-benchmarks ----
+    d = load(a.work, "driver")
+    lines.append("### Driver API (driver_bench, budget = LD_PRELOAD + CUDABUDGET_LIMIT=100Gi)")
+    lines.append("")
+    lines.append("| metric | unit | native median (min..max) | budget median (min..max) | delta | budget/native | target | verdict |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    nat, bud = d.get("native"), d.get("budget")
+
+    def spread(vs):
+        return (max(vs) - min(vs)) if vs else 0.0
+
+    for key, label in (("sync_4k_ns", "cuMemAlloc+cuMemFree 4 KiB"),
+                       ("sync_2m_ns", "cuMemAlloc+cuMemFree 2 MiB"),
+                       ("sync_64m_ns", "cuMemAlloc+cuMemFree 64 MiB")):
+        row(label, "ns/pair", values(nat, key), values(bud, key), "within 1 %",
+            lambda n, b, nv, bv: b <= n * 1.01)
+    row("cuMemAllocAsync+cuMemFreeAsync 4 KiB, 1 thread", "ns/pair", values(nat, "async_1t_ns"),
+        values(bud, "async_1t_ns"), "+<= 40 ns", lambda n, b, nv, bv: b - n <= 40.0, 2)
+    row("async pairs, 16 threads (own streams)", "pairs/s", values(nat, "async_16t_pairs_per_s"),
+        values(bud, "async_16t_pairs_per_s"), ">= 0.95 x native", lambda n, b, nv, bv: b >= 0.95 * n, 0)
+    row("async pair per thread, 16 threads", "ns/pair", values(nat, "async_16t_ns_per_pair_per_thread"),
+        values(bud, "async_16t_ns_per_pair_per_thread"), "(info)", None, 2)
+    row("cuMemGetInfo_v2", "ns/call", values(nat, "meminfo_ns"), values(bud, "meminfo_ns"), "(info)",
+        None)
+    row("cuCtxGetDevice (not wrapped)", "ns/call", values(nat, "untouched_ns"), values(bud, "untouched_ns"),
+        "+0 (within noise)",
+        lambda n, b, nv, bv: b - n <= max(0.5, spread(nv), 0.05 * n), 3)
+    lines.append("")
+    owners = set()
+    errs = []
+    for variant, runs in (("native", nat), ("budget", bud)):
+        for i, j, p in runs or []:
+            if not j:
+                errs.append("%s rep %d: no JSON (see %s)" % (variant, i, os.path.basename(p)))
+                continue
+            if j.get("error") or j.get("errors"):
+                errs.append("%s rep %d: %s %s" % (variant, i, j.get("error") or "", j.get("errors") or ""))
+            owners.add("%s: cuMemAlloc->%s, cuMemAllocAsync->%s, cuCtxGetDevice->%s (resolve via %s)" % (
+                variant, j.get("alloc_owner"), j.get("alloc_async_owner"), j.get("untouched_owner"),
+                j.get("resolve")))
+    for o in sorted(owners):
+        lines.append("- resolved pointers, " + o)
+    for e in errs:
+        lines.append("- ERROR " + e)
+    lines.append("")
+
+    # ---- training step ----
+    lines.append("### PyTorch training step (transformer d512 x 6 layers, batch 32 x 256, bf16, AdamW)")
+    lines.append("")
+    lines.append("| allocator | native step ms | budget step ms | native/budget | GPU ms native | GPU ms budget | target | verdict |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    train_errors = []
+    for conf in ("native", "async"):
+        t = load(a.work, "train_" + conf)
+        nv, bv = values(t.get("native"), "step_ms"), values(t.get("budget"), "step_ms")
+        gn, gb = values(t.get("native"), "gpu_step_ms"), values(t.get("budget"), "gpu_step_ms")
+        n_med, n_s = stat(nv, 3)
+        b_med, b_s = stat(bv, 3)
+        verdict, ratio = "n/a", None
+        if n_med and b_med:
+            ratio = n_med / b_med
+            verdict = "PASS" if ratio >= 0.99 else "FAIL"
+        verdicts.append(("train step " + conf, verdict))
+        label = "caching (default)" if conf == "native" else "backend:cudaMallocAsync"
+        lines.append("| %s | %s | %s | %s | %s | %s | >= 0.99 | %s |" % (
+            label, n_s, b_s, ("%.4f" % ratio) if ratio else "n/a", stat(gn, 3)[1], stat(gb, 3)[1], verdict))
+        for variant in ("native", "budget"):
+            for i, j, p in t.get(variant) or []:
+                if not j or j.get("error"):
+                    train_errors.append("- ERROR train %s %s rep %d: %s" % (
+                        conf, variant, i, (j or {}).get("error", "no JSON, see " + os.path.basename(p))))
+    lines.append("")
+    lines.extend(train_errors)
+    lines.append("")
+
+    # ---- start-up ----
+    lines.append("### Start-up (wall time of the whole process)")
+    lines.append("")
+    lines.append("| command | unit | native median (min..max) | budget median (min..max) | delta | budget/native | target | verdict |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    s = load(a.work, "startup")
+    row("python3 -c 'import torch; torch.zeros(1, device=\"cuda\")'", "ms", values(s.get("native"), "ms"),
+        values(s.get("budget"), "ms"), "+<= 5 ms", lambda n, b, nv, bv: b - n <= 5.0)
+    c = load(a.work, "cuinit")
+    row("python3 ctypes cuInit + cuDevicePrimaryCtxRetain", "ms", values(c.get("native"), "ms"),
+        values(c.get("budget"), "ms"), "(info)", None)
+    lines.append("")
+    for name, runs in (("startup", s), ("cuinit", c)):
+        for variant in ("native", "budget"):
+            for i, j, p in runs.get(variant) or []:
+                if not j or j.get("rc"):
+                    lines.append("- ERROR %s %s rep %d: rc=%s" % (name, variant, i, (j or {}).get("rc")))
+    lines.append("")
+    tgt = [(m, v) for m, v in verdicts if v in ("PASS", "FAIL")]
+    lines.append("Targets: %d met, %d missed%s" % (
+        sum(1 for _, v in tgt if v == "PASS"), sum(1 for _, v in tgt if v == "FAIL"),
+        "" if all(v == "PASS" for _, v in tgt) else " (" + ", ".join(m for m, v in tgt if v == "FAIL") + ")"))
+
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    with open(a.out, "a") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+#!/usr/bin/env bash
+# cudabudget on a real GPU: every case of the matrix run twice, without the
+# library ("native") and with it ("budget"); one PASS/FAIL line per check,
+# decided on the budget run, with the native run's values beside it.
+#
+# Usage (from the repository root, with target/release/{libcudabudget.so,cudabudget} built):
+#   bash scripts/gpu/run_all.sh [--only NAMES] [--skip-bench] [--two-gpu] [--via cli|env|mixed] [--reps N]
+#     --only NAMES   comma-separated case names or prefixes (torch,jax_default,seed,...); --list shows them
+#     --skip-bench   do not run scripts/gpu/bench/run_bench.sh afterwards
+#     --two-gpu      also run the per-device cases (needs 2 visible GPUs; skipped otherwise)
+#     --via          how budget runs are launched: cli = `cudabudget run --limit ...`, env = LD_PRELOAD +
+#                    CUDABUDGET_LIMIT*, mixed (default) = cli for torch_native and nvsmi, env elsewhere
+# Output: console, and appended to $OUT/gpu.log; $OUT/summary.txt (OUT defaults to ./gpu-out).
+# Exit status 0 iff no check FAILed. About 4-6 minutes without the benchmarks.
+set -u
+
+ONLY=""
+SKIP_BENCH=0
+TWO_GPU=0
+VIA=mixed
+REPS=5
+ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform jax_async cupy_default cupy_async numba cuda_c nvsmi seed two_gpu_perdev two_gpu_visible1"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --only) ONLY="$2"; shift 2 ;;
+    --only=*) ONLY="${1#*=}"; shift ;;
+    --skip-bench) SKIP_BENCH=1; shift ;;
+    --two-gpu) TWO_GPU=1; shift ;;
+    --via) VIA="$2"; shift 2 ;;
+    --via=*) VIA="${1#*=}"; shift ;;
+    --reps) REPS="$2"; shift 2 ;;
+    --list) echo "$ALL_CASES" | tr ' ' '\n'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "run_all.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ $ONLY == *two_gpu* ]] && TWO_GPU=1
+case "$VIA" in cli|env|mixed) ;; *) echo "run_all.sh: --via must be cli, env or mixed" >&2; exit 2 ;; esac
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+cd "$ROOT" || exit 2
+OUT="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT"
+LOG="$OUT/gpu.log"
+SUMMARY="$OUT/summary.txt"
+LIB="${CB_LIB:-$ROOT/target/release/libcudabudget.so}"
+CLI="${CB_CLI:-$ROOT/target/release/cudabudget}"
+BUILD=/tmp/cb-gpu
+WORK="$BUILD/work-$(date +%s)-$$"
+mkdir -p "$BUILD" "$WORK"
+RESULTS="$WORK/results.txt"
+: >"$RESULTS"
+PY="${PYTHON:-python3}"
+C="$HERE/cases"
+T_START=$(date +%s)
+
+# A clean environment: nothing of ours or of the frameworks' allocator settings leaks in.
+unset LD_PRELOAD
+for v in $(compgen -e); do
+  case "$v" in CUDABUDGET_*|CUDA_DEVICE_MEMORY_LIMIT*|PYTORCH_CUDA_ALLOC_CONF|XLA_PYTHON_CLIENT_*|JAX_PLATFORMS) unset "$v" ;; esac
+done
+export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"
+
+log() { echo "$*" | tee -a "$LOG"; }
+logcmd() {  # logcmd TITLE CMD... : run a command for the preamble, output to console and log
+  local title=$1; shift
+  echo "\$ $title" | tee -a "$LOG"
+  timeout 60 "$@" 2>&1 | head -n 60 | tee -a "$LOG"
+}
+
+# Every process a case starts runs under `timeout`, whose pid goes into WORK/*.pid
+# while it runs; on exit we end those (timeout passes the signal to its group).
+cleanup() {
+  local f pid
+  for f in "$WORK"/*.pid; do
+    [[ -f $f ]] || continue
+    pid=$(cat "$f" 2>/dev/null)
+    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+      echo "cleanup: ending leftover process $pid ($(basename "$f" .pid))" >&2
+      kill -TERM "$pid" 2>/dev/null
+      sleep 2
+      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    fi
+    rm -f "$f"
+  done
+}
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT TERM
+
+selected() {
+  local name=$1 w
+  [[ -z $ONLY ]] && return 0
+  for w in ${ONLY//,/ }; do
+    [[ $name == "$w" || $name == "$w"* ]] && return 0
+  done
+  return 1
+}
+
+via_for() {
+  case "$VIA" in
+    cli) echo cli ;;
+    env) echo env ;;
+    *) case "$1" in torch_native|nvsmi) echo cli ;; *) echo env ;; esac ;;
+  esac
+}
+
+# run_one CASE VARIANT PART TIMEOUT VIA SPEC -- CMD...
+# SPEC: space-separated VAR=VALUE for both variants; a "B:" prefix marks a
+# budget-only variable (with VIA=cli, B:CUDABUDGET_LIMIT[_N] become --limit /
+# --limit-device options of `cudabudget run`).
+run_one() {
+  local case=$1 variant=$2 part=$3 to=$4 via=$5 spec=$6
+  shift 6
+  [[ ${1:-} == -- ]] && shift
+  local base="$WORK/$case.$variant.$part"
+  local envs=() cliopts=() launcher=() item key
+  for item in $spec; do
+    if [[ $item == B:* ]]; then
+      [[ $variant == budget ]] || continue
+      item=${item#B:}
+      if [[ $via == cli ]]; then
+        key=${item%%=*}
+        case "$key" in
+          CUDABUDGET_LIMIT) cliopts+=(--limit "${item#*=}"); continue ;;
+          CUDABUDGET_LIMIT_*) cliopts+=(--limit-device "${key#CUDABUDGET_LIMIT_}=${item#*=}"); continue ;;
+        esac
+      fi
+    fi
+    envs+=("$item")
+  done
+  if [[ $variant == budget ]]; then
+    envs+=("CUDABUDGET_LOG=${CB_LOG:-info}")
+    if [[ $via == cli ]]; then
+      launcher=("$CLI" run ${cliopts[@]+"${cliopts[@]}"} --)
+    else
+      envs+=("LD_PRELOAD=$LIB")
+    fi
+  fi
+  envs+=("CB_PARTIAL=$base.partial")
+  rm -f "$base".out "$base".err "$base".rc "$base".time "$base".partial "$base".cmd
+  printf '%q ' env "${envs[@]}" ${launcher[@]+"${launcher[@]}"} "$@" >"$base.cmd"
+  local t0 t1 rc tp
+  t0=$(date +%s%N)
+  timeout -k 10 "$to" env "${envs[@]}" ${launcher[@]+"${launcher[@]}"} "$@" >"$base.out" 2>"$base.err" </dev/null &
+  tp=$!
+  echo "$tp" >"$base.pid"
+  wait "$tp"
+  rc=$?
+  rm -f "$base.pid"
+  t1=$(date +%s%N)
+  echo "$rc" >"$base.rc"
+  awk -v ns="$((t1 - t0))" 'BEGIN { printf "%.1f", ns / 1e9 }' >"$base.time"
+  [[ $rc -eq 124 || $rc -eq 137 ]] && echo "   ($case $variant/$part: TIMED OUT after ${to}s)" | tee -a "$LOG"
+  return 0
+}
+
+judge() {
+  local case=$1
+  if ! "$PY" "$HERE/judge.py" --case "$case" --work "$WORK" --log "$LOG" --results "$RESULTS"; then
+    echo "FAIL $case/judge crashed (raw outputs in $WORK)" | tee -a "$LOG" "$RESULTS"
+  fi
+  wait_gpu_idle
+}
+
+# Wait (at most 20 s) until no compute process is left on the GPUs, so that one
+# case's teardown never eats into the next case's memory.
+wait_gpu_idle() {
+  local k apps
+  for ((k = 0; k < 40; k++)); do
+    apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null)
+    [[ -z $apps ]] && return 0
+    sleep 0.5
+  done
+  log "WARN: GPU processes still present after 20 s: $(echo "$apps" | tr '\n' ';')"
+}
+
+pair() {  # pair CASE SPEC TIMEOUT -- CMD...
+  local case=$1 spec=$2 to=$3
+  shift 3
+  [[ ${1:-} == -- ]] && shift
+  local via
+  via=$(via_for "$case")
+  echo "-- $case (budget via $via) ..."
+  run_one "$case" native main "$to" "$via" "$spec" -- "$@"
+  run_one "$case" budget main "$to" "$via" "$spec" -- "$@"
+  judge "$case"
+}
+
+# ------------------------------------------------------------------ preamble
+log ""
+log "################################################################################"
+log "# cudabudget GPU matrix  $(date -u +%Y-%m-%dT%H:%M:%SZ)  (work dir $WORK)"
+log "# args: only='${ONLY}' skip_bench=$SKIP_BENCH two_gpu=$TWO_GPU via=$VIA"
+logcmd "date -u" date -u
+logcmd "nvidia-smi -L" nvidia-smi -L
+logcmd "nvidia-smi --query-gpu=index,name,driver_version,memory.total,uuid" \
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,uuid --format=csv,noheader
+logcmd "uname -r; python" bash -c 'uname -r; command -v '"$PY"'; '"$PY"' --version'
+logcmd "python packages" "$PY" -c '
+import importlib.metadata as md
+for n in ("torch", "jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "cupy-cuda13x", "numba", "numba-cuda",
+          "nvidia-ml-py", "numpy", "cuda-bindings"):
+    try:
+        print("  %-20s %s" % (n, md.version(n)))
+    except Exception as e:
+        print("  %-20s (not installed: %s)" % (n, type(e).__name__))'
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+logcmd "nvcc --version" bash -c "$NVCC --version | tail -n 2"
+logcmd "ls -l target/release" ls -l "$LIB" "$CLI"
+logcmd "sha256sum" sha256sum "$LIB" "$CLI"
+logcmd "ldd libcudabudget.so" ldd "$LIB"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+log "# GPUs visible to nvidia-smi: $NGPU"
+
+if [[ ! -f $LIB ]]; then
+  log "FAIL setup/library: $LIB not found (carry target/release/libcudabudget.so)"
+  echo "FAIL setup/library" >>"$RESULTS"
+  exit 1
+fi
+if [[ -f $CLI && ! -x $CLI ]]; then chmod +x "$CLI" 2>/dev/null; fi
+if [[ ! -x $CLI ]]; then
+  log "WARN: $CLI missing or not executable: cases launched through the CLI use --via env instead"
+  VIA=env
+fi
+wait_gpu_idle
+
+# ------------------------------------------------------------------ cases
+if selected torch_native; then
+  pair torch_native "B:CUDABUDGET_LIMIT=8Gi" 180 -- "$PY" "$C/torch_case.py" --mode alloc --budget-gib 8
+fi
+if selected torch_expandable; then
+  pair torch_expandable "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True B:CUDABUDGET_LIMIT=8Gi" 180 -- \
+    "$PY" "$C/torch_case.py" --mode alloc --budget-gib 8
+fi
+if selected torch_async; then
+  pair torch_async "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync B:CUDABUDGET_LIMIT=8Gi" 180 -- \
+    "$PY" "$C/torch_case.py" --mode alloc --budget-gib 8
+fi
+if selected jax_default; then
+  pair jax_default "B:CUDABUDGET_LIMIT=16Gi" 180 -- "$PY" "$C/jax_case.py" --mode default --budget-gib 16
+fi
+if selected jax_platform; then
+  pair jax_platform "B:CUDABUDGET_LIMIT=8Gi" 180 -- "$PY" "$C/jax_case.py" --mode platform --budget-gib 8
+fi
+if selected jax_async; then
+  pair jax_async "B:CUDABUDGET_LIMIT=8Gi" 180 -- "$PY" "$C/jax_case.py" --mode cuda_async --budget-gib 8
+fi
+if selected cupy_default; then
+  pair cupy_default "B:CUDABUDGET_LIMIT=8Gi" 180 -- "$PY" "$C/cupy_case.py" --mode default --budget-gib 8
+fi
+if selected cupy_async; then
+  pair cupy_async "B:CUDABUDGET_LIMIT=8Gi" 180 -- "$PY" "$C/cupy_case.py" --mode async --budget-gib 8
+fi
+if selected numba; then
+  pair numba "B:CUDABUDGET_LIMIT=2Gi" 180 -- "$PY" "$C/numba_case.py" --budget-gib 2
+fi
+if selected cuda_c; then
+  echo "-- building alloc_test with nvcc ..."
+  if timeout 180 "$NVCC" -O2 -cudart static -o "$BUILD/alloc_test" "$HERE/cuda/alloc_test.cu" >"$WORK/nvcc.log" 2>&1; then
+    pair cuda_c "B:CUDABUDGET_LIMIT=8Gi" 120 -- "$BUILD/alloc_test" 5 4 4
+  else
+    log "FAIL cuda_c/build nvcc failed:"
+    tail -n 20 "$WORK/nvcc.log" | tee -a "$LOG"
+    echo "FAIL cuda_c/build" >>"$RESULTS"
+  fi
+fi
+if selected nvsmi; then
+  echo "-- nvsmi (nvidia-smi via $(via_for nvsmi); pynvml in a torch process via env) ..."
+  for variant in native budget; do
+    run_one nvsmi "$variant" smi 60 "$(via_for nvsmi)" "B:CUDABUDGET_LIMIT=8Gi" -- \
+      nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits
+    run_one nvsmi "$variant" nvml 180 env "B:CUDABUDGET_LIMIT=8Gi" -- \
+      "$PY" "$C/nvml_case.py" --mode view --hold-gib 1 --budget-gib 8
+  done
+  judge nvsmi
+fi
+
+# Seed scenario: JAX (default settings, 40 GiB budget) holds its pool in the
+# background; meanwhile PyTorch (60 GiB budget) allocates 55 GiB.
+seed_variant() {
+  local variant=$1 ready="$WORK/seed.$variant.ready" stop="$WORK/seed.$variant.stop" bg k
+  rm -f "$ready" "$stop"
+  run_one seed "$variant" jax 180 env "B:CUDABUDGET_LIMIT=40Gi" -- \
+    "$PY" "$C/jax_case.py" --mode hold --budget-gib 40 --ready "$ready" --stop "$stop" --hold-max 150 &
+  bg=$!
+  for ((k = 0; k < 600; k++)); do  # at most 120 s for JAX to start and preallocate
+    [[ -f $ready ]] && break
+    kill -0 "$bg" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [[ -f $ready ]]; then
+    run_one seed "$variant" torch 180 env "B:CUDABUDGET_LIMIT=60Gi" -- \
+      "$PY" "$C/torch_case.py" --mode big --first-gib 55 --budget-gib 60 --peer-ready "$ready"
+  else
+    log "   (seed $variant: JAX never signalled ready; torch part not run)"
+  fi
+  touch "$stop"
+  for ((k = 0; k < 150; k++)); do  # at most 30 s for JAX to see the stop file and exit
+    kill -0 "$bg" 2>/dev/null || break
+    sleep 0.2
+  done
+  if kill -0 "$bg" 2>/dev/null; then
+    log "   (seed $variant: JAX did not exit; ending it)"
+    cleanup
+  fi
+  wait "$bg" 2>/dev/null
+}
+if selected seed; then
+  echo "-- seed (JAX 40 GiB holding its pool beside PyTorch 60 GiB allocating 55 GiB) ..."
+  seed_variant native
+  wait_gpu_idle
+  seed_variant budget
+  judge seed
+fi
+
+if [[ $TWO_GPU -eq 1 ]] && { selected two_gpu_perdev || selected two_gpu_visible1; }; then
+  if [[ $NGPU -ge 2 ]]; then
+    if selected two_gpu_perdev; then
+      pair two_gpu_perdev "CUDA_VISIBLE_DEVICES=0,1 B:CUDABUDGET_LIMIT_0=6Gi B:CUDABUDGET_LIMIT_1=10Gi" 180 -- \
+        "$PY" "$C/torch_case.py" --mode twogpu --dev0 4,4 --dev1 8,4
+    fi
+    if selected two_gpu_visible1; then
+      pair two_gpu_visible1 "CUDA_VISIBLE_DEVICES=1 B:CUDABUDGET_LIMIT_0=5Gi" 180 -- \
+        "$PY" "$C/nvml_case.py" --mode visible1 --first-gib 4 --second-gib 2 --budget-gib 5
+    fi
+  else
+    log "SKIP two_gpu: only $NGPU GPU(s) visible (run on the nvidia-h200-x2 kind)"
+  fi
+fi
+
+# ------------------------------------------------------------------ summary
+NPASS=$(grep -c '^PASS ' "$RESULTS")
+NFAIL=$(grep -c '^FAIL ' "$RESULTS")
+ELAPSED=$(($(date +%s) - T_START))
+{
+  echo "cudabudget GPU matrix $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1) x$NGPU"
+  cat "$RESULTS"
+  echo "$NPASS passed, $NFAIL failed (${ELAPSED}s)"
+} >"$SUMMARY"
+log ""
+log "================ summary (${ELAPSED}s; full log: $LOG) ================"
+if [[ $NFAIL -gt 0 ]]; then
+  grep '^FAIL ' "$RESULTS" | tee -a "$LOG"
+fi
+log "$NPASS passed, $NFAIL failed"
+
+if [[ $SKIP_BENCH -eq 0 ]]; then
+  log ""
+  log "-- benchmarks (scripts/gpu/bench/run_bench.sh --reps $REPS) ..."
+  bash "$HERE/bench/run_bench.sh" --reps "$REPS"
+  log "matrix: $NPASS passed, $NFAIL failed"
+fi
+[[ $NFAIL -eq 0 ]]
