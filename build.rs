@@ -14,6 +14,7 @@ const CFLAGS: &[&str] = &["-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werro
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=tests/fake_driver");
+    println!("cargo:rerun-if-changed=scripts/gpu/bench/driver_bench.c");
 
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let src = manifest.join("tests/fake_driver");
@@ -79,6 +80,14 @@ fn main() {
         &["-shared", "-fPIC", "-ldl"],
     );
 
+    // The driver benchmark of scripts/gpu, built here too so `cargo bench` runs it
+    // against the fake driver.
+    let driver_bench = build(
+        "driver_bench",
+        &["../../scripts/gpu/bench/driver_bench.c"],
+        &["-ldl", "-pthread"],
+    );
+
     let export = |name: &str, path: &Path| println!("cargo:rustc-env={name}={}", path.display());
     export("FAKE_DRIVER_DIR", &out);
     export("FAKE_CUDA_LIB", &cuda);
@@ -86,6 +95,7 @@ fn main() {
     export("FAKE_CLIENT", &client);
     export("FAKE_CLIENT_LINKED", &client_linked);
     export("FAKE_THIRDPARTY_LIB", &thirdparty);
+    export("FAKE_DRIVER_BENCH", &driver_bench);
 }
 
 fn symlink(dir: &Path, target: &str, link: &str) {

@@ -42,6 +42,9 @@ pub fn context_created(device: usize, before: Option<u64>) {
     if !first {
         return;
     }
+    // NVML started initialising at cuInit, in parallel with the context's creation:
+    // it is almost always ready by now. The wait is bounded.
+    nvml::wait_prewarm(std::time::Duration::from_secs(2));
     let tracked = d.used() - d.overhead().min(d.used());
     let charge = match nvml::process_used(device) {
         Some(process) => process.saturating_sub(tracked),
@@ -84,14 +87,14 @@ pub fn context_gone(device: usize) {
 /// Re-reads the footprint if the routine interval has passed.
 #[inline]
 pub fn maybe_reconcile(device: usize, d: &DeviceLedger) {
-    if due(device, ROUTINE_MS) {
+    if !nvml::starting() && due(device, ROUTINE_MS) {
         reconcile(device, d);
     }
 }
 
 /// Re-reads the footprint before a denial (still at a bounded rate).
 pub fn reconcile_now(device: usize, d: &DeviceLedger) {
-    if due(device, URGENT_MS) {
+    if !nvml::starting() && due(device, URGENT_MS) {
         reconcile(device, d);
     }
 }

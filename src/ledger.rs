@@ -346,7 +346,7 @@ struct Slot {
 
 /// A lock-free map from an address (or handle) to an [`Entry`]: open addressing with a
 /// bounded probe window, so a lookup of an address we never saw costs at most `WINDOW`
-/// probes. A slot is claimed with a compare-and-swap to `BUSY`, filled, then published.
+/// probes. An insert and a remove are one compare-and-swap each on the slot's key.
 /// When every slot of a window is taken the entry goes to a locked overflow map, which
 /// stays empty in practice.
 pub struct AddrTable<const N: usize> {
@@ -383,14 +383,15 @@ impl<const N: usize> AddrTable<N> {
         let home = Self::home(key);
         for i in 0..WINDOW {
             let slot = &self.slots[(home + i) & (N - 1)];
+            // Claimed and published in one step: only a free of `key` reads this
+            // value, and a free of an address happens after its allocation returned.
             if slot.key.load(Ordering::Relaxed) == EMPTY
                 && slot
                     .key
-                    .compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange(EMPTY, key, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
-                slot.value.store(entry.pack(), Ordering::Relaxed);
-                slot.key.store(key, Ordering::Release);
+                slot.value.store(entry.pack(), Ordering::Release);
                 return;
             }
         }
@@ -408,15 +409,17 @@ impl<const N: usize> AddrTable<N> {
         let home = Self::home(key);
         for i in 0..WINDOW {
             let slot = &self.slots[(home + i) & (N - 1)];
-            if slot.key.load(Ordering::Acquire) == key
-                && slot
+            if slot.key.load(Ordering::Acquire) == key {
+                // Read before the slot is given up; the compare-and-swap decides which
+                // of two racing frees of one address gets the entry.
+                let value = slot.value.load(Ordering::Acquire);
+                if slot
                     .key
-                    .compare_exchange(key, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange(key, EMPTY, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
-            {
-                let value = slot.value.load(Ordering::Relaxed);
-                slot.key.store(EMPTY, Ordering::Release);
-                return Some(Entry::unpack(value));
+                {
+                    return Some(Entry::unpack(value));
+                }
             }
         }
         if self.overflow_len.load(Ordering::Acquire) == 0 {
@@ -459,7 +462,7 @@ impl<const N: usize> Default for AddrTable<N> {
 pub struct Ledger {
     devices: [DeviceLedger; MAX_DEVICES],
     /// Device pointers from every allocation path.
-    pub pointers: AddrTable<{ 1 << 20 }>,
+    pub pointers: AddrTable<{ 1 << 18 }>,
 }
 
 impl Ledger {

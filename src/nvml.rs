@@ -108,24 +108,75 @@ fn load_library() {
     STATE.store(READY, Ordering::Release);
 }
 
-static INITIALISED: AtomicU8 = AtomicU8::new(0);
+const IDLE: u8 = 0;
+const OK: u8 = 1;
+const FAILED: u8 = 2;
+const STARTING: u8 = 3;
+static INITIALISED: AtomicU8 = AtomicU8::new(IDLE);
 
-/// NVML, loaded and initialised; false when it is not there.
+/// Starts NVML's initialisation on a thread of its own, so that the tens of
+/// milliseconds `nvmlInit` can take overlap the CUDA context's creation instead of
+/// adding to the program's start-up. Called once the program's `cuInit` succeeded.
+pub fn prewarm() {
+    if INITIALISED
+        .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("cudabudget-nvml".into())
+        .spawn(|| INITIALISED.store(init_now(), Ordering::Release));
+    if spawned.is_err() {
+        INITIALISED.store(IDLE, Ordering::Release);
+    }
+}
+
+/// NVML, loaded and initialised; false when it is not there, or while its
+/// initialisation is still under way on another thread (callers never wait for it).
 fn ready() -> bool {
     match INITIALISED.load(Ordering::Acquire) {
-        1 => return true,
-        2 => return false,
-        _ => {}
+        OK => true,
+        FAILED | STARTING => false,
+        _ => {
+            if INITIALISED
+                .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return INITIALISED.load(Ordering::Acquire) == OK;
+            }
+            let state = init_now();
+            INITIALISED.store(state, Ordering::Release);
+            state == OK
+        }
     }
+}
+
+/// Whether the initialisation started by [`prewarm`] is still under way.
+pub fn starting() -> bool {
+    INITIALISED.load(Ordering::Acquire) == STARTING
+}
+
+/// Waits up to `limit` for a [`prewarm`] under way to finish.
+pub fn wait_prewarm(limit: std::time::Duration) {
+    let start = std::time::Instant::now();
+    while starting() && start.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
+fn init_now() -> u8 {
     let init = real_fn(F::Init);
-    let ok = !init.is_null() && {
-        // SAFETY: nvmlInit_v2 takes no argument; NVML counts initialisations, so ours
-        // does not disturb the program's own.
-        let init: unsafe extern "C" fn() -> c_int = unsafe { std::mem::transmute(init) };
-        unsafe { init() == NVML_SUCCESS }
+    if init.is_null() {
+        return FAILED;
+    }
+    // SAFETY: nvmlInit_v2 takes no argument; NVML counts initialisations, so ours does
+    // not disturb the program's own.
+    let rc = unsafe {
+        let init: unsafe extern "C" fn() -> c_int = std::mem::transmute(init);
+        init()
     };
-    INITIALISED.store(if ok { 1 } else { 2 }, Ordering::Release);
-    ok
+    if rc == NVML_SUCCESS { OK } else { FAILED }
 }
 
 /// The UUID of CUDA ordinal `device`, as NVML writes it ("GPU-xxxxxxxx-…").

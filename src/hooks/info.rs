@@ -15,10 +15,17 @@ use crate::runtime::{self, Mode};
 /// As the driver's `cuInit`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
-    guard("cuInit", || match runtime::refusal(runtime::mode()) {
-        Some(rc) => rc,
+    guard("cuInit", || {
+        let mode = runtime::mode();
+        if let Some(rc) = runtime::refusal(mode) {
+            return rc;
+        }
         // SAFETY: the caller's argument.
-        None => unsafe { real::cuInit(flags) },
+        let rc = unsafe { real::cuInit(flags) };
+        if rc.is_ok() && mode == Mode::Budgeted {
+            crate::nvml::prewarm();
+        }
+        rc
     })
 }
 

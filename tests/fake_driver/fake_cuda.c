@@ -321,6 +321,12 @@ static u64 next_devptr(int dev, u64 size) {
     return p;
 }
 
+/* A freed block at the top of the bump goes back to it, so that alloc/free loops reuse
+ * addresses as the real driver does. */
+static void return_devptr(int dev, u64 p, u64 size) {
+    if (p + round_up(size ? size : 1, GRANULARITY) == g_dev_bump[dev]) g_dev_bump[dev] = p;
+}
+
 static u64 next_handle(void) {
     g_handle_bump += 0x10;
     return g_handle_bump;
@@ -601,6 +607,7 @@ static void pool_release_entry(struct entry *e) {
     struct fake_pool *p = e->pool;
     p->live -= e->size > p->live ? p->live : e->size;
     if (p->destroyed && p->live == 0) pool_shrink_to(p, 0);
+    return_devptr(e->device, e->key, e->size);
     tdel(e);
 }
 
@@ -609,6 +616,7 @@ static CUresult free_any(CUdeviceptr dptr) {
     if (!e) return CUDA_ERROR_INVALID_VALUE;
     if (e->kind == K_DEV || e->kind == K_MANAGED) {
         uncharge(e->device, e->size);
+        return_devptr(e->device, e->key, e->size);
         tdel(e);
         return CUDA_SUCCESS;
     }

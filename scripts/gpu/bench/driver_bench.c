@@ -99,11 +99,11 @@ static const char *concrete(const char *base) {
     return base;
 }
 
-static void *sym(const char *base) {
+static void *sym_at(const char *base, int version) {
     void *p = NULL;
     if (getproc) {
         int status = 0;
-        CUresult r = getproc(base, &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+        CUresult r = getproc(base, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
         if (r != 0 || !p) {
             fprintf(stderr, "driver_bench: cuGetProcAddress_v2(%s) = %d, status %d\n", base, r, status);
             p = NULL;
@@ -113,6 +113,8 @@ static void *sym(const char *base) {
     }
     return p;
 }
+
+static void *sym(const char *base) { return sym_at(base, 13000); }
 
 // Which shared object a resolved pointer lives in (basename), for the report.
 static const char *owner(void *p) {
@@ -161,10 +163,12 @@ static double bench_async_pair(CUstream s, size_t bytes, long n) {
     return t;
 }
 
-#define NTHREADS 16
+#define MAX_THREADS 64
+static int nthreads = 16;
+static int mt_sync;  // 1: the threads time cuMemAlloc+cuMemFree pairs instead
 static pthread_barrier_t barrier;
 static long mt_pairs;
-static double mt_end[NTHREADS];
+static double mt_end[MAX_THREADS];
 static double mt_start;
 static int mt_fail;
 
@@ -184,8 +188,13 @@ static void *mt_worker(void *arg) {
     pthread_barrier_wait(&barrier);  // (a) everyone warmed up
     pthread_barrier_wait(&barrier);  // (b) main has read the start time
     for (long i = 0; r == 0 && i < mt_pairs; i++) {
-        r = p_alloc_async(&d, 4096, s);
-        if (r == 0) r = p_free_async(d, s);
+        if (mt_sync) {
+            r = p_alloc(&d, 4096);
+            if (r == 0) r = p_free(d);
+        } else {
+            r = p_alloc_async(&d, 4096, s);
+            if (r == 0) r = p_free_async(d, s);
+        }
     }
     mt_end[id] = now_ns();
     if (r != 0) __atomic_store_n(&mt_fail, 1, __ATOMIC_SEQ_CST);
@@ -196,25 +205,26 @@ static void *mt_worker(void *arg) {
     return NULL;
 }
 
-static double bench_async_mt(long pairs_per_thread, double *ns_per_pair_thread) {
-    pthread_t th[NTHREADS];
+static double bench_mt(int sync, long pairs_per_thread, double *ns_per_pair_thread) {
+    pthread_t th[MAX_THREADS];
     mt_pairs = pairs_per_thread;
+    mt_sync = sync;
     mt_fail = 0;
-    pthread_barrier_init(&barrier, NULL, NTHREADS + 1);
-    for (long i = 0; i < NTHREADS; i++) pthread_create(&th[i], NULL, mt_worker, (void *)i);
+    pthread_barrier_init(&barrier, NULL, nthreads + 1);
+    for (long i = 0; i < nthreads; i++) pthread_create(&th[i], NULL, mt_worker, (void *)i);
     pthread_barrier_wait(&barrier);
     mt_start = now_ns();
     pthread_barrier_wait(&barrier);
     double end = 0;
-    for (int i = 0; i < NTHREADS; i++) {
+    for (int i = 0; i < nthreads; i++) {
         pthread_join(th[i], NULL);
         if (mt_end[i] > end) end = mt_end[i];
     }
     pthread_barrier_destroy(&barrier);
-    if (mt_fail) { add_error("async16", -1); return -1; }
+    if (mt_fail) { add_error(sync ? "sync_mt" : "async_mt", -1); return -1; }
     double wall = end - mt_start;
     *ns_per_pair_thread = wall / (double)pairs_per_thread;
-    return (double)(NTHREADS * pairs_per_thread) / (wall / 1e9);
+    return (double)(nthreads * pairs_per_thread) / (wall / 1e9);
 }
 
 static double bench_meminfo(long n) {
@@ -242,8 +252,21 @@ static double bench_untouched(long n) {
 
 int main(int argc, char **argv) {
     double scale = 1.0;
-    for (int i = 1; i + 1 < argc; i++)
+    for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--scale")) scale = atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--threads")) nthreads = atoi(argv[i + 1]);
+    }
+    // --nvml: initialise NVML first, as the library does in a budgeted process, to see
+    // whether NVML's presence alone changes what the driver's calls cost.
+    int with_nvml = 0;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--nvml")) with_nvml = 1;
+    if (with_nvml) {
+        void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*nvml_init)(void) = nvml ? (int (*)(void))dlsym(nvml, "nvmlInit_v2") : NULL;
+        if (!nvml_init || nvml_init() != 0) fprintf(stderr, "driver_bench: --nvml: nvmlInit_v2 failed\n");
+    }
+    if (nthreads < 1 || nthreads > MAX_THREADS) nthreads = 16;
     if (scale <= 0) scale = 1.0;
 #define N(x) ((long)((x) * scale) > 0 ? (long)((x) * scale) : 1L)
 
@@ -264,7 +287,9 @@ int main(int argc, char **argv) {
     p_alloc_async = (pfn_alloc_async)sym("cuMemAllocAsync");
     p_free_async = (pfn_free_async)sym("cuMemFreeAsync");
     p_meminfo = (pfn_meminfo)sym("cuMemGetInfo");
-    p_ctxdev = (pfn_ctxdev)sym("cuCtxGetDevice");
+    // CUDA 13 answers cuCtxGetDevice@13000 with cuCtxGetDevice_v2(CUdevice *, CUcontext): ask for
+    // the one-argument variant this benchmark calls.
+    p_ctxdev = (pfn_ctxdev)sym_at("cuCtxGetDevice", 12080);
     p_stream_create = (pfn_stream_create)sym("cuStreamCreate");
     p_stream_sync = (pfn_stream_sync)sym("cuStreamSynchronize");
     p_stream_destroy = (pfn_stream_destroy)sym("cuStreamDestroy");
@@ -295,8 +320,9 @@ int main(int argc, char **argv) {
     double s2m = bench_sync_pair(2u << 20, N(2000));
     double s64m = bench_sync_pair(64u << 20, N(500));
     double a1 = bench_async_pair(NULL, 4096, N(200000));
-    double a16_ns = -1;
-    double a16 = bench_async_mt(N(50000), &a16_ns);
+    double a16_ns = -1, smt_ns = -1;
+    double a16 = bench_mt(0, N(50000), &a16_ns);
+    double smt = bench_mt(1, N(200), &smt_ns);
     double mi = bench_meminfo(N(20000));
     double un = bench_untouched(N(1000000));
 
@@ -307,13 +333,14 @@ int main(int argc, char **argv) {
     p_pool_trim(pool, 0);
 
     const char *pre = getenv("LD_PRELOAD");
-    printf("{\"bench\":\"driver\",\"preloaded\":%s,\"resolve\":\"%s\",\"scale\":%g,"
+    printf("{\"bench\":\"driver\",\"nvml\":%d,\"preloaded\":%s,\"resolve\":\"%s\",\"scale\":%g,"
            "\"sync_4k_ns\":%.1f,\"sync_2m_ns\":%.1f,\"sync_64m_ns\":%.1f,"
-           "\"async_1t_ns\":%.2f,\"async_16t_pairs_per_s\":%.0f,\"async_16t_ns_per_pair_per_thread\":%.2f,"
+           "\"threads\":%d,\"async_1t_ns\":%.2f,\"async_16t_pairs_per_s\":%.0f,\"async_16t_ns_per_pair_per_thread\":%.2f,"
+           "\"sync_mt_pairs_per_s\":%.0f,\"sync_mt_ns_per_pair_per_thread\":%.2f,"
            "\"meminfo_ns\":%.1f,\"untouched_ns\":%.3f,\"pool_reserved\":%llu,"
            "\"alloc_owner\":\"%s\",\"alloc_async_owner\":\"%s\",\"untouched_owner\":\"%s\",\"errors\":\"%s\"}\n",
-           (pre && strstr(pre, "libcudabudget")) ? "true" : "false", resolve_path, scale, s4k, s2m, s64m, a1, a16,
-           a16_ns, mi, un, (unsigned long long)reserved, owner((void *)p_alloc), owner((void *)p_alloc_async),
+           with_nvml, (pre && strstr(pre, "libcudabudget")) ? "true" : "false", resolve_path, scale, s4k, s2m, s64m, nthreads, a1, a16,
+           a16_ns, smt, smt_ns, mi, un, (unsigned long long)reserved, owner((void *)p_alloc), owner((void *)p_alloc_async),
            owner((void *)p_ctxdev), errors);
     fflush(stdout);
     return 0;

@@ -148,7 +148,7 @@ def main():
     lines.append("")
 
     # ---- training step ----
-    lines.append("### PyTorch training step (transformer d512 x 6 layers, batch 32 x 256, bf16, AdamW)")
+    lines.append("### PyTorch training step (transformer d1024 x 6 layers, batch 32 x 512, bf16, AdamW)")
     lines.append("")
     lines.append("| allocator | native step ms | budget step ms | native/budget | GPU ms native | GPU ms budget | target | verdict |")
     lines.append("|---|---|---|---|---|---|---|---|")

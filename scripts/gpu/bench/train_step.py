@@ -1,7 +1,7 @@
 """PyTorch training-step benchmark: a small transformer, bf16 autocast, AdamW.
 
-Token embedding -> nn.TransformerEncoder (d_model 512, 8 heads, 6 layers,
-batch 32 x seq 256) -> vocabulary head -> cross-entropy. Warm-up 20 steps, then
+Token embedding -> nn.TransformerEncoder (d_model 1024, 8 heads, 6 layers,
+batch 32 x seq 512) -> vocabulary head -> cross-entropy. Warm-up 20 steps, then
 100 timed steps; each step is timed on the host with torch.cuda.synchronize()
 at its end (so allocator time on the CPU is inside the figure) and on the GPU
 with CUDA events. The allocator backend comes from PYTORCH_CUDA_ALLOC_CONF.
@@ -21,8 +21,8 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--vocab", type=int, default=8192)
     a = p.parse_args()

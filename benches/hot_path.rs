@@ -1,0 +1,114 @@
+//! `cargo bench`: what the library adds to the allocation hot paths, measured against the
+//! fake driver in one run, with and without the library, interleaved.
+//!
+//! Runs `scripts/gpu/bench/driver_bench.c` (built by build.rs against nothing: it
+//! resolves the driver as cudart does) on 1, 2 and 4 threads, `CUDABUDGET_BENCH_REPS`
+//! times each way (default 5), and prints medians and spreads. It also checks that a
+//! function the library does not wrap resolves to the driver's own code.
+//!
+//! The fake driver is not the real one (its calls cost tens of nanoseconds, not
+//! microseconds), so the deltas here are the library's own cost; the H200 figures come
+//! from `scripts/gpu/bench/run_bench.sh`.
+
+#[path = "../tests/util/mod.rs"]
+mod util;
+
+use std::process::Command;
+
+const METRICS: &[(&str, &str)] = &[
+    ("sync_4k_ns", "cuMemAlloc+cuMemFree, 1 thread (ns/pair)"),
+    (
+        "async_1t_ns",
+        "cuMemAllocAsync+cuMemFreeAsync, 1 thread (ns/pair)",
+    ),
+    (
+        "sync_mt_ns_per_pair_per_thread",
+        "cuMemAlloc+cuMemFree, each of N threads (ns/pair)",
+    ),
+    (
+        "async_16t_ns_per_pair_per_thread",
+        "cuMemAllocAsync+cuMemFreeAsync, each of N threads (ns/pair)",
+    ),
+    ("meminfo_ns", "cuMemGetInfo (ns/call)"),
+    ("untouched_ns", "cuCtxGetDevice, not wrapped (ns/call)"),
+];
+
+fn field<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let start = json.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &json[start..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    Some(rest[..end].trim_matches('"'))
+}
+
+fn run(threads: u32, preload: bool) -> String {
+    let mut cmd = Command::new(env!("FAKE_DRIVER_BENCH"));
+    cmd.args(["--scale", "0.5", "--threads", &threads.to_string()])
+        .env("LD_LIBRARY_PATH", util::fake_dir())
+        .env_remove("LD_PRELOAD");
+    if preload {
+        cmd.env("LD_PRELOAD", util::lib_path())
+            .env("CUDABUDGET_LIMIT", "100Gi");
+    }
+    let out = cmd.output().expect("driver_bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "driver_bench failed: {stdout}");
+    let json = stdout.lines().last().unwrap_or_default().to_string();
+    assert_eq!(field(&json, "errors"), Some(""), "{json}");
+    json
+}
+
+fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn main() {
+    let reps: usize = std::env::var("CUDABUDGET_BENCH_REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    println!("cudabudget hot path against the fake driver: {reps} interleaved runs each way");
+    println!("| threads | metric | native median (min..max) | budget median (min..max) | delta |");
+    println!("|---|---|---|---|---|");
+    for threads in [1u32, 2, 4] {
+        let (mut native, mut budget) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            native.push(run(threads, false));
+            budget.push(run(threads, true));
+        }
+        let last = budget.last().expect("at least one run");
+        // The proof that untouched calls cost nothing: they are the driver's own code.
+        assert_eq!(
+            field(last, "untouched_owner"),
+            Some("libcuda.so.1"),
+            "{last}"
+        );
+        assert_eq!(
+            field(last, "alloc_owner"),
+            Some("libcudabudget.so"),
+            "{last}"
+        );
+        for &(key, label) in METRICS {
+            if threads > 1 && !key.contains("_mt_") && !key.contains("16t") {
+                continue;
+            }
+            if threads == 1 && (key.contains("_mt_") || key.contains("16t")) {
+                continue;
+            }
+            let values = |runs: &[String]| -> Vec<f64> {
+                runs.iter()
+                    .filter_map(|j| field(j, key)?.parse().ok())
+                    .collect()
+            };
+            let (nm, nlo, nhi) = median_spread(values(&native));
+            let (bm, blo, bhi) = median_spread(values(&budget));
+            println!(
+                "| {threads} | {label} | {nm:.1} ({nlo:.1}..{nhi:.1}) | {bm:.1} ({blo:.1}..{bhi:.1}) | {:+.1} |",
+                bm - nm
+            );
+        }
+    }
+    println!(
+        "untouched functions resolve to libcuda.so.1 under the library: the driver's own pointer, +0 ns by construction"
+    );
+}
