@@ -2,7 +2,7 @@
 //! fake driver in one run, with and without the library, interleaved.
 //!
 //! Runs `scripts/gpu/bench/driver_bench.c` (built by build.rs against nothing: it
-//! resolves the driver as cudart does) on 1, 2 and 4 threads, `CUDABUDGET_BENCH_REPS`
+//! resolves the driver as cudart does) on 1, 2 and 4 threads, `BENCH_REPS`
 //! times each way (default 5), and prints medians and spreads. It also checks that a
 //! function the library does not wrap resolves to the driver's own code.
 //!
@@ -63,7 +63,7 @@ fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 fn main() {
-    let reps: usize = std::env::var("CUDABUDGET_BENCH_REPS")
+    let reps: usize = std::env::var("BENCH_REPS")
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(5);
@@ -107,6 +107,40 @@ fn main() {
                 bm - nm
             );
         }
+    }
+    // In one process under the library, the hooks against the driver's own functions in
+    // alternating blocks: the most precise figure (no process-to-process noise).
+    println!();
+    println!(
+        "In-process A/B under the library (1 thread, {reps} runs, each the median of 16 alternating blocks):"
+    );
+    println!("| call | hook median (min..max) | driver's own median (min..max) | added |");
+    println!("|---|---|---|---|");
+    let runs: Vec<String> = (0..reps).map(|_| run(1, true)).collect();
+    for (label, hook, native) in [
+        (
+            "cuMemAllocAsync+cuMemFreeAsync pair",
+            "ab_async_hook_ns",
+            "ab_async_native_ns",
+        ),
+        (
+            "cuMemAlloc+cuMemFree 4 KiB pair",
+            "ab_sync_hook_ns",
+            "ab_sync_native_ns",
+        ),
+        ("cuMemGetInfo", "ab_meminfo_hook_ns", "ab_meminfo_native_ns"),
+    ] {
+        let values = |key: &str| -> Vec<f64> {
+            runs.iter()
+                .filter_map(|j| field(j, key)?.parse().ok())
+                .collect()
+        };
+        let (hm, hlo, hhi) = median_spread(values(hook));
+        let (nm, nlo, nhi) = median_spread(values(native));
+        println!(
+            "| {label} | {hm:.1} ({hlo:.1}..{hhi:.1}) | {nm:.1} ({nlo:.1}..{nhi:.1}) | {:+.1} ns |",
+            hm - nm
+        );
     }
     println!(
         "untouched functions resolve to libcuda.so.1 under the library: the driver's own pointer, +0 ns by construction"

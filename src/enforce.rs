@@ -5,6 +5,8 @@
 //! re-read, so memory that is only cached, or an overhead figure that went stale, never
 //! causes a refusal.
 
+use std::cell::Cell;
+
 use crate::driver::{CuResult, DevicePtr, Handle};
 use crate::footprint;
 use crate::ledger::{AddrTable, BankGuard, DeviceLedger, Entry, Kind, Reservation};
@@ -190,7 +192,74 @@ fn release(entry: Entry) {
     };
     match entry.kind {
         Kind::Direct => d.release(entry.bytes),
-        Kind::Pooled => d.pool.give(runtime::shard(), entry.bytes),
+        Kind::Pooled => give_pooled(entry.device, d, entry.bytes),
+    }
+}
+
+/// Most of what a thread has freed to the pools, kept for its own next stream-ordered
+/// allocations: a thread that allocates and frees (PyTorch's, CuPy's) then touches no
+/// shared cache line on its fast path. At most [`PRIVATE_MAX`] stays here; the rest goes
+/// back to the shards, and all of it when the thread exits or takes the slow path. So
+/// the credit that other threads cannot see is bounded by `PRIVATE_MAX` a thread, the
+/// most a denial can be early by.
+struct PrivateCredit {
+    device: Cell<usize>,
+    bytes: Cell<u64>,
+}
+
+const PRIVATE_MAX: u64 = 8 << 20;
+
+impl PrivateCredit {
+    fn take(&self, device: usize, bytes: u64) -> bool {
+        let held = self.bytes.get();
+        let ok = self.device.get() == device && held >= bytes;
+        if ok {
+            self.bytes.set(held - bytes);
+        }
+        ok
+    }
+
+    fn give(&self, device: usize, d: &DeviceLedger, bytes: u64) {
+        if self.device.get() != device {
+            self.flush();
+            self.device.set(device);
+        }
+        let held = self.bytes.get().saturating_add(bytes);
+        if held > PRIVATE_MAX {
+            let keep = PRIVATE_MAX / 2;
+            d.pool.give(runtime::shard(), held - keep);
+            self.bytes.set(keep);
+        } else {
+            self.bytes.set(held);
+        }
+    }
+
+    fn flush(&self) {
+        let held = self.bytes.replace(0);
+        if held > 0 {
+            if let Some(d) = runtime::ledger().device(self.device.get()) {
+                d.pool.give(runtime::shard(), held);
+            }
+        }
+    }
+}
+
+impl Drop for PrivateCredit {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+thread_local! {
+    static PRIVATE: PrivateCredit = const {
+        PrivateCredit { device: Cell::new(usize::MAX), bytes: Cell::new(0) }
+    };
+}
+
+/// Credit back from a stream-ordered free (or an allocation that failed).
+fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
+    if PRIVATE.try_with(|p| p.give(device, d, bytes)).is_err() {
+        d.pool.give(runtime::shard(), bytes);
     }
 }
 
@@ -212,24 +281,17 @@ pub fn alloc_pooled(
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
-    let shard = runtime::shard();
-    if !d.pool.take(shard, bytes) {
-        return grow_pools(call, device, d, shard, bytes, dptr, real);
+    let private = PRIVATE.try_with(|p| p.take(device, bytes)).unwrap_or(false);
+    if !private && !d.pool.take(runtime::shard(), bytes) {
+        return grow_pools(call, device, d, bytes, dptr, real);
     }
     let rc = real();
-    record_pooled(rc, dptr, bytes, device, d, shard);
+    record_pooled(rc, dptr, bytes, device, d);
     rc
 }
 
 #[inline]
-fn record_pooled(
-    rc: CuResult,
-    dptr: *mut DevicePtr,
-    bytes: u64,
-    device: usize,
-    d: &DeviceLedger,
-    shard: usize,
-) {
+fn record_pooled(rc: CuResult, dptr: *mut DevicePtr, bytes: u64, device: usize, d: &DeviceLedger) {
     if rc.is_ok() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote the address.
         let ptr = unsafe { *dptr };
@@ -242,7 +304,7 @@ fn record_pooled(
             },
         );
     } else {
-        d.pool.give(shard, bytes);
+        give_pooled(device, d, bytes);
     }
 }
 
@@ -252,11 +314,13 @@ fn grow_pools(
     call: &str,
     device: usize,
     d: &DeviceLedger,
-    shard: usize,
     bytes: u64,
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
+    // What this thread kept for itself counts too.
+    let _ = PRIVATE.try_with(PrivateCredit::flush);
+    let shard = runtime::shard();
     let mut bank = d.pool.collect();
     if bank.credit() < 0 {
         // The pools must grow by the deficit: admit that first.
@@ -276,7 +340,7 @@ fn grow_pools(
         apply(d, bank.set_charge(reserve));
     }
     drop(bank);
-    record_pooled(rc, dptr, bytes, device, d, shard);
+    record_pooled(rc, dptr, bytes, device, d);
     rc
 }
 

@@ -103,7 +103,7 @@ impl DeviceLedger {
                 .compare_exchange_weak(used, after, Ordering::AcqRel, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    self.peak.fetch_max(after, Ordering::Relaxed);
+                    self.note_peak(after);
                     return Ok(Reservation {
                         device: self,
                         bytes,
@@ -121,7 +121,15 @@ impl DeviceLedger {
             .used
             .fetch_add(bytes, Ordering::AcqRel)
             .saturating_add(bytes);
-        self.peak.fetch_max(after, Ordering::Relaxed);
+        self.note_peak(after);
+    }
+
+    /// Raises the peak; a plain load first, so that threads allocating below the peak
+    /// do not all write its cache line.
+    fn note_peak(&self, used: u64) {
+        if used > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(used, Ordering::Relaxed);
+        }
     }
 
     /// Gives back `bytes`, stopping at zero.

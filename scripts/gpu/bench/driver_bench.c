@@ -237,6 +237,86 @@ static double bench_meminfo(long n) {
     return (now_ns() - t0) / (double)n;
 }
 
+// --- In-process A/B: the library's hooks against the driver's own functions ---------
+// Separate processes differ by more than the hooks cost (clocks, placement), so under the
+// library the same process also times the driver's own functions, found with glibc's
+// real dlsym (as the library itself finds them), in alternating blocks (ABBA order).
+// Without the library both arms are the driver's own: the delta is the method's noise.
+typedef void *(*dlsym_fn)(void *, const char *);
+static pfn_alloc n_alloc;
+static pfn_free n_free;
+static pfn_alloc_async n_alloc_async;
+static pfn_free_async n_free_async;
+static pfn_meminfo n_meminfo;
+
+static int resolve_native(void) {
+    dlsym_fn real = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!real) real = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (!real) return 0;
+    n_alloc = (pfn_alloc)real(lib, "cuMemAlloc_v2");
+    n_free = (pfn_free)real(lib, "cuMemFree_v2");
+    n_alloc_async = (pfn_alloc_async)real(lib, "cuMemAllocAsync");
+    n_free_async = (pfn_free_async)real(lib, "cuMemFreeAsync");
+    n_meminfo = (pfn_meminfo)real(lib, "cuMemGetInfo_v2");
+    return n_alloc && n_free && n_alloc_async && n_free_async && n_meminfo;
+}
+
+static double block_async(pfn_alloc_async a, pfn_free_async f, long n) {
+    CUdeviceptr d;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        if (a(&d, 4096, NULL) != 0) return -1;
+        if (f(d, NULL) != 0) return -1;
+    }
+    return (now_ns() - t0) / (double)n;
+}
+
+static double block_sync(pfn_alloc a, pfn_free f, long n) {
+    CUdeviceptr d;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) {
+        if (a(&d, 4096) != 0) return -1;
+        if (f(d) != 0) return -1;
+    }
+    return (now_ns() - t0) / (double)n;
+}
+
+static double block_meminfo(pfn_meminfo m, long n) {
+    size_t fr, to;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        if (m(&fr, &to) != 0) return -1;
+    return (now_ns() - t0) / (double)n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+#define AB_BLOCKS 16
+// kind 0: async pair, 1: sync 4 KiB pair, 2: cuMemGetInfo. Writes the two medians.
+static void ab(int kind, long n, double *hook, double *native) {
+    double h[AB_BLOCKS], nat[AB_BLOCKS];
+    for (int b = 0; b < AB_BLOCKS; b++) {
+        for (int k = 0; k < 2; k++) {
+            int use_hook = (b % 2 == 0) == (k == 0);  // ABBA...
+            double t = kind == 0   ? block_async(use_hook ? p_alloc_async : n_alloc_async,
+                                                 use_hook ? p_free_async : n_free_async, n)
+                       : kind == 1 ? block_sync(use_hook ? p_alloc : n_alloc, use_hook ? p_free : n_free, n)
+                                   : block_meminfo(use_hook ? p_meminfo : n_meminfo, n);
+            (use_hook ? h : nat)[b] = t;
+        }
+    }
+    *hook = median(h, AB_BLOCKS);
+    *native = median(nat, AB_BLOCKS);
+}
+
 static double bench_untouched(long n) {
     CUdevice dev;
     volatile int sink = 0;
@@ -324,6 +404,14 @@ int main(int argc, char **argv) {
     double a16 = bench_mt(0, N(50000), &a16_ns);
     double smt = bench_mt(1, N(200), &smt_ns);
     double mi = bench_meminfo(N(20000));
+    double ab_async_h = -1, ab_async_n = -1, ab_sync_h = -1, ab_sync_n = -1, ab_mi_h = -1, ab_mi_n = -1;
+    if (resolve_native()) {
+        ab(0, N(20000), &ab_async_h, &ab_async_n);
+        ab(1, N(100), &ab_sync_h, &ab_sync_n);
+        ab(2, N(1000), &ab_mi_h, &ab_mi_n);
+    } else {
+        add_error("ab: the driver's own functions not found", -1);
+    }
     double un = bench_untouched(N(1000000));
 
     cuuint64_t reserved = 0;
@@ -338,9 +426,11 @@ int main(int argc, char **argv) {
            "\"threads\":%d,\"async_1t_ns\":%.2f,\"async_16t_pairs_per_s\":%.0f,\"async_16t_ns_per_pair_per_thread\":%.2f,"
            "\"sync_mt_pairs_per_s\":%.0f,\"sync_mt_ns_per_pair_per_thread\":%.2f,"
            "\"meminfo_ns\":%.1f,\"untouched_ns\":%.3f,\"pool_reserved\":%llu,"
+           "\"ab_async_hook_ns\":%.2f,\"ab_async_native_ns\":%.2f,\"ab_sync_hook_ns\":%.1f,\"ab_sync_native_ns\":%.1f,"
+           "\"ab_meminfo_hook_ns\":%.1f,\"ab_meminfo_native_ns\":%.1f,"
            "\"alloc_owner\":\"%s\",\"alloc_async_owner\":\"%s\",\"untouched_owner\":\"%s\",\"errors\":\"%s\"}\n",
            with_nvml, (pre && strstr(pre, "libcudabudget")) ? "true" : "false", resolve_path, scale, s4k, s2m, s64m, nthreads, a1, a16,
-           a16_ns, smt, smt_ns, mi, un, (unsigned long long)reserved, owner((void *)p_alloc), owner((void *)p_alloc_async),
+           a16_ns, smt, smt_ns, mi, un, (unsigned long long)reserved, ab_async_h, ab_async_n, ab_sync_h, ab_sync_n, ab_mi_h, ab_mi_n, owner((void *)p_alloc), owner((void *)p_alloc_async),
            owner((void *)p_ctxdev), errors);
     fflush(stdout);
     return 0;
