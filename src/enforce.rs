@@ -236,10 +236,10 @@ impl PrivateCredit {
 
     fn flush(&self) {
         let held = self.bytes.replace(0);
-        if held > 0 {
-            if let Some(d) = runtime::ledger().device(self.device.get()) {
-                d.pool.give(runtime::shard(), held);
-            }
+        if let Some(d) = runtime::ledger().device(self.device.get())
+            && held > 0
+        {
+            d.pool.give(runtime::shard(), held);
         }
     }
 }
