@@ -112,9 +112,17 @@ macro_rules! driver_table {
                 /// # Safety
                 /// The arguments must be valid for the driver function of the same name.
                 pub unsafe fn $name($($arg: $ty),*) -> CuResult {
-                    let f = REAL[Sym::$name as usize].load(Ordering::Acquire);
+                    let mut f = REAL[Sym::$name as usize].load(Ordering::Acquire);
                     if f.is_null() {
-                        return CuResult::NOT_INITIALIZED;
+                        // Not loaded yet (a hook that runs before any other), or the
+                        // driver lacks the function.
+                        if !load() {
+                            return CuResult::NOT_INITIALIZED;
+                        }
+                        f = REAL[Sym::$name as usize].load(Ordering::Acquire);
+                        if f.is_null() {
+                            return CuResult::NOT_INITIALIZED;
+                        }
                     }
                     // SAFETY: `f` was returned by dlsym for this exact name, whose C
                     // signature is the one spelled out in the table.
@@ -236,31 +244,23 @@ pub fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
 }
 
 const UNLOADED: u8 = 0;
-const LOADING: u8 = 1;
-const LOADED: u8 = 2;
-const MISSING: u8 = 3;
+const LOADED: u8 = 1;
+const MISSING: u8 = 2;
 static LOAD_STATE: AtomicU8 = AtomicU8::new(UNLOADED);
 
-/// Opens our own handle on `libcuda.so.1` and fills the table, once. Returns whether the
-/// driver is there. Threads that arrive while another loads wait for it.
+/// Opens our own handle on `libcuda.so.1` and fills the table. Returns whether the
+/// driver is there. Threads that arrive before it is done load it too (dlopen takes a
+/// reference, the table gets the same pointers): nobody waits for another thread.
 pub fn load() -> bool {
     match LOAD_STATE.load(Ordering::Acquire) {
-        LOADED => return true,
-        MISSING => return false,
-        _ => {}
+        LOADED => true,
+        MISSING => false,
+        _ => {
+            let loaded = load_now();
+            LOAD_STATE.store(if loaded { LOADED } else { MISSING }, Ordering::Release);
+            loaded
+        }
     }
-    if LOAD_STATE
-        .compare_exchange(UNLOADED, LOADING, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
-        let loaded = load_now();
-        LOAD_STATE.store(if loaded { LOADED } else { MISSING }, Ordering::Release);
-        return loaded;
-    }
-    while LOAD_STATE.load(Ordering::Acquire) == LOADING {
-        std::thread::yield_now();
-    }
-    LOAD_STATE.load(Ordering::Acquire) == LOADED
 }
 
 fn load_now() -> bool {

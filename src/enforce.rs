@@ -129,11 +129,14 @@ pub fn alloc_pitch(
     pitch: *mut usize,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let estimate = (width as u64).div_ceil(512) * 512 * height as u64;
+    let estimate = (width as u64)
+        .div_ceil(512)
+        .saturating_mul(512)
+        .saturating_mul(height as u64);
     let rc = alloc_direct("cuMemAllocPitch", estimate, None, dptr, real);
     if rc.is_ok() && !pitch.is_null() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote both out-parameters.
-        let (ptr, actual) = unsafe { (*dptr, *pitch as u64 * height as u64) };
+        let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
         if actual != estimate {
             let table = &runtime::ledger().pointers;
             if let Some(mut entry) = table.remove(ptr) {
@@ -204,15 +207,18 @@ fn release(entry: Entry) {
 /// most a denial can be early by.
 struct PrivateCredit {
     device: Cell<usize>,
+    /// The device's epoch when the credit was given: credit from before its books were
+    /// cleared (the context went away) is void.
+    epoch: Cell<u64>,
     bytes: Cell<u64>,
 }
 
 const PRIVATE_MAX: u64 = 8 << 20;
 
 impl PrivateCredit {
-    fn take(&self, device: usize, bytes: u64) -> bool {
+    fn take(&self, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
         let held = self.bytes.get();
-        let ok = self.device.get() == device && held >= bytes;
+        let ok = self.device.get() == device && held >= bytes && self.epoch.get() == d.epoch();
         if ok {
             self.bytes.set(held - bytes);
         }
@@ -220,9 +226,10 @@ impl PrivateCredit {
     }
 
     fn give(&self, device: usize, d: &DeviceLedger, bytes: u64) {
-        if self.device.get() != device {
+        if self.device.get() != device || self.epoch.get() != d.epoch() {
             self.flush();
             self.device.set(device);
+            self.epoch.set(d.epoch());
         }
         let held = self.bytes.get().saturating_add(bytes);
         if held > PRIVATE_MAX {
@@ -238,6 +245,7 @@ impl PrivateCredit {
         let held = self.bytes.replace(0);
         if let Some(d) = runtime::ledger().device(self.device.get())
             && held > 0
+            && self.epoch.get() == d.epoch()
         {
             d.pool.give(runtime::shard(), held);
         }
@@ -252,7 +260,7 @@ impl Drop for PrivateCredit {
 
 thread_local! {
     static PRIVATE: PrivateCredit = const {
-        PrivateCredit { device: Cell::new(usize::MAX), bytes: Cell::new(0) }
+        PrivateCredit { device: Cell::new(usize::MAX), epoch: Cell::new(0), bytes: Cell::new(0) }
     };
 }
 
@@ -276,12 +284,18 @@ pub fn alloc_pooled(
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let device = pool.and_then(pools::device_of);
+    let device = match pool.map(pools::place_of) {
+        Some(pools::Place::Host) => return pass(runtime::refusal(runtime::mode()), real),
+        Some(pools::Place::Device(device)) => Some(device),
+        Some(pools::Place::Unknown) | None => None,
+    };
     let (device, d) = match budgeted_device(device) {
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
-    let private = PRIVATE.try_with(|p| p.take(device, bytes)).unwrap_or(false);
+    let private = PRIVATE
+        .try_with(|p| p.take(device, d, bytes))
+        .unwrap_or(false);
     if !private && !d.pool.take(runtime::shard(), bytes) {
         return grow_pools(call, device, d, bytes, dptr, real);
     }

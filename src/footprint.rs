@@ -24,6 +24,9 @@ static CONTEXTS: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DE
 pub fn before_context(device: usize) -> Option<u64> {
     let first = CONTEXTS.get(device)?.load(Ordering::Acquire) == 0;
     if first && runtime::budgeted(device).is_some() {
+        // NVML started initialising at cuInit; in a PID namespace this reading is the
+        // only way to measure the context, so it is worth a bounded wait.
+        nvml::wait_prewarm(std::time::Duration::from_secs(2));
         nvml::device_used(device)
     } else {
         None
@@ -118,4 +121,12 @@ fn reconcile(device: usize, d: &DeviceLedger) {
     };
     let tracked = d.used().saturating_sub(d.overhead());
     d.set_overhead(process.saturating_sub(tracked));
+}
+
+/// After `fork()`: the child has no context of its own.
+pub fn forget_contexts(device: usize) {
+    if let (Some(count), Some(last)) = (CONTEXTS.get(device), LAST_MS.get(device)) {
+        count.store(0, Ordering::Release);
+        last.store(0, Ordering::Release);
+    }
 }

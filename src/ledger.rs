@@ -42,6 +42,8 @@ pub struct DeviceLedger {
     /// The part of `used` that no hook saw: the context, modules, and whatever the
     /// footprint reconciliation found beyond the tracked allocations.
     overhead: AtomicU64,
+    /// Bumped by [`DeviceLedger::clear`]: credit handed out before it is void.
+    epoch: AtomicU64,
     pub pool: PoolCredit,
 }
 
@@ -53,6 +55,7 @@ impl DeviceLedger {
             peak: AtomicU64::new(0),
             denials: AtomicU64::new(0),
             overhead: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
             pool: PoolCredit::new(),
         }
     }
@@ -151,6 +154,11 @@ impl DeviceLedger {
         }
     }
 
+    /// Changes whenever the device's books are cleared.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
     pub fn note_denial(&self) -> u64 {
         self.denials.fetch_add(1, Ordering::Relaxed) + 1
     }
@@ -158,6 +166,7 @@ impl DeviceLedger {
     /// Forgets everything the device held (its last context is gone, and its memory
     /// with it). The budget and the statistics stay.
     pub fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         self.used.store(0, Ordering::Release);
         self.overhead.store(0, Ordering::Release);
         self.pool.clear();
@@ -222,6 +231,11 @@ impl PoolCredit {
     /// Takes `bytes` from `shard`; false when the shard had too little, in which case
     /// the debt stays recorded there and the caller must go through [`Self::collect`].
     pub fn take(&self, shard: usize, bytes: u64) -> bool {
+        // No budget holds 2^62 bytes: such a request goes the slow way, where the
+        // reservation refuses it, without ever putting a shard near overflow.
+        if bytes >= 1 << 62 {
+            return false;
+        }
         let bytes = clamp_i64(bytes);
         let before = self.shards[shard % POOL_SHARDS]
             .0
@@ -354,7 +368,8 @@ struct Slot {
 
 /// A lock-free map from an address (or handle) to an [`Entry`]: open addressing with a
 /// bounded probe window, so a lookup of an address we never saw costs at most `WINDOW`
-/// probes. An insert and a remove are one compare-and-swap each on the slot's key.
+/// probes. A slot is claimed with a compare-and-swap to `BUSY`, filled, then published;
+/// a remove is one compare-and-swap back to empty.
 /// When every slot of a window is taken the entry goes to a locked overflow map, which
 /// stays empty in practice.
 pub struct AddrTable<const N: usize> {
@@ -391,15 +406,16 @@ impl<const N: usize> AddrTable<N> {
         let home = Self::home(key);
         for i in 0..WINDOW {
             let slot = &self.slots[(home + i) & (N - 1)];
-            // Claimed and published in one step: only a free of `key` reads this
-            // value, and a free of an address happens after its allocation returned.
+            // Claimed as BUSY, filled, then published: whoever sees the key sees
+            // its value.
             if slot.key.load(Ordering::Relaxed) == EMPTY
                 && slot
                     .key
-                    .compare_exchange(EMPTY, key, Ordering::AcqRel, Ordering::Relaxed)
+                    .compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
-                slot.value.store(entry.pack(), Ordering::Release);
+                slot.value.store(entry.pack(), Ordering::Relaxed);
+                slot.key.store(key, Ordering::Release);
                 return;
             }
         }

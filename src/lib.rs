@@ -16,6 +16,7 @@
 //! - `report`: what the user is told.
 
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 // Under `cargo test` the hooks are not exported (see hooks/mod.rs), so they look unused.
 #![cfg_attr(test, allow(dead_code))]
 

@@ -69,28 +69,21 @@ const NAMES: [&CStr; 7] = [
 static REAL: [AtomicPtr<c_void>; 7] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 7];
 
 const UNLOADED: u8 = 0;
-const LOADING: u8 = 1;
-const READY: u8 = 2;
-const MISSING: u8 = 3;
-static STATE: AtomicU8 = AtomicU8::new(UNLOADED);
+const LOADED: u8 = 1;
+static LIBRARY: AtomicU8 = AtomicU8::new(UNLOADED);
 
 /// The real function `f`, loading the library (without initialising it) first.
 pub fn real_fn(f: F) -> *mut c_void {
-    load_library();
+    if LIBRARY.load(Ordering::Acquire) == UNLOADED {
+        // Racing threads both load: dlopen takes a reference, the slots get the same
+        // pointers, and nobody waits for another thread.
+        load_library();
+        LIBRARY.store(LOADED, Ordering::Release);
+    }
     REAL[f as usize].load(Ordering::Acquire)
 }
 
 fn load_library() {
-    if STATE.load(Ordering::Acquire) != UNLOADED
-        || STATE
-            .compare_exchange(UNLOADED, LOADING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-    {
-        while STATE.load(Ordering::Acquire) == LOADING {
-            std::thread::yield_now();
-        }
-        return;
-    }
     // SAFETY: dlopen with a NUL-terminated name.
     let handle = unsafe {
         libc::dlopen(
@@ -99,13 +92,11 @@ fn load_library() {
         )
     };
     if handle.is_null() {
-        STATE.store(MISSING, Ordering::Release);
         return;
     }
     for (slot, name) in REAL.iter().zip(NAMES) {
         slot.store(driver::lookup(handle, name), Ordering::Release);
     }
-    STATE.store(READY, Ordering::Release);
 }
 
 const IDLE: u8 = 0;

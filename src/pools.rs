@@ -15,20 +15,48 @@ const SLOTS: usize = 64;
 static POOLS: [(AtomicU64, AtomicU64); SLOTS] =
     [const { (AtomicU64::new(0), AtomicU64::new(0)) }; SLOTS];
 
+/// The place stored for a pool whose memory is not device memory.
+const HOST: u64 = u64::MAX;
+/// Pools registered with [`HOST`]: while there are none, a single-device process needs
+/// no lookup at all.
+static HOST_POOLS: AtomicU64 = AtomicU64::new(0);
+
+/// Where a pool's memory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Device(usize),
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST*`): not ours to budget.
+    Host,
+    /// A pool we never saw created (the current device's, then).
+    Unknown,
+}
+
 /// Remembers that `pool` lives on `device`.
 pub fn register(pool: Handle, device: usize) {
+    remember(pool, device as u64 + 1);
+}
+
+/// Remembers that `pool` holds host memory.
+pub fn register_host(pool: Handle) {
+    if remember(pool, HOST) {
+        HOST_POOLS.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+fn remember(pool: Handle, place: u64) -> bool {
     let key = pool as u64;
     if key == 0 || find(key).is_some() {
-        return;
+        return false;
     }
     for (p, d) in &POOLS {
         if p.compare_exchange(0, key, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            d.store(device as u64 + 1, Ordering::Release);
-            return;
+            d.store(place, Ordering::Release);
+            return true;
         }
     }
+    false
 }
 
 /// Forgets a destroyed pool.
@@ -36,27 +64,35 @@ pub fn unregister(pool: Handle) {
     let key = pool as u64;
     for (p, d) in &POOLS {
         if p.load(Ordering::Acquire) == key && key != 0 {
-            d.store(0, Ordering::Release);
+            if d.swap(0, Ordering::AcqRel) == HOST {
+                HOST_POOLS.fetch_sub(1, Ordering::AcqRel);
+            }
             p.store(0, Ordering::Release);
         }
     }
 }
 
-fn find(key: u64) -> Option<usize> {
+fn find(key: u64) -> Option<u64> {
     POOLS.iter().find_map(|(p, d)| {
         (p.load(Ordering::Acquire) == key)
             .then(|| d.load(Ordering::Acquire))
             .filter(|&d| d != 0)
-            .map(|d| d as usize - 1)
     })
 }
 
-/// The device `pool` allocates on, when we know the pool.
-pub fn device_of(pool: Handle) -> Option<usize> {
-    if crate::runtime::single_device() {
-        return Some(0);
+/// Where `pool` allocates.
+#[inline]
+pub fn place_of(pool: Handle) -> Place {
+    let single = crate::runtime::single_device();
+    if single && HOST_POOLS.load(Ordering::Acquire) == 0 {
+        return Place::Device(0);
     }
-    find(pool as u64)
+    match find(pool as u64) {
+        Some(HOST) => Place::Host,
+        Some(d) => Place::Device(d as usize - 1),
+        None if single => Place::Device(0),
+        None => Place::Unknown,
+    }
 }
 
 /// Every pool of `device` we know of, the default and current ones included.

@@ -29,7 +29,6 @@ pub enum Mode {
 }
 
 const UNINIT: u8 = 0;
-const BUSY: u8 = 1;
 const BUDGETED: u8 = 2;
 const PASSTHROUGH: u8 = 3;
 const REFUSED: u8 = 4;
@@ -56,50 +55,72 @@ pub fn mode() -> Mode {
     }
 }
 
+/// Works out the mode. No thread ever waits for another here (a waiter could hold the
+/// loader lock that the initialising thread's `dlopen` needs): each thread that arrives
+/// before the answer is published computes it itself, and the first answer stands.
 #[cold]
 fn init() -> Mode {
     if INITIALISING.with(Cell::get) {
         // Re-entered from our own initialisation: let the driver answer.
         return Mode::Passthrough;
     }
+    INITIALISING.with(|c| c.set(true));
+    let decided = decide();
+    INITIALISING.with(|c| c.set(false));
+    let state = match &decided {
+        Ok(state) => *state,
+        Err(_) => REFUSED,
+    };
     if STATE
-        .compare_exchange(UNINIT, BUSY, Ordering::AcqRel, Ordering::Acquire)
+        .compare_exchange(UNINIT, state, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
     {
-        INITIALISING.with(|c| c.set(true));
-        let state = init_now();
-        INITIALISING.with(|c| c.set(false));
-        STATE.store(state, Ordering::Release);
-    }
-    while STATE.load(Ordering::Acquire) == BUSY {
-        std::thread::yield_now();
+        // Only the thread whose answer stands tells the user, once.
+        match decided {
+            Err(error) => report::config_error(&error),
+            Ok(NO_DRIVER) => report::line(
+                LogLevel::Error,
+                format_args!("cannot open libcuda.so.1 from the library; CUDA calls will fail"),
+            ),
+            Ok(BUDGETED) => {
+                report::install_exit_summary();
+                install_fork_handler();
+            }
+            Ok(_) => {}
+        }
     }
     mode()
 }
 
-fn init_now() -> u8 {
-    let config = match Config::from_env() {
-        Ok(config) => config,
-        Err(error) => {
-            report::config_error(&error);
-            return REFUSED;
-        }
-    };
+fn decide() -> Result<u8, crate::config::ConfigError> {
+    let config = Config::from_env()?;
     report::set_level(config.log);
     let unbudgeted = config.is_unbudgeted();
     let _ = CONFIG.set(config);
-    if !driver::load() {
-        report::line(
-            LogLevel::Error,
-            format_args!("cannot open libcuda.so.1 from the library; CUDA calls will fail"),
-        );
-        return NO_DRIVER;
-    }
     if unbudgeted {
-        return PASSTHROUGH;
+        // The driver's table fills on first use (driver::real): a process with no
+        // budget opens nothing it did not open itself.
+        return Ok(PASSTHROUGH);
     }
-    report::install_exit_summary();
-    BUDGETED
+    if !driver::load() {
+        return Ok(NO_DRIVER);
+    }
+    Ok(BUDGETED)
+}
+
+/// A child of `fork()` cannot use its parent's CUDA context: it starts with an empty
+/// ledger of its own.
+fn install_fork_handler() {
+    extern "C" fn child() {
+        for (device, d) in LEDGER.devices() {
+            d.clear();
+            crate::footprint::forget_contexts(device);
+        }
+    }
+    // SAFETY: registers a plain extern "C" function that only stores to atomics.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(child));
+    }
 }
 
 pub fn config() -> Option<&'static Config> {

@@ -227,3 +227,15 @@ fn the_context_is_charged_when_it_is_created() {
     );
     assert!(run.num("phys", 0, "peak") <= 8 * GI);
 }
+
+#[test]
+fn when_the_last_context_goes_its_memory_leaves_the_books() {
+    let run = budget_run(
+        "gpa",
+        &["alloc:5Gi", "ctxreset:0", "ctx:0", "info", "alloc:6Gi"],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    assert_eq!(run.rc("ctxreset", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 8 * GI, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 0);
+}

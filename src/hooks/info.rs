@@ -2,6 +2,7 @@
 //! memory the footprint charges.
 
 use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
 
 use super::guard;
 use crate::driver::{CuResult, Device, Handle, real};
@@ -108,18 +109,33 @@ fn creating_context(device: Device, create: impl FnOnce() -> CuResult) -> CuResu
     rc
 }
 
-/// Tells the footprint a context of `device` is gone when the primary context became
-/// inactive.
-fn primary_released(device: Device, rc: CuResult) -> CuResult {
-    if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
-        let (mut flags, mut active) = (0u32, 0 as c_int);
-        // SAFETY: valid out-pointers.
-        let state = unsafe { real::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) };
-        if state.is_ok() && active == 0 {
-            footprint::context_gone(device as usize);
-        }
+/// Held while a primary context is retained or released, so that two threads cannot
+/// both take one retain for the context's creation (or miss its end).
+static PRIMARY_BOOKS: Mutex<()> = Mutex::new(());
+
+/// Runs a primary-context release (or reset) and tells the footprint when the context
+/// is gone.
+fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
+    let mode = runtime::mode();
+    if let Some(rc) = runtime::refusal(mode) {
+        return rc;
+    }
+    if mode != Mode::Budgeted || device < 0 {
+        return release();
+    }
+    let _books = PRIMARY_BOOKS.lock().unwrap_or_else(|e| e.into_inner());
+    let rc = release();
+    if rc.is_ok() && !primary_active(device) {
+        footprint::context_gone(device as usize);
     }
     rc
+}
+
+fn primary_active(device: Device) -> bool {
+    let (mut flags, mut active) = (0u32, 0 as c_int);
+    // SAFETY: valid out-pointers.
+    let state = unsafe { real::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) };
+    state.is_ok() && active != 0
 }
 
 /// # Safety
@@ -127,21 +143,17 @@ fn primary_released(device: Device, rc: CuResult) -> CuResult {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Device) -> CuResult {
     guard("cuDevicePrimaryCtxRetain", || {
-        let mut active = 0 as c_int;
-        let mut flags = 0u32;
-        // A retain of an already active primary context creates nothing.
-        // SAFETY: valid out-pointers.
-        let was_active =
-            unsafe { real::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }.is_ok()
-                && active != 0;
-        if was_active {
-            // SAFETY: the caller's arguments.
-            return unsafe { real::cuDevicePrimaryCtxRetain(ctx, device) };
-        }
         // SAFETY: the caller's arguments.
-        creating_context(device, || unsafe {
-            real::cuDevicePrimaryCtxRetain(ctx, device)
-        })
+        let retain = || unsafe { real::cuDevicePrimaryCtxRetain(ctx, device) };
+        if runtime::mode() != Mode::Budgeted || device < 0 {
+            return creating_context(device, retain);
+        }
+        let _books = PRIMARY_BOOKS.lock().unwrap_or_else(|e| e.into_inner());
+        // A retain of an already active primary context creates nothing.
+        if primary_active(device) {
+            return retain();
+        }
+        creating_context(device, retain)
     })
 }
 
@@ -149,10 +161,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Devi
 /// As the driver's `cuDevicePrimaryCtxRelease_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: Device) -> CuResult {
-    // SAFETY: the caller's argument.
     guard("cuDevicePrimaryCtxRelease", || {
-        primary_released(device, unsafe {
-            real::cuDevicePrimaryCtxRelease_v2(device)
+        releasing_primary(device, || {
+            // SAFETY: the caller's argument.
+            unsafe { real::cuDevicePrimaryCtxRelease_v2(device) }
         })
     })
 }
@@ -161,17 +173,19 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: Device) -> CuResul
 /// As the driver's `cuDevicePrimaryCtxReset_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: Device) -> CuResult {
-    // SAFETY: the caller's argument.
     guard("cuDevicePrimaryCtxReset", || {
-        primary_released(device, unsafe { real::cuDevicePrimaryCtxReset_v2(device) })
+        releasing_primary(device, || {
+            // SAFETY: the caller's argument.
+            unsafe { real::cuDevicePrimaryCtxReset_v2(device) }
+        })
     })
 }
 
 /// Contexts from `cuCtxCreate`, with their devices, so their destruction can be told.
-static CREATED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+static CREATED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
 fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
-    if rc.is_ok() && !ctx.is_null() {
+    if rc.is_ok() && !ctx.is_null() && runtime::mode() == Mode::Budgeted {
         // SAFETY: the driver wrote the new context.
         let handle = unsafe { *ctx } as usize;
         CREATED
@@ -239,7 +253,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
     guard("cuCtxDestroy", || {
         // SAFETY: the caller's argument.
         let rc = unsafe { real::cuCtxDestroy_v2(ctx) };
-        if rc.is_ok() {
+        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
             let device = {
                 let mut created = CREATED.lock().unwrap_or_else(|e| e.into_inner());
                 created

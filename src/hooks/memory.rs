@@ -65,8 +65,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 /// As the driver's `cuMemFree_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
-    // SAFETY: the caller's argument.
     guard("cuMemFree", || {
+        // SAFETY: the caller's argument.
         enforce::free(dptr, || unsafe { real::cuMemFree_v2(dptr) })
     })
 }
@@ -295,8 +295,8 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 /// As the driver's `cuMemFreeAsync`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
-    // SAFETY: the caller's arguments.
     guard("cuMemFreeAsync", || {
+        // SAFETY: the caller's arguments.
         enforce::free(dptr, || unsafe { real::cuMemFreeAsync(dptr, stream) })
     })
 }
@@ -328,6 +328,8 @@ pub unsafe extern "C" fn cuMemPoolCreate(
             let (location, handle) = unsafe { ((*props).location, *pool) };
             if location.kind == MEM_LOCATION_TYPE_DEVICE && location.id >= 0 {
                 pools::register(handle, location.id as usize);
+            } else {
+                pools::register_host(handle);
             }
         }
         rc
@@ -413,8 +415,8 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 /// As the driver's `cuArrayDestroy`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
-    // SAFETY: the caller's argument.
     guard("cuArrayDestroy", || {
+        // SAFETY: the caller's argument.
         enforce::free_array(array, || unsafe { real::cuArrayDestroy(array) })
     })
 }

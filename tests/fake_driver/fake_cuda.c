@@ -284,6 +284,33 @@ static void sync_device(int dev) {
     }
 }
 
+/* The primary context of dev went away, and with it every allocation made in it
+ * (device, managed, stream-ordered, arrays; pools are emptied), as on the real driver. */
+static void drop_device_memory(int dev) {
+    for (size_t i = 0; i < g_nbuckets; i++) {
+        struct entry *e = g_buckets[i];
+        while (e) {
+            struct entry *next = e->next;
+            if (e->device == dev && (e->kind == K_DEV || e->kind == K_MANAGED || e->kind == K_ARRAY ||
+                                     e->kind == K_MIPMAP)) {
+                uncharge(dev, e->size);
+                tdel(e);
+            } else if (e->device == dev && e->kind == K_ASYNC) {
+                tdel(e);
+            }
+            e = next;
+        }
+    }
+    struct fake_pool *d = &g_default_pool[dev];
+    d->live = 0;
+    pool_shrink_to(d, 0);
+    for (size_t i = 0; i < g_npools; i++)
+        if (g_pools[i]->device == dev) {
+            g_pools[i]->live = 0;
+            pool_shrink_to(g_pools[i], 0);
+        }
+}
+
 static int pool_known(struct fake_pool *p) {
     if (!p) return 0;
     for (int d = 0; d < g_nvis; d++)
@@ -441,7 +468,10 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
     struct fake_ctx *c = &g_primary[dev];
     if (c->refcount == 0) FAIL(CUDA_ERROR_INVALID_CONTEXT);
-    if (--c->refcount == 0) uncharge(dev, g_ctx_bytes);
+    if (--c->refcount == 0) {
+        uncharge(dev, g_ctx_bytes);
+        drop_device_memory(dev);
+    }
     END
 }
 
@@ -451,6 +481,7 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     struct fake_ctx *c = &g_primary[dev];
     if (c->refcount > 0) uncharge(dev, g_ctx_bytes);
     c->refcount = 0;
+    drop_device_memory(dev);
     END
 }
 
