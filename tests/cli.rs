@@ -6,10 +6,10 @@ use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cudabudget");
 
-/// `cudabudget` with an environment free of anything that would change its answer
+/// The CLI at `bin` with an environment free of anything that would change its answer
 /// (the developer's own budget variables or preloads).
-fn cudabudget(args: &[&str]) -> Command {
-    let mut command = Command::new(BIN);
+fn cli(bin: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(bin);
     for (name, _) in std::env::vars_os() {
         let name_text = name.to_string_lossy();
         if name_text.starts_with("CUDABUDGET_")
@@ -20,6 +20,14 @@ fn cudabudget(args: &[&str]) -> Command {
         }
     }
     command.args(args);
+    command
+}
+
+/// The CLI cargo built, told where this run's library is: `cargo test` builds it into
+/// deps/ only (the lookup next to the binary has tests of its own).
+fn cudabudget(args: &[&str]) -> Command {
+    let mut command = cli(Path::new(BIN), args);
+    command.env("CUDABUDGET_LIB", fresh_library());
     command
 }
 
@@ -91,23 +99,47 @@ fn assert_refused_before_running(test: &str, options: &[&str], envs: &[(&str, &s
 
 #[test]
 fn run_preloads_the_library_beside_the_binary_and_passes_the_limit() {
-    let out = output(cudabudget(&[
-        "run",
-        "--limit",
-        "8Gi",
-        "--",
-        "sh",
-        "-c",
-        "echo $LD_PRELOAD; echo $CUDABUDGET_LIMIT",
-    ]));
+    // An install: the binary and the library side by side, no CUDABUDGET_LIB.
+    let dir = std::env::temp_dir().join(format!("cudabudget-cli-install-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (bin, lib) = (dir.join("cudabudget"), dir.join("libcudabudget.so"));
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::copy(fresh_library(), &lib).unwrap();
+    let out = output(cli(
+        &bin,
+        &[
+            "run",
+            "--limit",
+            "8Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $LD_PRELOAD; echo $CUDABUDGET_LIMIT",
+        ],
+    ));
     assert!(out.status.success(), "{}", stderr(&out));
     let printed = stdout(&out);
     let lines: Vec<&str> = printed.lines().collect();
     let [preload, limit] = lines[..] else {
         panic!("unexpected output {printed:?}");
     };
-    assert_is_fresh_library(preload);
+    assert_eq!(Path::new(preload), std::fs::canonicalize(&lib).unwrap());
     assert_eq!(limit, "8Gi");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn without_a_library_beside_the_binary_or_cudabudget_lib_nothing_runs() {
+    let dir = std::env::temp_dir().join(format!("cudabudget-cli-bare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("cudabudget");
+    std::fs::copy(BIN, &bin).unwrap();
+    let marker = marker("bare");
+    let out = output(cli(&bin, &["run", "--limit", "8Gi", "--", "touch"]).arg(&marker));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!marker.exists());
+    assert!(stderr(&out).contains("CUDABUDGET_LIB"), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

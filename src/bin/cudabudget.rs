@@ -268,24 +268,13 @@ fn find_library() -> Result<PathBuf, Refusal> {
     Ok(library)
 }
 
-/// The library installed next to the binary in `dir`, canonical. In a cargo target
-/// directory `cargo test` builds it only into `deps/` (libraries are copied up by
-/// `cargo build` alone), so that copy is used when it is the newer one; a plain
-/// install has no `deps/` and only the first candidate matters.
+/// The library installed next to the binary in `dir`, canonical.
 fn beside_binary(dir: &Path) -> Option<PathBuf> {
-    let modified = |path: &Path| {
-        let path = std::fs::canonicalize(path).ok()?;
-        let metadata = std::fs::metadata(&path).ok().filter(|m| m.is_file())?;
-        Some((metadata.modified().ok(), path))
-    };
-    let beside = modified(&dir.join(LIBRARY_NAME));
-    let built_by_test = modified(&dir.join("deps").join(LIBRARY_NAME));
-    match (beside, built_by_test) {
-        (Some((when, path)), Some((test_when, test_path))) => {
-            Some(if test_when > when { test_path } else { path })
-        }
-        (beside, built_by_test) => beside.or(built_by_test).map(|(_, path)| path),
-    }
+    let path = std::fs::canonicalize(dir.join(LIBRARY_NAME)).ok()?;
+    std::fs::metadata(&path)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|_| path)
 }
 
 fn lookup<'a>(environment: &'a [(OsString, OsString)], name: &str) -> Option<&'a OsStr> {

@@ -2,8 +2,6 @@
 //! DESIGN.md's table. Each is resolve → reserve → real call → commit or roll back, in
 //! [`crate::enforce`].
 
-use std::ffi::c_int;
-
 use super::guard;
 use crate::driver::{
     Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_LOCATION_TYPE_DEVICE,
@@ -430,6 +428,3 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CuResult {
         enforce::free_array(array, || unsafe { real::cuMipmappedArrayDestroy(array) })
     })
 }
-
-#[allow(dead_code)]
-const _: c_int = 0;
