@@ -72,7 +72,8 @@ pub fn config_error(error: &ConfigError) {
     }
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds of a coarse monotonic clock (served by the vDSO: no system call).
+pub fn monotonic_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -80,10 +81,6 @@ fn now_ms() -> u64 {
     // SAFETY: a valid out-pointer; CLOCK_MONOTONIC_COARSE is served by the vDSO.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
-}
-
-pub fn monotonic_ms() -> u64 {
-    now_ms()
 }
 
 static LAST_DENIAL_MS: AtomicU64 = AtomicU64::new(0);
@@ -94,7 +91,7 @@ pub fn denial(call: &str, device: usize, denial: &Denial) {
     if !enabled(LogLevel::Warn) {
         return;
     }
-    let now = now_ms().max(1);
+    let now = monotonic_ms().max(1);
     let last = LAST_DENIAL_MS.load(Ordering::Relaxed);
     if last != 0 && now.saturating_sub(last) < 1000
         || LAST_DENIAL_MS

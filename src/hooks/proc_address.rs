@@ -12,8 +12,8 @@ use super::guard;
 use crate::driver::{self, CuResult, Sym, real};
 use crate::runtime::{self, Mode};
 
-/// Replaces the driver's answer `found` for `symbol` with our hook when we wrap it.
-fn redirect(symbol: *const c_char, found: *mut c_void) -> *mut c_void {
+/// Replaces the driver's answer `found` with our hook for that variant when we wrap it.
+fn redirect(found: *mut c_void) -> *mut c_void {
     if found.is_null() {
         return found;
     }
@@ -29,7 +29,6 @@ fn redirect(symbol: *const c_char, found: *mut c_void) -> *mut c_void {
     if runtime::mode() != Mode::Budgeted && runtime::mode() != Mode::Refused {
         return found;
     }
-    let _ = symbol;
     super::hook_for(sym).unwrap_or(found)
 }
 
@@ -55,18 +54,14 @@ fn named_by_dladdr(p: *mut c_void) -> Option<Sym> {
     driver::real_ptr(sym).is_null().then_some(sym)
 }
 
-fn resolve(
-    call: impl FnOnce() -> CuResult,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-) -> CuResult {
+fn resolve(call: impl FnOnce() -> CuResult, pfn: *mut *mut c_void) -> CuResult {
     if !driver::load() {
         return CuResult::SHARED_OBJECT_INIT_FAILED;
     }
     let rc = call();
     if rc.is_ok() && !pfn.is_null() {
         // SAFETY: the driver just wrote a pointer through `pfn`.
-        unsafe { *pfn = redirect(symbol, *pfn) };
+        unsafe { *pfn = redirect(*pfn) };
     }
     rc
 }
@@ -84,7 +79,6 @@ pub unsafe extern "C" fn cuGetProcAddress(
         resolve(
             // SAFETY: the caller's arguments, passed on unchanged.
             || unsafe { real::cuGetProcAddress(symbol, pfn, version, flags) },
-            symbol,
             pfn,
         )
     })
@@ -104,7 +98,6 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         resolve(
             // SAFETY: the caller's arguments, passed on unchanged.
             || unsafe { real::cuGetProcAddress_v2(symbol, pfn, version, flags, status) },
-            symbol,
             pfn,
         )
     })
@@ -124,7 +117,6 @@ pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
         resolve(
             // SAFETY: the caller's arguments, passed on unchanged.
             || unsafe { real::cuGetProcAddress_v2_ptsz(symbol, pfn, version, flags, status) },
-            symbol,
             pfn,
         )
     })
