@@ -2,15 +2,18 @@
 //! figure that `nvidia-smi` shows, and the mapping between NVML devices and this
 //! process's CUDA ordinals.
 //!
-//! Loaded and initialised lazily, off the hot path: the first time a footprint is
-//! reconciled or an NVML view is asked for.
+//! Loaded and initialised off the hot path: on a thread of its own when a budgeted
+//! process calls `cuInit`, or else the first time a footprint is reconciled or an NVML
+//! view is asked for.
 
 #![allow(non_snake_case)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use crate::driver::{self, real};
+use crate::ledger::MAX_DEVICES;
 
 pub type NvmlDevice = *mut c_void;
 
@@ -54,9 +57,11 @@ pub enum F {
     GetMemoryInfo,
     GetMemoryInfoV2,
     GetComputeRunningProcessesV3,
+    GetCount,
+    GetHandleByIndex,
 }
 
-const NAMES: [&CStr; 7] = [
+const NAMES: [&CStr; 9] = [
     c"nvmlInit_v2",
     c"nvmlDeviceGetHandleByUUID",
     c"nvmlDeviceGetIndex",
@@ -64,9 +69,12 @@ const NAMES: [&CStr; 7] = [
     c"nvmlDeviceGetMemoryInfo",
     c"nvmlDeviceGetMemoryInfo_v2",
     c"nvmlDeviceGetComputeRunningProcesses_v3",
+    c"nvmlDeviceGetCount_v2",
+    c"nvmlDeviceGetHandleByIndex_v2",
 ];
 
-static REAL: [AtomicPtr<c_void>; 7] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 7];
+static REAL: [AtomicPtr<c_void>; NAMES.len()] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; NAMES.len()];
 
 const UNLOADED: u8 = 0;
 const LOADED: u8 = 1;
@@ -105,9 +113,10 @@ const FAILED: u8 = 2;
 const STARTING: u8 = 3;
 static INITIALISED: AtomicU8 = AtomicU8::new(IDLE);
 
-/// Starts NVML's initialisation on a thread of its own, so that the tens of
-/// milliseconds `nvmlInit` can take overlap the CUDA context's creation instead of
-/// adding to the program's start-up. Called once the program's `cuInit` succeeded.
+/// Starts NVML's initialisation on a thread of its own. Called by the `cuInit` hook
+/// *before* the real `cuInit`, so that NVML's tens of milliseconds (its initialisation,
+/// then attaching to each GPU for its handle) overlap the driver's own initialisation
+/// and are done before the program creates its first context.
 pub fn prewarm() {
     if INITIALISED
         .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
@@ -156,6 +165,12 @@ pub fn wait_prewarm(limit: std::time::Duration) {
     }
 }
 
+/// In the child of `fork()`: an initialisation under way in the parent never finishes
+/// here (its thread was not copied), so the child starts over when it needs NVML.
+pub fn after_fork() {
+    let _ = INITIALISED.compare_exchange(STARTING, IDLE, Ordering::AcqRel, Ordering::Relaxed);
+}
+
 fn init_now() -> u8 {
     let init = real_fn(F::Init);
     if init.is_null() {
@@ -167,7 +182,48 @@ fn init_now() -> u8 {
         let init: unsafe extern "C" fn() -> c_int = std::mem::transmute(init);
         init()
     };
-    if rc == NVML_SUCCESS { OK } else { FAILED }
+    if rc != NVML_SUCCESS {
+        return FAILED;
+    }
+    let _ = DEVICES.set(enumerate());
+    OK
+}
+
+/// Every NVML device with its UUID, as `(UUID, handle)`: asking for a handle is what
+/// costs (NVML attaches to the GPU), so it is done once, at initialisation.
+static DEVICES: OnceLock<Vec<(String, usize)>> = OnceLock::new();
+
+fn enumerate() -> Vec<(String, usize)> {
+    let (count_fn, by_index) = (real_fn(F::GetCount), real_fn(F::GetHandleByIndex));
+    if count_fn.is_null() || by_index.is_null() {
+        return Vec::new();
+    }
+    let mut count: c_uint = 0;
+    // SAFETY: nvmlDeviceGetCount_v2(unsigned*).
+    let rc = unsafe {
+        let f: unsafe extern "C" fn(*mut c_uint) -> c_int = std::mem::transmute(count_fn);
+        f(&mut count)
+    };
+    if rc != NVML_SUCCESS {
+        return Vec::new();
+    }
+    let mut devices = Vec::new();
+    for index in 0..count.min(MAX_DEVICES as c_uint) {
+        let mut handle: NvmlDevice = std::ptr::null_mut();
+        // SAFETY: nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t*).
+        let rc = unsafe {
+            let f: unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> c_int =
+                std::mem::transmute(by_index);
+            f(index, &mut handle)
+        };
+        // A GPU this process may not use (no permission, fallen off the bus) is skipped.
+        if rc == NVML_SUCCESS
+            && let Some(uuid) = nvml_uuid(handle)
+        {
+            devices.push((uuid, handle as usize));
+        }
+    }
+    devices
 }
 
 /// The UUID of CUDA ordinal `device`, as NVML writes it ("GPU-xxxxxxxx-…").
@@ -196,11 +252,31 @@ pub fn format_uuid(b: &[u8; 16]) -> String {
     )
 }
 
+/// NVML handles of CUDA ordinals, once found (0 = not yet).
+static HANDLES: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
+
 fn handle_of(device: usize) -> Option<NvmlDevice> {
     if !ready() {
         return None;
     }
-    let uuid = std::ffi::CString::new(cuda_uuid(device)?).ok()?;
+    let cached = HANDLES.get(device)?.load(Ordering::Acquire);
+    if cached != 0 {
+        return Some(cached as NvmlDevice);
+    }
+    let uuid = cuda_uuid(device)?;
+    let handle = match DEVICES
+        .get()
+        .and_then(|ds| ds.iter().find(|(u, _)| *u == uuid))
+    {
+        Some(&(_, handle)) => handle as NvmlDevice,
+        None => handle_by_uuid(&uuid)?,
+    };
+    HANDLES[device].store(handle as usize, Ordering::Release);
+    Some(handle)
+}
+
+fn handle_by_uuid(uuid: &str) -> Option<NvmlDevice> {
+    let uuid = std::ffi::CString::new(uuid).ok()?;
     let f = real_fn(F::GetHandleByUUID);
     if f.is_null() {
         return None;
@@ -212,7 +288,7 @@ fn handle_of(device: usize) -> Option<NvmlDevice> {
             std::mem::transmute(f);
         f(uuid.as_ptr(), &mut handle)
     };
-    (rc == NVML_SUCCESS).then_some(handle)
+    (rc == NVML_SUCCESS && !handle.is_null()).then_some(handle)
 }
 
 /// What `nvidia-smi` shows for this process on CUDA ordinal `device`; `None` when NVML

@@ -116,6 +116,7 @@ fn install_fork_handler() {
             d.clear();
             crate::footprint::forget_contexts(device);
         }
+        crate::nvml::after_fork();
     }
     // SAFETY: registers a plain extern "C" function that only stores to atomics.
     unsafe {

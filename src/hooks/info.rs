@@ -21,12 +21,12 @@ pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
         if let Some(rc) = runtime::refusal(mode) {
             return rc;
         }
-        // SAFETY: the caller's argument.
-        let rc = unsafe { real::cuInit(flags) };
-        if rc.is_ok() && mode == Mode::Budgeted {
+        if mode == Mode::Budgeted {
+            // NVML starts now, so that it is ready by the first context.
             crate::nvml::prewarm();
         }
-        rc
+        // SAFETY: the caller's argument.
+        unsafe { real::cuInit(flags) }
     })
 }
 
