@@ -210,6 +210,17 @@ pub fn sym_named(name: &[u8]) -> Option<Sym> {
         .find(|s| s.name().to_bytes() == name)
 }
 
+/// Whether `requested` (a base name, as `cuGetProcAddress` is asked) names one of our
+/// symbols or a variant of one (`cuMemAlloc` for `cuMemAlloc_v2`).
+pub fn is_variant_of_ours(requested: &[u8]) -> bool {
+    !requested.is_empty()
+        && Sym::ALL.iter().any(|s| {
+            let name = s.name().to_bytes();
+            name.strip_prefix(requested)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"_"))
+        })
+}
+
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -276,4 +287,43 @@ fn load_now() -> bool {
         REAL[sym as usize].store(lookup(handle, sym.name()), Ordering::Release);
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_names_of_our_variants_are_recognised_and_others_are_not() {
+        for ours in [
+            &b"cuMemAlloc"[..],
+            b"cuMemAlloc_v2",
+            b"cuMemFreeAsync",
+            b"cuGetProcAddress",
+            b"cuCtxCreate",
+            b"cuDeviceTotalMem",
+        ] {
+            assert!(
+                is_variant_of_ours(ours),
+                "{}",
+                String::from_utf8_lossy(ours)
+            );
+        }
+        // A prefix that is not a whole base name, and names we never wrap.
+        for other in [
+            &b""[..],
+            b"cu",
+            b"cuMem",
+            b"cuMemAllo",
+            b"cuLaunchKernel",
+            b"cuModuleLoadData",
+            b"cuMemAllocHost",
+        ] {
+            assert!(
+                !is_variant_of_ours(other),
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
 }

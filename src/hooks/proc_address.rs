@@ -12,12 +12,22 @@ use super::guard;
 use crate::driver::{self, CuResult, Sym, real};
 use crate::runtime::{self, Mode};
 
-/// Replaces the driver's answer `found` with our hook for that variant when we wrap it.
-fn redirect(found: *mut c_void) -> *mut c_void {
+/// Replaces the driver's answer `found` for `symbol` with our hook for that variant when
+/// we wrap it.
+fn redirect(symbol: *const c_char, found: *mut c_void) -> *mut c_void {
     if found.is_null() {
         return found;
     }
-    let sym = driver::sym_of_real(found).or_else(|| named_by_dladdr(found));
+    let sym = driver::sym_of_real(found).or_else(|| {
+        // `dladdr` scans the driver's symbol table: only worth it for a name of ours
+        // (cudart asks for hundreds of others at start-up).
+        // SAFETY: the caller's symbol name, NUL-terminated (the driver just took it).
+        let requested = (!symbol.is_null()).then(|| unsafe { CStr::from_ptr(symbol) });
+        requested
+            .is_some_and(|name| driver::is_variant_of_ours(name.to_bytes()))
+            .then(|| named_by_dladdr(found))
+            .flatten()
+    });
     let Some(sym) = sym else { return found };
     if matches!(
         sym,
@@ -54,14 +64,18 @@ fn named_by_dladdr(p: *mut c_void) -> Option<Sym> {
     driver::real_ptr(sym).is_null().then_some(sym)
 }
 
-fn resolve(call: impl FnOnce() -> CuResult, pfn: *mut *mut c_void) -> CuResult {
+fn resolve(
+    call: impl FnOnce() -> CuResult,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+) -> CuResult {
     if !driver::load() {
         return CuResult::SHARED_OBJECT_INIT_FAILED;
     }
     let rc = call();
     if rc.is_ok() && !pfn.is_null() {
         // SAFETY: the driver just wrote a pointer through `pfn`.
-        unsafe { *pfn = redirect(*pfn) };
+        unsafe { *pfn = redirect(symbol, *pfn) };
     }
     rc
 }
@@ -79,6 +93,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
         resolve(
             // SAFETY: the caller's arguments, passed on unchanged.
             || unsafe { real::cuGetProcAddress(symbol, pfn, version, flags) },
+            symbol,
             pfn,
         )
     })
@@ -98,6 +113,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         resolve(
             // SAFETY: the caller's arguments, passed on unchanged.
             || unsafe { real::cuGetProcAddress_v2(symbol, pfn, version, flags, status) },
+            symbol,
             pfn,
         )
     })
@@ -117,6 +133,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
         resolve(
             // SAFETY: the caller's arguments, passed on unchanged.
             || unsafe { real::cuGetProcAddress_v2_ptsz(symbol, pfn, version, flags, status) },
+            symbol,
             pfn,
         )
     })
