@@ -9,7 +9,9 @@ use std::cell::Cell;
 
 use crate::driver::{CuResult, DevicePtr, Handle};
 use crate::footprint;
-use crate::ledger::{AddrTable, BankGuard, DeviceLedger, Entry, Kind, Reservation};
+use crate::ledger::{
+    self, AddrTable, BankGuard, DeviceLedger, Entry, Kind, PointerMap, Reservation, Table,
+};
 use crate::pools;
 use crate::report;
 use crate::runtime::{self, Mode};
@@ -87,8 +89,8 @@ pub fn alloc_array(
     alloc_into(&ARRAYS, call, bytes, None, out.cast(), real)
 }
 
-fn alloc_into<const N: usize>(
-    table: &AddrTable<N>,
+fn alloc_into(
+    table: &impl Table,
     call: &str,
     bytes: u64,
     device: Option<usize>,
@@ -161,16 +163,27 @@ pub fn free(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
     free_from(&runtime::ledger().pointers, ptr, real)
 }
 
+/// As [`free`], for `cuMemFreeAsync`: the block is most likely a stream-ordered one.
+#[inline]
+pub fn free_async(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
+    struct PooledFirst(&'static PointerMap);
+    impl Table for PooledFirst {
+        fn insert(&self, key: u64, entry: Entry) {
+            self.0.insert(key, entry);
+        }
+        fn remove(&self, key: u64) -> Option<Entry> {
+            self.0.remove_pooled(key)
+        }
+    }
+    free_from(&PooledFirst(&runtime::ledger().pointers), ptr, real)
+}
+
 /// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
 pub fn free_array(array: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
     free_from(&ARRAYS, array as u64, real)
 }
 
-fn free_from<const N: usize>(
-    table: &AddrTable<N>,
-    key: u64,
-    real: impl FnOnce() -> CuResult,
-) -> CuResult {
+fn free_from(table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> CuResult {
     let mode = runtime::mode();
     if mode != Mode::Budgeted {
         return pass(runtime::refusal(mode), real);
@@ -206,6 +219,8 @@ fn release(entry: Entry) {
 /// the credit that other threads cannot see is bounded by `PRIVATE_MAX` a thread, the
 /// most a denial can be early by.
 struct PrivateCredit {
+    /// The thread's lane in the address table ([`ledger::claim_lane`]), once asked for.
+    lane: Cell<usize>,
     device: Cell<usize>,
     /// The device's epoch when the credit was given: credit from before its books were
     /// cleared (the context went away) is void.
@@ -215,7 +230,19 @@ struct PrivateCredit {
 
 const PRIVATE_MAX: u64 = 8 << 20;
 
+const NO_LANE_YET: usize = usize::MAX;
+
 impl PrivateCredit {
+    fn lane(&self) -> usize {
+        let lane = self.lane.get();
+        if lane != NO_LANE_YET {
+            return lane;
+        }
+        let lane = ledger::claim_lane();
+        self.lane.set(lane);
+        lane
+    }
+
     fn take(&self, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
         let held = self.bytes.get();
         let ok = self.device.get() == device && held >= bytes && self.epoch.get() == d.epoch();
@@ -255,12 +282,23 @@ impl PrivateCredit {
 impl Drop for PrivateCredit {
     fn drop(&mut self) {
         self.flush();
+        // The thread is going: its blocks stay in the table for whoever frees them, and
+        // the lane goes to the next thread.
+        let lane = self.lane.replace(0);
+        if lane != NO_LANE_YET {
+            ledger::release_lane(lane);
+        }
     }
 }
 
 thread_local! {
     static PRIVATE: PrivateCredit = const {
-        PrivateCredit { device: Cell::new(usize::MAX), epoch: Cell::new(0), bytes: Cell::new(0) }
+        PrivateCredit {
+            lane: Cell::new(NO_LANE_YET),
+            device: Cell::new(usize::MAX),
+            epoch: Cell::new(0),
+            bytes: Cell::new(0),
+        }
     };
 }
 
@@ -293,30 +331,35 @@ pub fn alloc_pooled(
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
-    let private = PRIVATE
-        .try_with(|p| p.take(device, d, bytes))
-        .unwrap_or(false);
+    let (private, lane) = PRIVATE
+        .try_with(|p| (p.take(device, d, bytes), p.lane()))
+        .unwrap_or((false, 0));
     if !private && !d.pool.take(runtime::shard(), bytes) {
         return grow_pools(call, device, d, bytes, dptr, real);
     }
     let rc = real();
-    record_pooled(rc, dptr, bytes, device, d);
+    record_pooled(rc, dptr, bytes, device, d, lane);
     rc
 }
 
 #[inline]
-fn record_pooled(rc: CuResult, dptr: *mut DevicePtr, bytes: u64, device: usize, d: &DeviceLedger) {
+fn record_pooled(
+    rc: CuResult,
+    dptr: *mut DevicePtr,
+    bytes: u64,
+    device: usize,
+    d: &DeviceLedger,
+    lane: usize,
+) {
     if rc.is_ok() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote the address.
         let ptr = unsafe { *dptr };
-        runtime::ledger().pointers.insert(
-            ptr,
-            Entry {
-                bytes,
-                device,
-                kind: Kind::Pooled,
-            },
-        );
+        let entry = Entry {
+            bytes,
+            device,
+            kind: Kind::Pooled,
+        };
+        runtime::ledger().pointers.insert_in_lane(ptr, entry, lane);
     } else {
         give_pooled(device, d, bytes);
     }
@@ -354,7 +397,7 @@ fn grow_pools(
         apply(d, bank.set_charge(reserve));
     }
     drop(bank);
-    record_pooled(rc, dptr, bytes, device, d);
+    record_pooled(rc, dptr, bytes, device, d, 0);
     rc
 }
 

@@ -10,12 +10,13 @@
 //! Stream-ordered allocations are not charged one by one: what they cost the device is
 //! the pools' reserve, which the hooks charge through [`PoolCredit`] (see there).
 //!
-//! The hot paths (an allocation that fits, a free) take no lock and make no system call:
-//! one compare-and-swap on the device's counter or one on the thread's pool shard, and
-//! one on a slot of the address table.
+//! The hot paths (an allocation that fits, a free) take no lock and make no system call.
+//! A synchronous allocation costs one compare-and-swap on the device's counter and one
+//! on a slot of the address table; a stream-ordered pair that fits in its thread's pool
+//! credit costs none (see [`LaneTable`]).
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Devices the ledger can budget; higher ordinals pass through unbudgeted.
 pub const MAX_DEVICES: usize = 64;
@@ -369,7 +370,7 @@ struct Slot {
 /// A lock-free map from an address (or handle) to an [`Entry`]: open addressing with a
 /// bounded probe window, so a lookup of an address we never saw costs at most `WINDOW`
 /// probes. A slot is claimed with a compare-and-swap to `BUSY`, filled, then published;
-/// a remove is one compare-and-swap back to empty.
+/// a remove is a plain store back to empty (see [`AddrTable::remove`]).
 /// When every slot of a window is taken the entry goes to a locked overflow map, which
 /// stays empty in practice.
 pub struct AddrTable<const N: usize> {
@@ -426,6 +427,12 @@ impl<const N: usize> AddrTable<N> {
     }
 
     /// Removes `key` and returns its entry; `None` for an address never recorded.
+    ///
+    /// While a slot holds a live address, the only thread that writes it is the one
+    /// freeing that address (inserts claim empty slots only), so the slot is given up
+    /// with a plain store. Only a program that frees one address on two threads at once
+    /// (a double free, which the driver refuses) could see the entry twice; the books
+    /// then over-count, never under-count.
     pub fn remove(&self, key: u64) -> Option<Entry> {
         if key == EMPTY || key == BUSY {
             return None;
@@ -434,16 +441,12 @@ impl<const N: usize> AddrTable<N> {
         for i in 0..WINDOW {
             let slot = &self.slots[(home + i) & (N - 1)];
             if slot.key.load(Ordering::Acquire) == key {
-                // Read before the slot is given up; the compare-and-swap decides which
-                // of two racing frees of one address gets the entry.
-                let value = slot.value.load(Ordering::Acquire);
-                if slot
-                    .key
-                    .compare_exchange(key, EMPTY, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Some(Entry::unpack(value));
-                }
+                // Read before the slot is given up. No other thread writes a slot that
+                // holds a live key except to free that same address, so giving it up
+                // is a plain store, not a compare-and-swap.
+                let value = slot.value.load(Ordering::Relaxed);
+                slot.key.store(EMPTY, Ordering::Release);
+                return Some(Entry::unpack(value));
             }
         }
         if self.overflow_len.load(Ordering::Acquire) == 0 {
@@ -482,18 +485,208 @@ impl<const N: usize> Default for AddrTable<N> {
     }
 }
 
+/// Where the address tables' users find them: [`AddrTable`] and [`PointerMap`].
+pub trait Table {
+    fn insert(&self, key: u64, entry: Entry);
+    fn remove(&self, key: u64) -> Option<Entry>;
+}
+
+impl<const N: usize> Table for AddrTable<N> {
+    fn insert(&self, key: u64, entry: Entry) {
+        AddrTable::insert(self, key, entry)
+    }
+    fn remove(&self, key: u64) -> Option<Entry> {
+        AddrTable::remove(self, key)
+    }
+}
+
+/// Lanes of the [`LaneTable`]: lane 0 is nobody's; 1..LANES go to allocating threads.
+pub const LANES: usize = 32;
+/// Windows of the [`LaneTable`] a lane's entry may lie in.
+const LANE_DEPTH: usize = 2;
+/// Lanes given to a thread (bit L = lane L); lane 0 is never given.
+static LANES_TAKEN: AtomicU32 = AtomicU32::new(1);
+/// The highest lane ever given: no entry lies in a higher one, so lookups stop there.
+/// Lanes are given lowest first, so with a few allocating threads this stays small.
+static HIGH_LANE: AtomicUsize = AtomicUsize::new(0);
+
+/// A free lane for the calling thread, or 0 when all are taken.
+pub fn claim_lane() -> usize {
+    let mut taken = LANES_TAKEN.load(Ordering::Relaxed);
+    while taken != u32::MAX {
+        let lane = (!taken).trailing_zeros();
+        match LANES_TAKEN.compare_exchange_weak(
+            taken,
+            taken | 1 << lane,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => {
+                HIGH_LANE.fetch_max(lane as usize, Ordering::AcqRel);
+                return lane as usize;
+            }
+            Err(now) => taken = now,
+        }
+    }
+    0
+}
+
+/// Gives back a lane from [`claim_lane`] (its thread will insert no more).
+pub fn release_lane(lane: usize) {
+    if (1..LANES).contains(&lane) {
+        LANES_TAKEN.fetch_and(!(1 << lane), Ordering::AcqRel);
+    }
+}
+
+/// An address table without a compare-and-swap on insert, for the stream-ordered hot
+/// path. Slot `i` belongs to lane `i % LANES`; the thread that holds lane L (see
+/// [`claim_lane`]) is the only one that fills an empty lane-L slot, so it fills it with
+/// plain stores. Any thread removes (as in [`AddrTable::remove`]). An entry lies in its
+/// lane's slot of the key's window or of the next one ([`LANE_DEPTH`]); when both are
+/// taken the caller uses an [`AddrTable`] instead.
+pub struct LaneTable<const N: usize> {
+    slots: [Slot; N],
+}
+
+impl<const N: usize> LaneTable<N> {
+    pub const fn new() -> Self {
+        assert!(N.is_power_of_two() && N >= LANES * LANE_DEPTH);
+        Self {
+            slots: [const {
+                Slot {
+                    key: AtomicU64::new(EMPTY),
+                    value: AtomicU64::new(0),
+                }
+            }; N],
+        }
+    }
+
+    fn window(key: u64) -> usize {
+        AddrTable::<N>::home(key) & !(LANES - 1)
+    }
+
+    /// Records `key` in `lane`'s slots; false when they are taken. Only the thread that
+    /// holds `lane` may call this.
+    pub fn insert(&self, key: u64, entry: Entry, lane: usize) -> bool {
+        if key == EMPTY || key == BUSY || !(1..LANES).contains(&lane) {
+            return false;
+        }
+        let window = Self::window(key);
+        for depth in 0..LANE_DEPTH {
+            let slot = &self.slots[(window + depth * LANES + lane) & (N - 1)];
+            if slot.key.load(Ordering::Acquire) == EMPTY {
+                slot.value.store(entry.pack(), Ordering::Relaxed);
+                slot.key.store(key, Ordering::Release);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes `key` and returns its entry; `None` for an address not here.
+    pub fn remove(&self, key: u64) -> Option<Entry> {
+        if key == EMPTY || key == BUSY {
+            return None;
+        }
+        // The block's address reached this thread after its insert (through the
+        // program, from the allocating thread), and so did that thread's lane.
+        let high = HIGH_LANE.load(Ordering::Acquire).min(LANES - 1);
+        let window = Self::window(key);
+        for depth in 0..LANE_DEPTH {
+            for lane in 1..=high {
+                let slot = &self.slots[(window + depth * LANES + lane) & (N - 1)];
+                if slot.key.load(Ordering::Acquire) == key {
+                    let value = slot.value.load(Ordering::Relaxed);
+                    slot.key.store(EMPTY, Ordering::Release);
+                    return Some(Entry::unpack(value));
+                }
+            }
+        }
+        None
+    }
+
+    /// Drops every entry of `device`.
+    pub fn purge_device(&self, device: usize) {
+        for slot in &self.slots {
+            let key = slot.key.load(Ordering::Acquire);
+            if key != EMPTY && Entry::unpack(slot.value.load(Ordering::Relaxed)).device == device {
+                let _ = slot
+                    .key
+                    .compare_exchange(key, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl<const N: usize> Default for LaneTable<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Device pointers from every allocation path: stream-ordered blocks of threads with a
+/// lane in the [`LaneTable`], everything else in the [`AddrTable`].
+pub struct PointerMap {
+    lanes: LaneTable<{ 1 << 18 }>,
+    shared: AddrTable<{ 1 << 18 }>,
+}
+
+impl PointerMap {
+    pub const fn new() -> Self {
+        Self {
+            lanes: LaneTable::new(),
+            shared: AddrTable::new(),
+        }
+    }
+
+    /// Records a block allocated by the thread that holds `lane` (0: none).
+    pub fn insert_in_lane(&self, key: u64, entry: Entry, lane: usize) {
+        if !self.lanes.insert(key, entry, lane) {
+            self.shared.insert(key, entry);
+        }
+    }
+
+    pub fn purge_device(&self, device: usize) {
+        self.lanes.purge_device(device);
+        self.shared.purge_device(device);
+    }
+}
+
+impl PointerMap {
+    /// As [`Table::remove`], looking where a stream-ordered block would be first.
+    pub fn remove_pooled(&self, key: u64) -> Option<Entry> {
+        self.lanes.remove(key).or_else(|| self.shared.remove(key))
+    }
+}
+
+impl Table for PointerMap {
+    fn insert(&self, key: u64, entry: Entry) {
+        self.shared.insert(key, entry);
+    }
+
+    fn remove(&self, key: u64) -> Option<Entry> {
+        self.shared.remove(key).or_else(|| self.lanes.remove(key))
+    }
+}
+
+impl Default for PointerMap {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The process's ledger: one [`DeviceLedger`] per device and the address table.
 pub struct Ledger {
     devices: [DeviceLedger; MAX_DEVICES],
     /// Device pointers from every allocation path.
-    pub pointers: AddrTable<{ 1 << 18 }>,
+    pub pointers: PointerMap,
 }
 
 impl Ledger {
     pub const fn new() -> Self {
         Self {
             devices: [const { DeviceLedger::new() }; MAX_DEVICES],
-            pointers: AddrTable::new(),
+            pointers: PointerMap::new(),
         }
     }
 
@@ -655,6 +848,119 @@ mod tests {
         assert_eq!(t.remove(1 << 21), None);
         assert_eq!(t.remove(3 << 21), None);
         assert!(t.remove(2 << 21).is_some());
+    }
+
+    fn pooled(bytes: u64) -> Entry {
+        Entry {
+            bytes,
+            device: 0,
+            kind: Kind::Pooled,
+        }
+    }
+
+    /// Lanes are process-wide: the tests that claim them take turns.
+    static LANE_TESTS: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn lanes_are_given_once_lowest_first_and_come_back() {
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let a = claim_lane();
+        let b = claim_lane();
+        assert!((1..LANES).contains(&a) && (1..LANES).contains(&b) && a != b);
+        release_lane(a);
+        let c = claim_lane();
+        assert_eq!(c, a, "the lowest free lane is given first");
+        release_lane(b);
+        release_lane(c);
+        // Lane 0 is nobody's: releasing it changes nothing.
+        release_lane(0);
+        assert_eq!(LANES_TAKEN.load(Ordering::Relaxed) & 1, 1);
+    }
+
+    #[test]
+    fn a_lane_holds_two_entries_of_a_window_and_the_map_takes_the_rest() {
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let lane = claim_lane();
+        let t: LaneTable<256> = LaneTable::new();
+        // Keys of one window: the lane has room for LANE_DEPTH of them.
+        let window = LaneTable::<256>::window(1 << 21);
+        let same: Vec<u64> = (1..100_000u64)
+            .map(|k| k << 12)
+            .filter(|&k| LaneTable::<256>::window(k) == window)
+            .take(3)
+            .collect();
+        assert!(t.insert(same[0], pooled(1), lane));
+        assert!(t.insert(same[1], pooled(2), lane));
+        assert!(!t.insert(same[2], pooled(3), lane));
+        assert!(
+            !t.insert(same[2], pooled(3), 0),
+            "lane 0 never fills a slot"
+        );
+        assert_eq!(t.remove(same[1]), Some(pooled(2)));
+        assert_eq!(t.remove(same[1]), None);
+        assert!(t.insert(same[2], pooled(3), lane));
+        assert_eq!(t.remove(same[2]), Some(pooled(3)));
+        assert_eq!(t.remove(same[0]), Some(pooled(1)));
+
+        static M: PointerMap = PointerMap::new();
+        let m = &M;
+        for (i, &k) in same.iter().enumerate() {
+            m.insert_in_lane(k, pooled(i as u64), lane);
+        }
+        m.insert_in_lane(0x7000_0000, pooled(9), 0);
+        for (i, &k) in same.iter().enumerate().rev() {
+            assert_eq!(m.remove_pooled(k), Some(pooled(i as u64)));
+        }
+        assert_eq!(Table::remove(m, 0x7000_0000), Some(pooled(9)));
+        assert_eq!(Table::remove(m, 0x7000_0000), None);
+        release_lane(lane);
+    }
+
+    #[test]
+    fn blocks_freed_by_other_threads_are_found_once_each() {
+        // Eight threads allocate with their own lanes; each block is freed by the next
+        // thread, as PyTorch's autograd thread frees what the forward pass allocated.
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // (A static: the map is too large for a test thread's stack.)
+        static M: PointerMap = PointerMap::new();
+        const PER: u64 = 20_000;
+        let (tx, rx): (Vec<_>, Vec<_>) = (0..8).map(|_| std::sync::mpsc::channel()).unzip();
+        let mut rx: Vec<Option<std::sync::mpsc::Receiver<u64>>> =
+            rx.into_iter().map(Some).collect();
+        let handles: Vec<_> = (0..8usize)
+            .map(|t| {
+                let m = &M;
+                let to_next = tx[(t + 1) % 8].clone();
+                let mine = rx[t].take().unwrap();
+                std::thread::spawn(move || {
+                    let lane = claim_lane();
+                    let mut found = 0u64;
+                    for i in 0..PER {
+                        let key = ((t as u64) << 40) | ((i + 1) << 8);
+                        m.insert_in_lane(key, pooled(key & 0xffff_ffff), lane);
+                        to_next.send(key).unwrap();
+                        while let Ok(k) = mine.try_recv() {
+                            assert_eq!(m.remove_pooled(k), Some(pooled(k & 0xffff_ffff)));
+                            found += 1;
+                        }
+                    }
+                    drop(to_next);
+                    release_lane(lane);
+                    (found, mine)
+                })
+            })
+            .collect();
+        drop(tx);
+        let mut total = 0;
+        for h in handles {
+            let (found, mine) = h.join().unwrap();
+            total += found;
+            for k in mine.iter() {
+                assert_eq!(M.remove_pooled(k), Some(pooled(k & 0xffff_ffff)));
+                total += 1;
+            }
+        }
+        assert_eq!(total, 8 * PER);
     }
 
     #[test]

@@ -32,6 +32,37 @@ fn stream_ordered_allocations_are_budgeted_by_the_pools_reserve() {
 }
 
 #[test]
+fn stream_ordered_blocks_freed_by_other_threads_give_their_credit_back() {
+    // Eight threads each allocate 4000 blocks of 64 KiB (2 GiB in all, against a 1 GiB
+    // budget) and hand every block to the next thread, which frees it. Blocks freed on
+    // another thread than their own must be found, or their credit never comes back and
+    // the budget runs out.
+    for mode in ["gpa", "dlsym"] {
+        let run = budget_run(
+            mode,
+            &[
+                "threshold:max",
+                "asyncrelay:8:4000:64Ki",
+                "sync",
+                "trim:0",
+                "alloc:900Mi",
+                "phys",
+            ],
+            &[("CUDABUDGET_LIMIT", "1Gi")],
+        );
+        assert_eq!(run.num("asyncrelay", 0, "ok"), 32_000, "{mode}\n{run:?}");
+        assert_eq!(run.num("asyncrelay", 0, "denied"), 0, "{mode}\n{run:?}");
+        assert_eq!(run.num("asyncrelay", 0, "other"), 0, "{mode}\n{run:?}");
+        assert_eq!(
+            run.rc("alloc", 0),
+            0,
+            "{mode}: all blocks were freed, so 900 MiB fits\n{run:?}"
+        );
+        assert!(run.num("phys", 0, "peak") <= GI, "{mode}\n{run:?}");
+    }
+}
+
+#[test]
 fn allocations_from_an_explicit_pool_count_too() {
     let run = budget_run(
         "dlsym",

@@ -295,7 +295,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::free(dptr, || unsafe { real::cuMemFreeAsync(dptr, stream) })
+        enforce::free_async(dptr, || unsafe { real::cuMemFreeAsync(dptr, stream) })
     })
 }
 
@@ -305,7 +305,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuRe
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::free(dptr, || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) })
+        enforce::free_async(dptr, || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) })
     })
 }
 

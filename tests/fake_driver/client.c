@@ -311,6 +311,56 @@ static void *racehold_thread(void *arg) {
     return NULL;
 }
 
+/* asyncrelay: each thread allocates stream-ordered blocks and hands them to the next
+ * thread, which frees them (as PyTorch's autograd thread frees what the forward pass
+ * allocated). Mailboxes are small stacks under one mutex. */
+#define RELAY_MAX_THREADS 64
+#define RELAY_BOX 256
+static struct relay_box {
+    CUdeviceptr p[RELAY_BOX];
+    unsigned n;
+} g_boxes[RELAY_MAX_THREADS];
+static pthread_mutex_t g_relay_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned g_relay_threads, g_relay_next;
+
+static void relay_drain(struct race *r, unsigned me) {
+    for (;;) {
+        pthread_mutex_lock(&g_relay_mu);
+        CUdeviceptr p = g_boxes[me].n ? g_boxes[me].p[--g_boxes[me].n] : 0;
+        pthread_mutex_unlock(&g_relay_mu);
+        if (!p) return;
+        if (api.cuMemFreeAsync(p, NULL) != CUDA_SUCCESS) __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static void *relay_thread(void *arg) {
+    struct race *r = arg;
+    unsigned me = __atomic_fetch_add(&g_relay_next, 1, __ATOMIC_RELAXED);
+    unsigned next = (me + 1) % g_relay_threads;
+    api.cuCtxSetCurrent(g_ctx);
+    pthread_barrier_wait(&r->start);
+    for (u64 i = 0; i < r->iters; i++) {
+        CUdeviceptr p;
+        int rc = api.cuMemAllocAsync(&p, r->size, NULL);
+        if (rc == CUDA_SUCCESS) {
+            __atomic_add_fetch(&r->ok, 1, __ATOMIC_RELAXED);
+            pthread_mutex_lock(&g_relay_mu);
+            int full = g_boxes[next].n == RELAY_BOX;
+            if (!full) g_boxes[next].p[g_boxes[next].n++] = p;
+            pthread_mutex_unlock(&g_relay_mu);
+            if (full && api.cuMemFreeAsync(p, NULL) != CUDA_SUCCESS) __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
+        } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            __atomic_add_fetch(&r->denied, 1, __ATOMIC_RELAXED);
+        } else {
+            __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
+        }
+        relay_drain(r, me);
+    }
+    pthread_barrier_wait(&r->hold); /* nobody sends any more */
+    relay_drain(r, me);
+    return NULL;
+}
+
 static struct race *run_threads(u64 threads, u64 iters, u64 size, void *(*fn)(void *)) {
     static struct race r;
     memset(&r, 0, sizeof r);
@@ -594,6 +644,15 @@ static void run_op(const char *text) {
         if (threads == 0 || threads > 1024) usage_error(text, "THREADS must be 1..1024");
         struct race *r = run_threads(threads, iters, size, race_thread);
         out("race rc=0 ok=%llu denied=%llu other=%llu", r->ok, r->denied, r->other);
+    } else if (!strcmp(name, "asyncrelay")) {
+        need_fields(op, 4);
+        u64 threads = num_field(op, 1), iters = num_field(op, 2), size = num_field(op, 3);
+        if (threads == 0 || threads > RELAY_MAX_THREADS) usage_error(text, "THREADS must be 1..64");
+        memset(g_boxes, 0, sizeof g_boxes);
+        g_relay_threads = (unsigned)threads;
+        g_relay_next = 0;
+        struct race *r = run_threads(threads, iters, size, relay_thread);
+        out("asyncrelay rc=0 ok=%llu denied=%llu other=%llu", r->ok, r->denied, r->other);
     } else if (!strcmp(name, "racehold")) {
         need_fields(op, 3);
         u64 threads = num_field(op, 1), size = num_field(op, 2);
@@ -625,7 +684,7 @@ static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "race",
-    "racehold", "nvml", "sym", "sleep", "pagesize",
+    "racehold", "asyncrelay", "nvml", "sym", "sleep", "pagesize",
 };
 
 /* Unknown op names are refused before anything runs. */
