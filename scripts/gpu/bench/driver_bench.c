@@ -10,6 +10,8 @@
 //   16 threads, each with its own stream: total async pairs/s
 //   ns per cuMemGetInfo_v2
 //   ns per cuCtxGetDevice (a function the library does not wrap)
+//   under the library, in the same process: its hooks against the driver's own functions
+//   (ab_*: 1 thread per pair kind, and ab_mt_*: --threads threads of async pairs)
 // The default pool's release threshold is set to max (as PyTorch does), so the
 // async pair measures the pool's fast path. Prints one JSON line.
 //
@@ -299,10 +301,11 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-#define AB_BLOCKS 16
-// kind 0: async pair, 1: sync 4 KiB pair, 2: cuMemGetInfo. Writes the two medians.
-static void ab(int kind, long n, double *hook, double *native) {
-    double h[AB_BLOCKS], nat[AB_BLOCKS];
+#define AB_BLOCKS 32
+// kind 0: async pair, 1: sync 4 KiB pair, 2: cuMemGetInfo. Writes the two medians and the
+// median of the paired differences (each hook block minus the driver block beside it).
+static void ab(int kind, long n, double *hook, double *native, double *delta) {
+    double h[AB_BLOCKS], nat[AB_BLOCKS], d[AB_BLOCKS];
     for (int b = 0; b < AB_BLOCKS; b++) {
         for (int k = 0; k < 2; k++) {
             int use_hook = (b % 2 == 0) == (k == 0);  // ABBA...
@@ -312,9 +315,83 @@ static void ab(int kind, long n, double *hook, double *native) {
                                    : block_meminfo(use_hook ? p_meminfo : n_meminfo, n);
             (use_hook ? h : nat)[b] = t;
         }
+        d[b] = h[b] - nat[b];
     }
     *hook = median(h, AB_BLOCKS);
     *native = median(nat, AB_BLOCKS);
+    *delta = median(d, AB_BLOCKS);
+}
+
+// The same with N threads, each on its own stream: in each block every thread runs
+// `n` async pairs through one arm; blocks alternate (ABBA) between barriers, and a
+// block's throughput is all threads' pairs over its wall time. Writes the medians and
+// the median ratio hook/driver of neighbouring blocks.
+#define AB_MT_BLOCKS 16
+static long abmt_n;
+static int abmt_fail;
+
+static void *abmt_worker(void *arg) {
+    (void)arg;
+    CUstream s = NULL;
+    CUdeviceptr d;
+    CUresult r = p_setcur(ctx);
+    if (r == 0) r = p_stream_create(&s, CU_STREAM_NON_BLOCKING);
+    for (long i = 0; r == 0 && i < 2000; i++) {  // warm-up, both arms
+        pfn_alloc_async a = i % 2 ? p_alloc_async : n_alloc_async;
+        pfn_free_async f = i % 2 ? p_free_async : n_free_async;
+        r = a(&d, 4096, s);
+        if (r == 0) r = f(d, s);
+    }
+    if (r != 0) __atomic_store_n(&abmt_fail, 1, __ATOMIC_SEQ_CST);
+    for (int b = 0; b < AB_MT_BLOCKS; b++) {
+        for (int k = 0; k < 2; k++) {
+            int use_hook = (b % 2 == 0) == (k == 0);
+            pfn_alloc_async a = use_hook ? p_alloc_async : n_alloc_async;
+            pfn_free_async f = use_hook ? p_free_async : n_free_async;
+            pthread_barrier_wait(&barrier);  // start of the block
+            for (long i = 0; r == 0 && i < abmt_n; i++) {
+                r = a(&d, 4096, s);
+                if (r == 0) r = f(d, s);
+            }
+            if (r != 0) __atomic_store_n(&abmt_fail, 1, __ATOMIC_SEQ_CST);
+            pthread_barrier_wait(&barrier);  // end of the block
+        }
+    }
+    if (s) {
+        p_stream_sync(s);
+        p_stream_destroy(s);
+    }
+    return NULL;
+}
+
+static void ab_mt(long n, double *hook, double *native, double *ratio) {
+    pthread_t th[MAX_THREADS];
+    double h[AB_MT_BLOCKS], nat[AB_MT_BLOCKS], q[AB_MT_BLOCKS];
+    abmt_n = n;
+    abmt_fail = 0;
+    pthread_barrier_init(&barrier, NULL, nthreads + 1);
+    for (long i = 0; i < nthreads; i++) pthread_create(&th[i], NULL, abmt_worker, NULL);
+    for (int b = 0; b < AB_MT_BLOCKS; b++) {
+        for (int k = 0; k < 2; k++) {
+            int use_hook = (b % 2 == 0) == (k == 0);
+            pthread_barrier_wait(&barrier);
+            double t0 = now_ns();
+            pthread_barrier_wait(&barrier);
+            double pairs_per_s = (double)(nthreads * n) / ((now_ns() - t0) / 1e9);
+            (use_hook ? h : nat)[b] = pairs_per_s;
+        }
+        q[b] = h[b] / nat[b];
+    }
+    for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&barrier);
+    if (abmt_fail) {
+        add_error("ab_mt", -1);
+        *hook = *native = *ratio = -1;
+        return;
+    }
+    *hook = median(h, AB_MT_BLOCKS);
+    *native = median(nat, AB_MT_BLOCKS);
+    *ratio = median(q, AB_MT_BLOCKS);
 }
 
 static double bench_untouched(long n) {
@@ -405,10 +482,12 @@ int main(int argc, char **argv) {
     double smt = bench_mt(1, N(200), &smt_ns);
     double mi = bench_meminfo(N(20000));
     double ab_async_h = -1, ab_async_n = -1, ab_sync_h = -1, ab_sync_n = -1, ab_mi_h = -1, ab_mi_n = -1;
+    double ab_async_d = -1, ab_sync_d = -1, ab_mi_d = -1, abmt_h = -1, abmt_n_ = -1, abmt_q = -1;
     if (resolve_native()) {
-        ab(0, N(20000), &ab_async_h, &ab_async_n);
-        ab(1, N(100), &ab_sync_h, &ab_sync_n);
-        ab(2, N(1000), &ab_mi_h, &ab_mi_n);
+        ab(0, N(20000), &ab_async_h, &ab_async_n, &ab_async_d);
+        ab(1, N(100), &ab_sync_h, &ab_sync_n, &ab_sync_d);
+        ab(2, N(1000), &ab_mi_h, &ab_mi_n, &ab_mi_d);
+        ab_mt(N(5000), &abmt_h, &abmt_n_, &abmt_q);
     } else {
         add_error("ab: the driver's own functions not found", -1);
     }
@@ -428,9 +507,12 @@ int main(int argc, char **argv) {
            "\"meminfo_ns\":%.1f,\"untouched_ns\":%.3f,\"pool_reserved\":%llu,"
            "\"ab_async_hook_ns\":%.2f,\"ab_async_native_ns\":%.2f,\"ab_sync_hook_ns\":%.1f,\"ab_sync_native_ns\":%.1f,"
            "\"ab_meminfo_hook_ns\":%.1f,\"ab_meminfo_native_ns\":%.1f,"
+           "\"ab_async_delta_ns\":%.2f,\"ab_sync_delta_ns\":%.1f,\"ab_meminfo_delta_ns\":%.2f,"
+           "\"ab_mt_hook_pairs_per_s\":%.0f,\"ab_mt_native_pairs_per_s\":%.0f,\"ab_mt_ratio\":%.4f,"
            "\"alloc_owner\":\"%s\",\"alloc_async_owner\":\"%s\",\"untouched_owner\":\"%s\",\"errors\":\"%s\"}\n",
            with_nvml, (pre && strstr(pre, "libcudabudget")) ? "true" : "false", resolve_path, scale, s4k, s2m, s64m, nthreads, a1, a16,
-           a16_ns, smt, smt_ns, mi, un, (unsigned long long)reserved, ab_async_h, ab_async_n, ab_sync_h, ab_sync_n, ab_mi_h, ab_mi_n, owner((void *)p_alloc), owner((void *)p_alloc_async),
+           a16_ns, smt, smt_ns, mi, un, (unsigned long long)reserved, ab_async_h, ab_async_n, ab_sync_h, ab_sync_n, ab_mi_h, ab_mi_n, ab_async_d, ab_sync_d, ab_mi_d,
+           abmt_h, abmt_n_, abmt_q, owner((void *)p_alloc), owner((void *)p_alloc_async),
            owner((void *)p_ctxdev), errors);
     fflush(stdout);
     return 0;

@@ -3,12 +3,13 @@
 # training step and start-up time, each run interleaved native / budget REPS
 # times (budget = LD_PRELOAD=target/release/libcudabudget.so CUDABUDGET_LIMIT=100Gi).
 #
-# Usage: bash scripts/gpu/bench/run_bench.sh [--reps N] [--skip-train] [--skip-startup] [--scale F]
+# Usage: bash scripts/gpu/bench/run_bench.sh [--reps N] [--skip-driver] [--skip-train] [--skip-startup] [--scale F]
 # Output: markdown table on stdout and appended to $OUT/bench.log (OUT defaults to ./gpu-out).
 # Runtime with --reps 5: about 4-5 minutes on an H200.
 set -u
 
 REPS=5
+SKIP_DRIVER=0
 SKIP_TRAIN=0
 SKIP_STARTUP=0
 SCALE=1
@@ -16,6 +17,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --reps) REPS="$2"; shift 2 ;;
     --reps=*) REPS="${1#*=}"; shift ;;
+    --skip-driver) SKIP_DRIVER=1; shift ;;
     --skip-train) SKIP_TRAIN=1; shift ;;
     --skip-startup) SKIP_STARTUP=1; shift ;;
     --scale) SCALE="$2"; shift 2 ;;
@@ -88,14 +90,24 @@ time_rep() {
   fi
   rc=$?
   t1=$(date +%s%N)
-  echo "{\"bench\":\"$name\",\"ms\":$(( (t1 - t0) / 1000 ))e-3,\"rc\":$rc}" >"$base.out"
+  # The program's own JSON line (phases timed inside it), if it prints one, gets the
+  # wall time and exit status added.
+  local inner
+  inner=$(grep '^{' "$base.raw" 2>/dev/null | tail -n 1)
+  if [[ -n $inner ]]; then
+    echo "{\"bench\":\"$name\",\"ms\":$(( (t1 - t0) / 1000 ))e-3,\"rc\":$rc,${inner#\{}" >"$base.out"
+  else
+    echo "{\"bench\":\"$name\",\"ms\":$(( (t1 - t0) / 1000 ))e-3,\"rc\":$rc}" >"$base.out"
+  fi
 }
 
-echo "driver_bench: $REPS x (native, budget) ..."
-for ((i = 1; i <= REPS; i++)); do
-  run_rep driver native "$i" 120 "$BUILD/driver_bench" --scale "$SCALE"
-  run_rep driver budget "$i" 120 "$BUILD/driver_bench" --scale "$SCALE"
-done
+if [[ $SKIP_DRIVER -eq 0 ]]; then
+  echo "driver_bench: $REPS x (native, budget) ..."
+  for ((i = 1; i <= REPS; i++)); do
+    run_rep driver native "$i" 120 "$BUILD/driver_bench" --scale "$SCALE"
+    run_rep driver budget "$i" 120 "$BUILD/driver_bench" --scale "$SCALE"
+  done
+fi
 
 if [[ $SKIP_TRAIN -eq 0 ]]; then
   for conf in native async; do
@@ -118,17 +130,20 @@ if [[ $SKIP_STARTUP -eq 0 ]]; then
   timeout 120 "$PY" -c 'import torch; torch.zeros(1, device="cuda")' >/dev/null 2>&1
   timeout 120 env LD_PRELOAD="$LIB" CUDABUDGET_LIMIT=100Gi "$PY" -c 'import torch; torch.zeros(1, device="cuda")' >/dev/null 2>&1
   for ((i = 1; i <= REPS; i++)); do
+    # the issue's command, as it is (wall time only)
     time_rep startup native "$i" "$PY" -c 'import torch; torch.zeros(1, device="cuda")'
     time_rep startup budget "$i" "$PY" -c 'import torch; torch.zeros(1, device="cuda")'
+    # the same work, timed inside: import torch, then the first CUDA tensor
+    time_rep torch_phases native "$i" "$PY" "$HERE/torch_startup.py"
+    time_rep torch_phases budget "$i" "$PY" "$HERE/torch_startup.py"
   done
-  CUINIT='import ctypes
-c = ctypes.CDLL("libcuda.so.1")
-assert c.cuInit(0) == 0
-d = ctypes.c_int(); assert c.cuDeviceGet(ctypes.byref(d), 0) == 0
-x = ctypes.c_void_p(); assert c.cuDevicePrimaryCtxRetain(ctypes.byref(x), d) == 0'
   for ((i = 1; i <= 2 * REPS; i++)); do
-    time_rep cuinit native "$i" "$PY" -c "$CUINIT"
-    time_rep cuinit budget "$i" "$PY" -c "$CUINIT"
+    # the interpreter alone: what loading the library costs a process
+    time_rep pystart native "$i" "$PY" -c pass
+    time_rep pystart budget "$i" "$PY" -c pass
+    # the driver alone (ctypes): cuInit, the primary context, one cuMemGetInfo
+    time_rep cuinit native "$i" "$PY" "$HERE/startup_probe.py"
+    time_rep cuinit budget "$i" "$PY" "$HERE/startup_probe.py"
   done
 fi
 

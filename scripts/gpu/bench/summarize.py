@@ -60,6 +60,17 @@ def fmt(v, nd=1):
     return ("%." + str(nd) + "f") % v
 
 
+def paired(runs_a, runs_b, key):
+    """b - a for each rep that both variants completed (reps ran side by side)."""
+    a = {i: j for i, j, _ in runs_a or [] if j and j.get("rc") in (None, 0)}
+    out = []
+    for i, j, _ in runs_b or []:
+        if (i in a and j and j.get("rc") in (None, 0)
+                and isinstance(j.get(key), (int, float)) and isinstance(a[i].get(key), (int, float))):
+            out.append(float(j[key]) - float(a[i][key]))
+    return out
+
+
 def stat(vs, nd=1):
     if not vs:
         return None, "n/a"
@@ -98,6 +109,15 @@ def main():
             metric, unit, n_s, b_s, fmt(delta, 2) if delta is not None else "n/a",
             ("%.4f" % ratio) if ratio is not None else "n/a", target_desc, verdict))
 
+    def single(metric, unit, vs, target_desc, judge, nd=1):
+        """One figure per run (already a with/without comparison): its median decides."""
+        med, txt = stat(vs, nd)
+        verdict = "info"
+        if judge is not None:
+            verdict = "n/a" if med is None else ("PASS" if judge(med) else "FAIL")
+            verdicts.append((metric, verdict))
+        lines.append("| %s | %s | %s | %s | %s |" % (metric, unit, txt, target_desc, verdict))
+
     if a.header:
         lines.append(a.header)
         lines.append("")
@@ -112,33 +132,48 @@ def main():
     def spread(vs):
         return (max(vs) - min(vs)) if vs else 0.0
 
+    # Separate processes differ by more than the hooks cost (see BENCHMARKS.md): these
+    # rows are for information; the in-process A/B below decides the targets.
     for key, label in (("sync_4k_ns", "cuMemAlloc+cuMemFree 4 KiB"),
                        ("sync_2m_ns", "cuMemAlloc+cuMemFree 2 MiB"),
                        ("sync_64m_ns", "cuMemAlloc+cuMemFree 64 MiB")):
-        row(label, "ns/pair", values(nat, key), values(bud, key), "within 1 %",
-            lambda n, b, nv, bv: b <= n * 1.01)
+        row(label, "ns/pair", values(nat, key), values(bud, key), "(info)", None)
     row("cuMemAllocAsync+cuMemFreeAsync 4 KiB, 1 thread", "ns/pair", values(nat, "async_1t_ns"),
-        values(bud, "async_1t_ns"), "+<= 40 ns", lambda n, b, nv, bv: b - n <= 40.0, 2)
-    row("async pairs, 16 threads (own streams)", "pairs/s", values(nat, "async_16t_pairs_per_s"),
-        values(bud, "async_16t_pairs_per_s"), ">= 0.95 x native", lambda n, b, nv, bv: b >= 0.95 * n, 0)
-    row("async pair per thread, 16 threads", "ns/pair", values(nat, "async_16t_ns_per_pair_per_thread"),
-        values(bud, "async_16t_ns_per_pair_per_thread"), "(info)", None, 2)
+        values(bud, "async_1t_ns"), "(info)", None, 2)
+    row("async pairs, N threads (own streams)", "pairs/s", values(nat, "async_16t_pairs_per_s"),
+        values(bud, "async_16t_pairs_per_s"), "(info)", None, 0)
     row("cuMemGetInfo_v2", "ns/call", values(nat, "meminfo_ns"), values(bud, "meminfo_ns"), "(info)",
         None)
-    # In-process A/B: in each budget run, the hooks and the driver's own functions timed in
-    # alternating blocks (the "native" column here is the driver's own function in the
-    # same process). Free of process-to-process noise, so it is what the targets judge.
-    row("A/B in-process: async pair, hook vs driver's own", "ns/pair", values(bud, "ab_async_native_ns"),
-        values(bud, "ab_async_hook_ns"), "+<= 40 ns", lambda n, b, nv, bv: b - n <= 40.0, 2)
-    row("A/B in-process: sync 4 KiB pair, hook vs driver's own", "ns/pair", values(bud, "ab_sync_native_ns"),
-        values(bud, "ab_sync_hook_ns"), "within 1 %", lambda n, b, nv, bv: b <= n * 1.01)
-    row("A/B in-process: cuMemGetInfo, hook vs driver's own", "ns/call", values(bud, "ab_meminfo_native_ns"),
-        values(bud, "ab_meminfo_hook_ns"), "(info)", None)
-    row("A/B control without the library (both arms the driver's)", "ns/pair", values(nat, "ab_async_native_ns"),
-        values(nat, "ab_async_hook_ns"), "(info: the method's noise)", None, 2)
+    row("A/B in-process medians: async pair (driver's own | hook)", "ns/pair", values(bud, "ab_async_native_ns"),
+        values(bud, "ab_async_hook_ns"), "(info)", None, 2)
+    row("A/B in-process medians: sync 4 KiB pair (driver's own | hook)", "ns/pair", values(bud, "ab_sync_native_ns"),
+        values(bud, "ab_sync_hook_ns"), "(info)", None)
+    row("A/B in-process medians: N-thread async (driver's own | hook)", "pairs/s",
+        values(bud, "ab_mt_native_pairs_per_s"), values(bud, "ab_mt_hook_pairs_per_s"), "(info)", None, 0)
     row("cuCtxGetDevice (not wrapped)", "ns/call", values(nat, "untouched_ns"), values(bud, "untouched_ns"),
         "+0 (within noise)",
         lambda n, b, nv, bv: b - n <= max(0.5, spread(nv), 0.05 * n), 3)
+    lines.append("")
+    # In-process A/B: in each run under the library, its hooks and the driver's own
+    # functions timed in alternating blocks; each run gives the median of its paired
+    # blocks. Without the library both arms are the driver's: the method's noise.
+    lines.append("In-process A/B, one figure per run (median of paired blocks), median over runs:")
+    lines.append("")
+    lines.append("| metric | unit | median (min..max, runs) | target | verdict |")
+    lines.append("|---|---|---|---|---|")
+    single("async pair: hook minus driver's own", "ns/pair", values(bud, "ab_async_delta_ns"),
+           "+<= 40 ns", lambda m: m <= 40.0, 2)
+    single("  control, without the library", "ns/pair", values(nat, "ab_async_delta_ns"), "(noise)", None, 2)
+    sync_rel = [100.0 * j["ab_sync_delta_ns"] / j["ab_sync_native_ns"] for _, j, _ in bud or []
+                if j and j.get("ab_sync_native_ns", -1) > 0 and isinstance(j.get("ab_sync_delta_ns"), (int, float))]
+    sync_ctl = [100.0 * j["ab_sync_delta_ns"] / j["ab_sync_native_ns"] for _, j, _ in nat or []
+                if j and j.get("ab_sync_native_ns", -1) > 0 and isinstance(j.get("ab_sync_delta_ns"), (int, float))]
+    single("sync 4 KiB pair: hook vs driver's own", "%", sync_rel, "within 1 %", lambda m: m <= 1.0, 2)
+    single("  control, without the library", "%", sync_ctl, "(noise)", None, 2)
+    single("cuMemGetInfo: hook minus driver's own", "ns/call", values(bud, "ab_meminfo_delta_ns"), "(info)", None, 2)
+    single("N-thread async throughput: hook / driver's own", "ratio", values(bud, "ab_mt_ratio"),
+           ">= 0.95", lambda m: m >= 0.95, 4)
+    single("  control, without the library", "ratio", values(nat, "ab_mt_ratio"), "(noise)", None, 4)
     lines.append("")
     owners = set()
     errs = []
@@ -188,18 +223,53 @@ def main():
     lines.append("")
 
     # ---- start-up ----
-    lines.append("### Start-up (wall time of the whole process)")
+    lines.append("### Start-up")
     lines.append("")
-    lines.append("| command | unit | native median (min..max) | budget median (min..max) | delta | budget/native | target | verdict |")
+    lines.append("| what | unit | native median (min..max) | budget median (min..max) | delta | budget/native | target | verdict |")
     lines.append("|---|---|---|---|---|---|---|---|")
     s = load(a.work, "startup")
-    row("python3 -c 'import torch; torch.zeros(1, device=\"cuda\")'", "ms", values(s.get("native"), "ms"),
-        values(s.get("budget"), "ms"), "+<= 5 ms", lambda n, b, nv, bv: b - n <= 5.0)
+    tp = load(a.work, "torch_phases")
+    py = load(a.work, "pystart")
     c = load(a.work, "cuinit")
-    row("python3 ctypes cuInit + cuDevicePrimaryCtxRetain", "ms", values(c.get("native"), "ms"),
-        values(c.get("budget"), "ms"), "(info)", None)
+    row("wall: python3 -c 'import torch; torch.zeros(1, device=\"cuda\")'", "ms", values(s.get("native"), "ms"),
+        values(s.get("budget"), "ms"), "(info: see below)", None)
+    row("  inside: import torch", "ms", values(tp.get("native"), "import_ms"),
+        values(tp.get("budget"), "import_ms"), "(info)", None)
+    row("  inside: first CUDA tensor", "ms", values(tp.get("native"), "cuda_ms"),
+        values(tp.get("budget"), "cuda_ms"), "(info)", None)
+    row("wall: python3 -c pass (loading the library)", "ms", values(py.get("native"), "ms"),
+        values(py.get("budget"), "ms"), "(info)", None)
+    row("ctypes: cuInit", "ms", values(c.get("native"), "cuinit_ms"), values(c.get("budget"), "cuinit_ms"),
+        "(info)", None, 2)
+    row("ctypes: cuDevicePrimaryCtxRetain", "ms", values(c.get("native"), "ctx_ms"),
+        values(c.get("budget"), "ctx_ms"), "(info)", None, 2)
+    row("ctypes: whole process, wall", "ms", values(c.get("native"), "ms"), values(c.get("budget"), "ms"),
+        "(info)", None)
     lines.append("")
-    for name, runs in (("startup", s), ("cuinit", c)):
+    # Paired by rep (each budget run beside its native one). The wall time of the torch
+    # command swings by hundreds of ms between runs, so the start-up verdict adds up what
+    # can be resolved: the library's load (python -c pass) and the command's own work,
+    # timed inside the process (import torch + first CUDA tensor).
+    lines.append("Start-up, paired differences (budget minus native, same rep), median over reps:")
+    lines.append("")
+    lines.append("| what | unit | median (min..max, reps) | target | verdict |")
+    lines.append("|---|---|---|---|---|")
+    wall = paired(s.get("native"), s.get("budget"), "ms")
+    inside = paired(tp.get("native"), tp.get("budget"), "in_process_ms")
+    load_cost = paired(py.get("native"), py.get("budget"), "ms")
+    single("torch command, wall", "ms", wall, "(info: noisy)", None)
+    single("torch command, inside the process", "ms", inside, "(info)", None, 2)
+    single("  of which the first CUDA tensor", "ms", paired(tp.get("native"), tp.get("budget"), "cuda_ms"),
+           "(info)", None, 2)
+    single("loading the library (python -c pass)", "ms", load_cost, "(info)", None, 2)
+    total = []
+    if inside and load_cost:
+        total = [statistics.median(inside) + statistics.median(load_cost)]
+    single("start-up added: inside + loading", "ms", total, "+<= 5 ms", lambda m: m <= 5.0, 2)
+    single("ctypes cuInit + context, inside", "ms", paired(c.get("native"), c.get("budget"), "in_process_ms"),
+           "(info)", None, 2)
+    lines.append("")
+    for name, runs in (("startup", s), ("torch_phases", tp), ("pystart", py), ("cuinit", c)):
         for variant in ("native", "budget"):
             for i, j, p in runs.get(variant) or []:
                 if not j or j.get("rc"):
