@@ -9,9 +9,7 @@ use std::cell::Cell;
 
 use crate::driver::{CuResult, DevicePtr, Handle};
 use crate::footprint;
-use crate::ledger::{
-    self, AddrTable, BankGuard, DeviceLedger, Entry, Kind, PointerMap, Reservation, Table,
-};
+use crate::ledger::{self, AddrTable, BankGuard, DeviceLedger, Entry, Kind, Reservation, Table};
 use crate::pools;
 use crate::report;
 use crate::runtime::{self, Mode};
@@ -54,6 +52,7 @@ pub fn admit<'d>(
     d: &'d DeviceLedger,
     bytes: u64,
 ) -> Result<Reservation<'d>, CuResult> {
+    footprint::settle_before_admission(device);
     footprint::maybe_reconcile(device, d);
     if let Ok(r) = d.reserve(bytes) {
         return Ok(r);
@@ -163,19 +162,47 @@ pub fn free(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
     free_from(&runtime::ledger().pointers, ptr, real)
 }
 
-/// As [`free`], for `cuMemFreeAsync`: the block is most likely a stream-ordered one.
+/// As [`free`], for `cuMemFreeAsync`: the block is most likely a stream-ordered one,
+/// freed by the thread that allocated it. One thread-local access serves the lookup
+/// (the thread's lane first) and the credit.
 #[inline]
 pub fn free_async(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
-    struct PooledFirst(&'static PointerMap);
-    impl Table for PooledFirst {
-        fn insert(&self, key: u64, entry: Entry) {
-            self.0.insert(key, entry);
-        }
-        fn remove(&self, key: u64) -> Option<Entry> {
-            self.0.remove_pooled(key)
-        }
+    let mode = runtime::mode();
+    if mode != Mode::Budgeted {
+        return pass(runtime::refusal(mode), real);
     }
-    free_from(&PooledFirst(&runtime::ledger().pointers), ptr, real)
+    let pointers = &runtime::ledger().pointers;
+    let mut real = Some(real);
+    let done = PRIVATE.try_with(|p| {
+        let Some(entry) = pointers.remove_pooled(ptr, p.lane.get()) else {
+            return real.take().map_or(CuResult::UNKNOWN, |f| f());
+        };
+        let rc = real.take().map_or(CuResult::UNKNOWN, |f| f());
+        if !rc.is_ok() {
+            restore(pointers, ptr, entry, rc);
+        } else if let (Kind::Pooled, Some(d)) = (entry.kind, runtime::ledger().device(entry.device))
+        {
+            p.give(entry.device, d, entry.bytes);
+        } else {
+            release(entry);
+        }
+        rc
+    });
+    match (done, real) {
+        (Ok(rc), _) => rc,
+        // The thread's locals are gone (it is exiting): the plain path.
+        (Err(_), Some(real)) => free_from(pointers, ptr, real),
+        (Err(_), None) => CuResult::UNKNOWN,
+    }
+}
+
+/// After a free the driver refused: the block is still allocated, so its entry goes
+/// back, unless the driver said the address is not an allocation at all (a second free
+/// of it, which must not leave a stale entry behind).
+fn restore(table: &impl Table, key: u64, entry: Entry, rc: CuResult) {
+    if rc != CuResult::INVALID_VALUE {
+        table.insert(key, entry);
+    }
 }
 
 /// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
@@ -197,7 +224,7 @@ fn free_from(table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> C
     if rc.is_ok() {
         release(entry);
     } else {
-        table.insert(key, entry);
+        restore(table, key, entry, rc);
     }
     rc
 }
@@ -235,9 +262,10 @@ const NO_LANE_YET: usize = usize::MAX;
 impl PrivateCredit {
     fn lane(&self) -> usize {
         let lane = self.lane.get();
-        if lane != NO_LANE_YET {
+        if lane != NO_LANE_YET && (lane != 0 || !ledger::lane_free()) {
             return lane;
         }
+        // First use, or none was free before and one is now.
         let lane = ledger::claim_lane();
         self.lane.set(lane);
         lane
@@ -302,6 +330,12 @@ thread_local! {
     };
 }
 
+/// In the child of `fork()`: only the calling thread came along.
+pub fn after_fork() {
+    let own = PRIVATE.try_with(|p| p.lane.get()).unwrap_or(0);
+    ledger::lanes_after_fork(own);
+}
+
 /// Credit back from a stream-ordered free (or an allocation that failed).
 fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
     if PRIVATE.try_with(|p| p.give(device, d, bytes)).is_err() {
@@ -335,7 +369,7 @@ pub fn alloc_pooled(
         .try_with(|p| (p.take(device, d, bytes), p.lane()))
         .unwrap_or((false, 0));
     if !private && !d.pool.take(runtime::shard(), bytes) {
-        return grow_pools(call, device, d, bytes, dptr, real);
+        return grow_pools(call, device, d, bytes, dptr, lane, real);
     }
     let rc = real();
     record_pooled(rc, dptr, bytes, device, d, lane);
@@ -373,8 +407,10 @@ fn grow_pools(
     d: &DeviceLedger,
     bytes: u64,
     dptr: *mut DevicePtr,
+    lane: usize,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
+    footprint::settle_before_admission(device);
     // What this thread kept for itself counts too.
     let _ = PRIVATE.try_with(PrivateCredit::flush);
     let shard = runtime::shard();
@@ -397,7 +433,7 @@ fn grow_pools(
         apply(d, bank.set_charge(reserve));
     }
     drop(bank);
-    record_pooled(rc, dptr, bytes, device, d, 0);
+    record_pooled(rc, dptr, bytes, device, d, lane);
     rc
 }
 

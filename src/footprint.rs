@@ -3,8 +3,15 @@
 //! is compared with what the ledger tracks, at a bounded rate (never per call), and the
 //! difference — modules, the context, anything allocated by paths we do not hook — is
 //! charged as the device's overhead.
+//!
+//! NVML costs tens of milliseconds to start (its initialisation, then attaching to each
+//! GPU), and that work contends with the driver's own start in the kernel. So it runs on
+//! a thread of its own from `cuInit` on, and nothing on the program's threads waits for
+//! it at start-up: a context created before NVML is ready is charged by NVML's thread
+//! as soon as it is, and — the one wait, bounded — before the first allocation or view
+//! on that device if that comes sooner.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::config::LogLevel;
 use crate::ledger::{DeviceLedger, MAX_DEVICES};
@@ -18,42 +25,189 @@ const URGENT_MS: u64 = 100;
 
 static LAST_MS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 static CONTEXTS: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+/// Contexts being created on the device right now (their memory is arriving).
+static CREATING: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+/// Device-wide use (NVML) before the device's first context; [`UNKNOWN`] until read.
+static BEFORE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(UNKNOWN) }; MAX_DEVICES];
+/// The device's first context exists but is not charged yet (NVML was not ready).
+static PENDING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// Set by the cuInit hook once the driver is initialised.
+static DRIVER_READY: AtomicBool = AtomicBool::new(false);
+/// Set by NVML's thread once it has attached the budgeted devices: from then on a
+/// context is charged as it is created.
+static NVML_WARM: AtomicBool = AtomicBool::new(false);
+const UNKNOWN: u64 = u64::MAX;
 
-/// Device-wide use before a context is created, to measure what the creation took when
-/// NVML does not list this process. Only asked for the device's first context.
-pub fn before_context(device: usize) -> Option<u64> {
-    let first = CONTEXTS.get(device)?.load(Ordering::Acquire) == 0;
-    if first && runtime::budgeted(device).is_some() {
-        // NVML started initialising at cuInit; in a PID namespace this reading is the
-        // only way to measure the context, so it is worth a bounded wait.
-        nvml::wait_prewarm(std::time::Duration::from_secs(2));
-        nvml::device_used(device)
-    } else {
-        None
+/// The program's `cuInit` succeeded.
+pub fn driver_ready() {
+    DRIVER_READY.store(true, Ordering::Release);
+}
+
+/// On NVML's thread, once NVML is initialised: waits (bounded) for the driver, attaches
+/// each budgeted device and reads its use while no context of ours is on it, then
+/// charges the contexts created meanwhile. All of it off the program's threads.
+pub fn nvml_ready() {
+    let start = std::time::Instant::now();
+    while !DRIVER_READY.load(Ordering::Acquire) {
+        if start.elapsed() > std::time::Duration::from_secs(10) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    for device in 0..runtime::visible_devices().min(MAX_DEVICES) {
+        if runtime::budgeted(device).is_some() && nvml::attach(device) {
+            read_before(device);
+        }
+    }
+    NVML_WARM.store(true, Ordering::SeqCst);
+    for device in 0..MAX_DEVICES {
+        settle(device);
+    }
+    report::line(
+        LogLevel::Debug,
+        format_args!(
+            "NVML attached {:.1} ms after initialisation",
+            start.elapsed().as_secs_f64() * 1e3
+        ),
+    );
+}
+
+/// Reads the device's use as the "before" of its first context, if no context of ours
+/// is on it or being created (checked on both sides of the reading).
+fn read_before(device: usize) {
+    let quiet = || {
+        CONTEXTS[device].load(Ordering::Acquire) == 0
+            && CREATING[device].load(Ordering::Acquire) == 0
+    };
+    if BEFORE[device].load(Ordering::Acquire) != UNKNOWN || !quiet() {
+        return;
+    }
+    if let Some(used) = nvml::device_used(device)
+        && quiet()
+    {
+        let _ = BEFORE[device].compare_exchange(UNKNOWN, used, Ordering::AcqRel, Ordering::Relaxed);
     }
 }
 
-/// A context was created on `device`: charge it.
-pub fn context_created(device: usize, before: Option<u64>) {
-    let Some(count) = CONTEXTS.get(device) else {
+/// A context is about to be created on `device`. Waits for NVML only in a PID
+/// namespace (a container), where NVML does not list this process and the device's use
+/// before the context is the only way to measure it; elsewhere the context is charged
+/// from NVML's per-process figure later, and nothing waits.
+pub fn before_context(device: usize) {
+    let Some(creating) = CREATING.get(device) else {
         return;
     };
-    let first = count.fetch_add(1, Ordering::AcqRel) == 0;
+    if CONTEXTS[device].load(Ordering::Acquire) == 0
+        && BEFORE[device].load(Ordering::Acquire) == UNKNOWN
+        && runtime::budgeted(device).is_some()
+    {
+        if !NVML_WARM.load(Ordering::Acquire) && in_pid_namespace() {
+            let waited = wait_warm(std::time::Duration::from_secs(2));
+            report::line(
+                LogLevel::Debug,
+                format_args!("device {device}: waited {waited:?} for NVML before the context"),
+            );
+        }
+        if NVML_WARM.load(Ordering::Acquire) {
+            read_before(device);
+        }
+    }
+    creating.fetch_add(1, Ordering::AcqRel);
+}
+
+fn wait_warm(limit: std::time::Duration) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    while !NVML_WARM.load(Ordering::Acquire) && nvml::usable() && start.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    start.elapsed()
+}
+
+/// Whether this process is in a PID namespace other than the initial one, whose
+/// `/proc/self/ns/pid` inode is fixed (PROC_PID_INIT_INO). NVML lists host pids, so
+/// there it never finds ours.
+fn in_pid_namespace() -> bool {
+    const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+    static NAMESPACED: AtomicU8 = AtomicU8::new(0);
+    match NAMESPACED.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let nested = std::fs::metadata("/proc/self/ns/pid")
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m) != PROC_PID_INIT_INO)
+                .unwrap_or(false);
+            NAMESPACED.store(if nested { 2 } else { 1 }, Ordering::Relaxed);
+            nested
+        }
+    }
+}
+
+/// The context creation that [`before_context`] announced has ended; `created` when it
+/// succeeded. The device's first context is charged now when NVML is ready, else by
+/// NVML's thread as soon as it is, and before any allocation on the device in between.
+pub fn context_created(device: usize, created: bool) {
+    let (Some(count), Some(creating)) = (CONTEXTS.get(device), CREATING.get(device)) else {
+        return;
+    };
+    let first = created && count.fetch_add(1, Ordering::AcqRel) == 0;
+    creating.fetch_sub(1, Ordering::AcqRel);
+    if !first || runtime::budgeted(device).is_none() {
+        return;
+    }
+    // Either this thread sees NVML warm or NVML's thread sees the flag (both SeqCst).
+    PENDING[device].store(true, Ordering::SeqCst);
+    if NVML_WARM.load(Ordering::SeqCst) {
+        settle(device);
+    }
+}
+
+/// Before an allocation is admitted on `device`: a context not charged yet is charged
+/// first, waiting (bounded) for NVML if it is still starting, so that the budget never
+/// admits memory the context already holds.
+#[inline]
+pub fn settle_before_admission(device: usize) {
+    if PENDING
+        .get(device)
+        .is_some_and(|p| p.load(Ordering::Acquire))
+    {
+        settle_now(device);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn settle_now(device: usize) {
+    let waited = nvml::wait_prewarm(std::time::Duration::from_secs(2));
+    report::line(
+        LogLevel::Debug,
+        format_args!("device {device}: waited {waited:?} for NVML before an allocation"),
+    );
+    settle(device);
+}
+
+/// Charges the device's first context if it is still pending (once, whoever comes first).
+fn settle(device: usize) {
+    if PENDING
+        .get(device)
+        .is_some_and(|p| p.swap(false, Ordering::SeqCst))
+    {
+        charge_context(device);
+    }
+}
+
+fn charge_context(device: usize) {
     let Some(d) = runtime::budgeted(device) else {
         return;
     };
-    if !first {
-        return;
-    }
-    // NVML started initialising at cuInit, in parallel with the context's creation:
-    // it is almost always ready by now. The wait is bounded.
-    nvml::wait_prewarm(std::time::Duration::from_secs(2));
     let tracked = d.used() - d.overhead().min(d.used());
+    let before = BEFORE[device].load(Ordering::Acquire);
     let charge = match nvml::process_used(device) {
         Some(process) => process.saturating_sub(tracked),
+        // In a PID namespace NVML does not list us: the device's growth across the
+        // context's creation (and what the hooks tracked since, taken out).
         None => match (before, nvml::device_used(device)) {
-            (Some(before), Some(after)) => after.saturating_sub(before),
-            _ => 0,
+            (UNKNOWN, _) | (_, None) => 0,
+            (before, Some(after)) => after.saturating_sub(before).saturating_sub(tracked),
         },
     };
     d.set_overhead(charge.max(d.overhead()));
@@ -80,6 +234,8 @@ pub fn context_gone(device: usize) {
     if left != 0 {
         return;
     }
+    BEFORE[device].store(UNKNOWN, Ordering::Release);
+    PENDING[device].store(false, Ordering::Release);
     if let Some(d) = runtime::ledger().device(device) {
         runtime::ledger().pointers.purge_device(device);
         vmm::lock().purge_device(device);
@@ -128,5 +284,8 @@ pub fn forget_contexts(device: usize) {
     if let (Some(count), Some(last)) = (CONTEXTS.get(device), LAST_MS.get(device)) {
         count.store(0, Ordering::Release);
         last.store(0, Ordering::Release);
+        CREATING[device].store(0, Ordering::Release);
+        BEFORE[device].store(UNKNOWN, Ordering::Release);
+        PENDING[device].store(false, Ordering::Release);
     }
 }

@@ -502,12 +502,13 @@ impl<const N: usize> Table for AddrTable<N> {
 
 /// Lanes of the [`LaneTable`]: lane 0 is nobody's; 1..LANES go to allocating threads.
 pub const LANES: usize = 32;
-/// Windows of the [`LaneTable`] a lane's entry may lie in.
-const LANE_DEPTH: usize = 2;
+/// Slots of a bucket: one cache line (16-byte slots).
+const BUCKET: usize = 4;
 /// Lanes given to a thread (bit L = lane L); lane 0 is never given.
 static LANES_TAKEN: AtomicU32 = AtomicU32::new(1);
 /// The highest lane ever given: no entry lies in a higher one, so lookups stop there.
-/// Lanes are given lowest first, so with a few allocating threads this stays small.
+/// It never goes down: after a burst of many threads, lookups of blocks freed by another
+/// thread (or never recorded) look at that many lanes.
 static HIGH_LANE: AtomicUsize = AtomicUsize::new(0);
 
 /// A free lane for the calling thread, or 0 when all are taken.
@@ -531,6 +532,11 @@ pub fn claim_lane() -> usize {
     0
 }
 
+/// Whether [`claim_lane`] could give a lane now.
+pub fn lane_free() -> bool {
+    LANES_TAKEN.load(Ordering::Relaxed) != u32::MAX
+}
+
 /// Gives back a lane from [`claim_lane`] (its thread will insert no more).
 pub fn release_lane(lane: usize) {
     if (1..LANES).contains(&lane) {
@@ -538,42 +544,67 @@ pub fn release_lane(lane: usize) {
     }
 }
 
-/// An address table without a compare-and-swap on insert, for the stream-ordered hot
-/// path. Slot `i` belongs to lane `i % LANES`; the thread that holds lane L (see
-/// [`claim_lane`]) is the only one that fills an empty lane-L slot, so it fills it with
-/// plain stores. Any thread removes (as in [`AddrTable::remove`]). An entry lies in its
-/// lane's slot of the key's window or of the next one ([`LANE_DEPTH`]); when both are
-/// taken the caller uses an [`AddrTable`] instead.
-pub struct LaneTable<const N: usize> {
-    slots: [Slot; N],
+/// In the child of `fork()`: only the forking thread came along; the others' lanes are
+/// free again (their entries stay where they are, found as before).
+pub fn lanes_after_fork(own: usize) {
+    let own_bit = if (1..LANES).contains(&own) {
+        1 << own
+    } else {
+        0
+    };
+    LANES_TAKEN.store(1 | own_bit, Ordering::Release);
 }
 
-impl<const N: usize> LaneTable<N> {
+/// One cache line of slots.
+#[repr(C, align(64))]
+struct Bucket([Slot; BUCKET]);
+
+/// An address table without a compare-and-swap on insert, for the stream-ordered hot
+/// path. Each lane has a region of its own; the thread that holds lane L (see
+/// [`claim_lane`]) is the only one that fills an empty slot of region L, so it fills it
+/// with plain stores, and threads never write each other's cache lines when the driver
+/// hands one address to one thread after another. A key lies in one bucket (one cache
+/// line) of a region; when its bucket in the inserting lane is full the caller uses an
+/// [`AddrTable`] instead. Any thread removes (as in [`AddrTable::remove`]), looking in
+/// its own lane first.
+pub struct LaneTable<const BUCKETS_PER_LANE: usize> {
+    regions: [[Bucket; BUCKETS_PER_LANE]; LANES],
+}
+
+impl<const B: usize> LaneTable<B> {
     pub const fn new() -> Self {
-        assert!(N.is_power_of_two() && N >= LANES * LANE_DEPTH);
+        assert!(B.is_power_of_two());
         Self {
-            slots: [const {
-                Slot {
-                    key: AtomicU64::new(EMPTY),
-                    value: AtomicU64::new(0),
-                }
-            }; N],
+            regions: [const {
+                [const {
+                    Bucket(
+                        [const {
+                            Slot {
+                                key: AtomicU64::new(EMPTY),
+                                value: AtomicU64::new(0),
+                            }
+                        }; BUCKET],
+                    )
+                }; B]
+            }; LANES],
         }
     }
 
-    fn window(key: u64) -> usize {
-        AddrTable::<N>::home(key) & !(LANES - 1)
+    fn bucket_index(key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (B - 1)
     }
 
-    /// Records `key` in `lane`'s slots; false when they are taken. Only the thread that
-    /// holds `lane` may call this.
+    fn bucket(&self, lane: usize, key: u64) -> &Bucket {
+        &self.regions[lane][Self::bucket_index(key)]
+    }
+
+    /// Records `key` in `lane`'s region; false when its bucket is full. Only the thread
+    /// that holds `lane` may call this.
     pub fn insert(&self, key: u64, entry: Entry, lane: usize) -> bool {
         if key == EMPTY || key == BUSY || !(1..LANES).contains(&lane) {
             return false;
         }
-        let window = Self::window(key);
-        for depth in 0..LANE_DEPTH {
-            let slot = &self.slots[(window + depth * LANES + lane) & (N - 1)];
+        for slot in &self.bucket(lane, key).0 {
             if slot.key.load(Ordering::Acquire) == EMPTY {
                 slot.value.store(entry.pack(), Ordering::Relaxed);
                 slot.key.store(key, Ordering::Release);
@@ -583,23 +614,31 @@ impl<const N: usize> LaneTable<N> {
         false
     }
 
-    /// Removes `key` and returns its entry; `None` for an address not here.
-    pub fn remove(&self, key: u64) -> Option<Entry> {
+    /// Removes `key` and returns its entry; `None` for an address not here. `hint` is
+    /// the caller's own lane (0: none), where a block is found when its thread frees it.
+    pub fn remove(&self, key: u64, hint: usize) -> Option<Entry> {
         if key == EMPTY || key == BUSY {
             return None;
         }
-        // The block's address reached this thread after its insert (through the
-        // program, from the allocating thread), and so did that thread's lane.
+        if (1..LANES).contains(&hint)
+            && let Some(entry) = self.take(hint, key)
+        {
+            return Some(entry);
+        }
+        // The address reached this thread through the program after its insert, and
+        // with it the inserting thread's lane: HIGH_LANE is at least that lane here.
         let high = HIGH_LANE.load(Ordering::Acquire).min(LANES - 1);
-        let window = Self::window(key);
-        for depth in 0..LANE_DEPTH {
-            for lane in 1..=high {
-                let slot = &self.slots[(window + depth * LANES + lane) & (N - 1)];
-                if slot.key.load(Ordering::Acquire) == key {
-                    let value = slot.value.load(Ordering::Relaxed);
-                    slot.key.store(EMPTY, Ordering::Release);
-                    return Some(Entry::unpack(value));
-                }
+        (1..=high)
+            .filter(|&lane| lane != hint)
+            .find_map(|lane| self.take(lane, key))
+    }
+
+    fn take(&self, lane: usize, key: u64) -> Option<Entry> {
+        for slot in &self.bucket(lane, key).0 {
+            if slot.key.load(Ordering::Acquire) == key {
+                let value = slot.value.load(Ordering::Relaxed);
+                slot.key.store(EMPTY, Ordering::Release);
+                return Some(Entry::unpack(value));
             }
         }
         None
@@ -607,7 +646,12 @@ impl<const N: usize> LaneTable<N> {
 
     /// Drops every entry of `device`.
     pub fn purge_device(&self, device: usize) {
-        for slot in &self.slots {
+        let slots = self
+            .regions
+            .iter()
+            .flat_map(|region| region.iter())
+            .flat_map(|bucket| bucket.0.iter());
+        for slot in slots {
             let key = slot.key.load(Ordering::Acquire);
             if key != EMPTY && Entry::unpack(slot.value.load(Ordering::Relaxed)).device == device {
                 let _ = slot
@@ -618,7 +662,7 @@ impl<const N: usize> LaneTable<N> {
     }
 }
 
-impl<const N: usize> Default for LaneTable<N> {
+impl<const B: usize> Default for LaneTable<B> {
     fn default() -> Self {
         Self::new()
     }
@@ -627,7 +671,9 @@ impl<const N: usize> Default for LaneTable<N> {
 /// Device pointers from every allocation path: stream-ordered blocks of threads with a
 /// lane in the [`LaneTable`], everything else in the [`AddrTable`].
 pub struct PointerMap {
-    lanes: LaneTable<{ 1 << 18 }>,
+    /// 4096 buckets of 4 slots a lane: 16 384 blocks a thread (16 MiB of address space,
+    /// touched only where used).
+    lanes: LaneTable<4096>,
     shared: AddrTable<{ 1 << 18 }>,
 }
 
@@ -653,9 +699,12 @@ impl PointerMap {
 }
 
 impl PointerMap {
-    /// As [`Table::remove`], looking where a stream-ordered block would be first.
-    pub fn remove_pooled(&self, key: u64) -> Option<Entry> {
-        self.lanes.remove(key).or_else(|| self.shared.remove(key))
+    /// As [`Table::remove`], looking where a stream-ordered block would be first:
+    /// in the lane `hint` of the calling thread (0: none), then the others.
+    pub fn remove_pooled(&self, key: u64, hint: usize) -> Option<Entry> {
+        self.lanes
+            .remove(key, hint)
+            .or_else(|| self.shared.remove(key))
     }
 }
 
@@ -665,7 +714,9 @@ impl Table for PointerMap {
     }
 
     fn remove(&self, key: u64) -> Option<Entry> {
-        self.shared.remove(key).or_else(|| self.lanes.remove(key))
+        self.shared
+            .remove(key)
+            .or_else(|| self.lanes.remove(key, 0))
     }
 }
 
@@ -878,42 +929,90 @@ mod tests {
     }
 
     #[test]
-    fn a_lane_holds_two_entries_of_a_window_and_the_map_takes_the_rest() {
+    fn a_lane_holds_a_bucket_of_entries_and_the_map_takes_the_rest() {
         let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let lane = claim_lane();
-        let t: LaneTable<256> = LaneTable::new();
-        // Keys of one window: the lane has room for LANE_DEPTH of them.
-        let window = LaneTable::<256>::window(1 << 21);
+        let other = claim_lane();
+        static T: LaneTable<64> = LaneTable::new();
+        // Keys of one bucket: a lane has room for BUCKET of them.
+        let bucket = LaneTable::<64>::bucket_index(1 << 21);
         let same: Vec<u64> = (1..100_000u64)
             .map(|k| k << 12)
-            .filter(|&k| LaneTable::<256>::window(k) == window)
-            .take(3)
+            .filter(|&k| LaneTable::<64>::bucket_index(k) == bucket)
+            .take(BUCKET + 1)
             .collect();
-        assert!(t.insert(same[0], pooled(1), lane));
-        assert!(t.insert(same[1], pooled(2), lane));
-        assert!(!t.insert(same[2], pooled(3), lane));
+        for (i, &k) in same[..BUCKET].iter().enumerate() {
+            assert!(T.insert(k, pooled(i as u64), lane));
+        }
         assert!(
-            !t.insert(same[2], pooled(3), 0),
+            !T.insert(same[BUCKET], pooled(9), lane),
+            "the bucket is full"
+        );
+        assert!(
+            !T.insert(same[BUCKET], pooled(9), 0),
             "lane 0 never fills a slot"
         );
-        assert_eq!(t.remove(same[1]), Some(pooled(2)));
-        assert_eq!(t.remove(same[1]), None);
-        assert!(t.insert(same[2], pooled(3), lane));
-        assert_eq!(t.remove(same[2]), Some(pooled(3)));
-        assert_eq!(t.remove(same[0]), Some(pooled(1)));
+        assert!(
+            T.insert(same[BUCKET], pooled(9), other),
+            "another lane has room"
+        );
+        // Found from any lane's point of view, once.
+        assert_eq!(T.remove(same[1], lane), Some(pooled(1)));
+        assert_eq!(T.remove(same[1], lane), None);
+        assert_eq!(T.remove(same[2], other), Some(pooled(2)));
+        assert_eq!(T.remove(same[BUCKET], 0), Some(pooled(9)));
+        assert!(T.insert(same[BUCKET], pooled(7), lane));
+        assert_eq!(T.remove(same[BUCKET], other), Some(pooled(7)));
 
         static M: PointerMap = PointerMap::new();
-        let m = &M;
-        for (i, &k) in same.iter().enumerate() {
-            m.insert_in_lane(k, pooled(i as u64), lane);
+        let keys: Vec<u64> = (1..100_000u64)
+            .map(|k| k << 12)
+            .filter(|&k| LaneTable::<4096>::bucket_index(k) == 0)
+            .take(BUCKET + 2)
+            .collect();
+        for (i, &k) in keys.iter().enumerate() {
+            M.insert_in_lane(k, pooled(i as u64), lane);
         }
-        m.insert_in_lane(0x7000_0000, pooled(9), 0);
-        for (i, &k) in same.iter().enumerate().rev() {
-            assert_eq!(m.remove_pooled(k), Some(pooled(i as u64)));
+        M.insert_in_lane(0x7000_0000, pooled(99), 0);
+        for (i, &k) in keys.iter().enumerate().rev() {
+            assert_eq!(M.remove_pooled(k, other), Some(pooled(i as u64)));
         }
-        assert_eq!(Table::remove(m, 0x7000_0000), Some(pooled(9)));
-        assert_eq!(Table::remove(m, 0x7000_0000), None);
+        assert_eq!(Table::remove(&M, 0x7000_0000), Some(pooled(99)));
+        assert_eq!(Table::remove(&M, 0x7000_0000), None);
         release_lane(lane);
+        release_lane(other);
+    }
+
+    #[test]
+    fn a_lane_given_again_keeps_its_old_threads_blocks() {
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        static M: PointerMap = PointerMap::new();
+        // A thread allocates, then exits with its blocks still live.
+        let first = std::thread::spawn(|| {
+            let lane = claim_lane();
+            for k in 1..=1000u64 {
+                M.insert_in_lane(k << 16, pooled(k), lane);
+            }
+            release_lane(lane);
+            lane
+        })
+        .join()
+        .unwrap();
+        // The next thread gets the same lane and fills it too.
+        let second = std::thread::spawn(|| {
+            let lane = claim_lane();
+            for k in 1001..=2000u64 {
+                M.insert_in_lane(k << 16, pooled(k), lane);
+            }
+            lane
+        })
+        .join()
+        .unwrap();
+        assert_eq!(first, second);
+        for k in 1..=2000u64 {
+            assert_eq!(M.remove_pooled(k << 16, 0), Some(pooled(k)), "{k}");
+        }
+        release_lane(second);
     }
 
     #[test]
@@ -940,7 +1039,7 @@ mod tests {
                         m.insert_in_lane(key, pooled(key & 0xffff_ffff), lane);
                         to_next.send(key).unwrap();
                         while let Ok(k) = mine.try_recv() {
-                            assert_eq!(m.remove_pooled(k), Some(pooled(k & 0xffff_ffff)));
+                            assert_eq!(m.remove_pooled(k, lane), Some(pooled(k & 0xffff_ffff)));
                             found += 1;
                         }
                     }
@@ -956,7 +1055,7 @@ mod tests {
             let (found, mine) = h.join().unwrap();
             total += found;
             for k in mine.iter() {
-                assert_eq!(M.remove_pooled(k), Some(pooled(k & 0xffff_ffff)));
+                assert_eq!(M.remove_pooled(k, 0), Some(pooled(k & 0xffff_ffff)));
                 total += 1;
             }
         }

@@ -9,7 +9,6 @@
 #![allow(non_snake_case)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use crate::driver::{self, real};
@@ -57,11 +56,9 @@ pub enum F {
     GetMemoryInfo,
     GetMemoryInfoV2,
     GetComputeRunningProcessesV3,
-    GetCount,
-    GetHandleByIndex,
 }
 
-const NAMES: [&CStr; 9] = [
+const NAMES: [&CStr; 7] = [
     c"nvmlInit_v2",
     c"nvmlDeviceGetHandleByUUID",
     c"nvmlDeviceGetIndex",
@@ -69,8 +66,6 @@ const NAMES: [&CStr; 9] = [
     c"nvmlDeviceGetMemoryInfo",
     c"nvmlDeviceGetMemoryInfo_v2",
     c"nvmlDeviceGetComputeRunningProcesses_v3",
-    c"nvmlDeviceGetCount_v2",
-    c"nvmlDeviceGetHandleByIndex_v2",
 ];
 
 static REAL: [AtomicPtr<c_void>; NAMES.len()] =
@@ -113,10 +108,11 @@ const FAILED: u8 = 2;
 const STARTING: u8 = 3;
 static INITIALISED: AtomicU8 = AtomicU8::new(IDLE);
 
-/// Starts NVML's initialisation on a thread of its own. Called by the `cuInit` hook
-/// *before* the real `cuInit`, so that NVML's tens of milliseconds (its initialisation,
-/// then attaching to each GPU for its handle) overlap the driver's own initialisation
-/// and are done before the program creates its first context.
+/// Starts NVML's initialisation on a thread of its own, then hands the thread to the
+/// footprint ([`crate::footprint::nvml_ready`]) for the per-device work. Called by the
+/// `cuInit` hook before the real `cuInit`: NVML's own initialisation (about 10 ms on
+/// an H200) then overlaps the driver's, and nothing on the program's threads waits for
+/// it.
 pub fn prewarm() {
     if INITIALISED
         .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
@@ -126,7 +122,13 @@ pub fn prewarm() {
     }
     let spawned = std::thread::Builder::new()
         .name("cudabudget-nvml".into())
-        .spawn(|| INITIALISED.store(init_now(), Ordering::Release));
+        .spawn(|| {
+            let state = init_now();
+            INITIALISED.store(state, Ordering::SeqCst);
+            if state == OK {
+                crate::footprint::nvml_ready();
+            }
+        });
     if spawned.is_err() {
         INITIALISED.store(IDLE, Ordering::Release);
     }
@@ -152,17 +154,23 @@ fn ready() -> bool {
     }
 }
 
+/// Whether NVML is initialised or on its way (not missing, not failed).
+pub fn usable() -> bool {
+    matches!(INITIALISED.load(Ordering::Acquire), OK | STARTING)
+}
+
 /// Whether the initialisation started by [`prewarm`] is still under way.
 pub fn starting() -> bool {
     INITIALISED.load(Ordering::Acquire) == STARTING
 }
 
-/// Waits up to `limit` for a [`prewarm`] under way to finish.
-pub fn wait_prewarm(limit: std::time::Duration) {
+/// Waits up to `limit` for a [`prewarm`] under way to finish; returns how long it waited.
+pub fn wait_prewarm(limit: std::time::Duration) -> std::time::Duration {
     let start = std::time::Instant::now();
     while starting() && start.elapsed() < limit {
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
+    start.elapsed()
 }
 
 /// In the child of `fork()`: an initialisation under way in the parent never finishes
@@ -172,58 +180,28 @@ pub fn after_fork() {
 }
 
 fn init_now() -> u8 {
+    let start = std::time::Instant::now();
     let init = real_fn(F::Init);
-    if init.is_null() {
-        return FAILED;
-    }
     // SAFETY: nvmlInit_v2 takes no argument; NVML counts initialisations, so ours does
     // not disturb the program's own.
-    let rc = unsafe {
+    let rc = (!init.is_null()).then(|| unsafe {
         let init: unsafe extern "C" fn() -> c_int = std::mem::transmute(init);
         init()
-    };
-    if rc != NVML_SUCCESS {
-        return FAILED;
-    }
-    let _ = DEVICES.set(enumerate());
-    OK
-}
-
-/// Every NVML device with its UUID, as `(UUID, handle)`: asking for a handle is what
-/// costs (NVML attaches to the GPU), so it is done once, at initialisation.
-static DEVICES: OnceLock<Vec<(String, usize)>> = OnceLock::new();
-
-fn enumerate() -> Vec<(String, usize)> {
-    let (count_fn, by_index) = (real_fn(F::GetCount), real_fn(F::GetHandleByIndex));
-    if count_fn.is_null() || by_index.is_null() {
-        return Vec::new();
-    }
-    let mut count: c_uint = 0;
-    // SAFETY: nvmlDeviceGetCount_v2(unsigned*).
-    let rc = unsafe {
-        let f: unsafe extern "C" fn(*mut c_uint) -> c_int = std::mem::transmute(count_fn);
-        f(&mut count)
-    };
-    if rc != NVML_SUCCESS {
-        return Vec::new();
-    }
-    let mut devices = Vec::new();
-    for index in 0..count.min(MAX_DEVICES as c_uint) {
-        let mut handle: NvmlDevice = std::ptr::null_mut();
-        // SAFETY: nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t*).
-        let rc = unsafe {
-            let f: unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> c_int =
-                std::mem::transmute(by_index);
-            f(index, &mut handle)
-        };
-        // A GPU this process may not use (no permission, fallen off the bus) is skipped.
-        if rc == NVML_SUCCESS
-            && let Some(uuid) = nvml_uuid(handle)
-        {
-            devices.push((uuid, handle as usize));
-        }
-    }
-    devices
+    });
+    let state = if rc == Some(NVML_SUCCESS) { OK } else { FAILED };
+    crate::report::line(
+        crate::config::LogLevel::Debug,
+        format_args!(
+            "NVML {} in {:.1} ms",
+            if state == OK {
+                "initialised"
+            } else {
+                "unavailable"
+            },
+            start.elapsed().as_secs_f64() * 1e3
+        ),
+    );
+    state
 }
 
 /// The UUID of CUDA ordinal `device`, as NVML writes it ("GPU-xxxxxxxx-…").
@@ -252,7 +230,8 @@ pub fn format_uuid(b: &[u8; 16]) -> String {
     )
 }
 
-/// NVML handles of CUDA ordinals, once found (0 = not yet).
+/// NVML handles of CUDA ordinals, once found (0 = not yet): finding one costs NVML
+/// attaching to the GPU (about 6 ms), so it is done once.
 static HANDLES: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
 
 fn handle_of(device: usize) -> Option<NvmlDevice> {
@@ -263,20 +242,7 @@ fn handle_of(device: usize) -> Option<NvmlDevice> {
     if cached != 0 {
         return Some(cached as NvmlDevice);
     }
-    let uuid = cuda_uuid(device)?;
-    let handle = match DEVICES
-        .get()
-        .and_then(|ds| ds.iter().find(|(u, _)| *u == uuid))
-    {
-        Some(&(_, handle)) => handle as NvmlDevice,
-        None => handle_by_uuid(&uuid)?,
-    };
-    HANDLES[device].store(handle as usize, Ordering::Release);
-    Some(handle)
-}
-
-fn handle_by_uuid(uuid: &str) -> Option<NvmlDevice> {
-    let uuid = std::ffi::CString::new(uuid).ok()?;
+    let uuid = std::ffi::CString::new(cuda_uuid(device)?).ok()?;
     let f = real_fn(F::GetHandleByUUID);
     if f.is_null() {
         return None;
@@ -288,7 +254,16 @@ fn handle_by_uuid(uuid: &str) -> Option<NvmlDevice> {
             std::mem::transmute(f);
         f(uuid.as_ptr(), &mut handle)
     };
-    (rc == NVML_SUCCESS && !handle.is_null()).then_some(handle)
+    if rc != NVML_SUCCESS || handle.is_null() {
+        return None;
+    }
+    HANDLES[device].store(handle as usize, Ordering::Release);
+    Some(handle)
+}
+
+/// Finds (and keeps) the NVML handle of CUDA ordinal `device`; false when NVML cannot.
+pub fn attach(device: usize) -> bool {
+    handle_of(device).is_some()
 }
 
 /// What `nvidia-smi` shows for this process on CUDA ordinal `device`; `None` when NVML

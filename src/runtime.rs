@@ -117,6 +117,7 @@ fn install_fork_handler() {
             crate::footprint::forget_contexts(device);
         }
         crate::nvml::after_fork();
+        crate::enforce::after_fork();
     }
     // SAFETY: registers a plain extern "C" function that only stores to atomics.
     unsafe {
@@ -149,6 +150,11 @@ fn device_count() -> u32 {
     } else {
         0
     }
+}
+
+/// Devices the process sees, once the driver is initialised (0 before).
+pub fn visible_devices() -> usize {
+    device_count() as usize
 }
 
 /// Whether the process sees exactly one device (then every call is for ordinal 0).

@@ -260,6 +260,33 @@ fn the_context_is_charged_when_it_is_created() {
 }
 
 #[test]
+fn in_a_pid_namespace_the_context_is_the_devices_growth_across_its_creation() {
+    // NVML lists host pids in a PID namespace, so it never finds this process: the
+    // context is measured from the device's use before and after it. (The first context
+    // goes and a new one is made once NVML is surely up.)
+    let run = budget_run(
+        "gpa",
+        &[
+            "ctxreset:0",
+            "sleep:200",
+            "ctx:0",
+            "info",
+            "alloc:7Gi",
+            "alloc:513Mi",
+        ],
+        &[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert_eq!(run.rc("ctx", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 8 * GI - 512 * MI, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0);
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+}
+
+#[test]
 fn when_the_last_context_goes_its_memory_leaves_the_books() {
     let run = budget_run(
         "gpa",

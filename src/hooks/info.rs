@@ -22,11 +22,15 @@ pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
             return rc;
         }
         if mode == Mode::Budgeted {
-            // NVML starts now, so that it is ready by the first context.
+            // NVML starts now, on its own thread, alongside the driver.
             crate::nvml::prewarm();
         }
         // SAFETY: the caller's argument.
-        unsafe { real::cuInit(flags) }
+        let rc = unsafe { real::cuInit(flags) };
+        if rc.is_ok() {
+            footprint::driver_ready();
+        }
+        rc
     })
 }
 
@@ -47,6 +51,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             && !total.is_null()
             && let Some((device, d)) = budgeted_view()
         {
+            footprint::settle_before_admission(device);
             footprint::maybe_reconcile(device, d);
             let budget = d.budget();
             // SAFETY: the driver just filled both.
@@ -101,11 +106,9 @@ fn creating_context(device: Device, create: impl FnOnce() -> CuResult) -> CuResu
         return create();
     }
     let device = device as usize;
-    let before = footprint::before_context(device);
+    footprint::before_context(device);
     let rc = create();
-    if rc.is_ok() {
-        footprint::context_created(device, before);
-    }
+    footprint::context_created(device, rc.is_ok());
     rc
 }
 

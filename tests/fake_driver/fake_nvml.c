@@ -210,7 +210,9 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, 
     *count = need;
     if (need) {
         if (!infos) return NVML_ERROR_INVALID_ARGUMENT;
-        infos[0].pid = (unsigned)getpid();
+        /* FAKE_NVML_PID_OFFSET: report another pid, as NVML does for a process in a PID
+         * namespace (it lists host pids). */
+        infos[0].pid = (unsigned)getpid() + (unsigned)env_u64("FAKE_NVML_PID_OFFSET", 0);
         infos[0].usedGpuMemory = used;
         infos[0].gpuInstanceId = 0xFFFFFFFFu;
         infos[0].computeInstanceId = 0xFFFFFFFFu;
