@@ -60,6 +60,10 @@ if ! gcc -O2 -o "$BUILD/driver_bench" "$HERE/driver_bench.c" -ldl -lpthread >"$W
   exit 1
 fi
 
+# The order of the two variants within a rep alternates (ABBA...), so that neither
+# always runs second, on caches the other warmed.
+order() { if (( $1 % 2 )); then echo native budget; else echo budget native; fi; }
+
 # run_rep NAME VARIANT REP TIMEOUT CMD... : budget variant gets the preload.
 # Both variants go through one `env` exec, so that start-up times compare fairly.
 run_rep() {
@@ -104,8 +108,7 @@ time_rep() {
 if [[ $SKIP_DRIVER -eq 0 ]]; then
   echo "driver_bench: $REPS x (native, budget) ..."
   for ((i = 1; i <= REPS; i++)); do
-    run_rep driver native "$i" 120 "$BUILD/driver_bench" --scale "$SCALE"
-    run_rep driver budget "$i" 120 "$BUILD/driver_bench" --scale "$SCALE"
+    for v in $(order "$i"); do run_rep driver "$v" "$i" 120 "$BUILD/driver_bench" --scale "$SCALE"; done
   done
 fi
 
@@ -114,11 +117,9 @@ if [[ $SKIP_TRAIN -eq 0 ]]; then
     echo "train_step ($conf allocator): $REPS x (native, budget) ..."
     for ((i = 1; i <= REPS; i++)); do
       if [[ $conf == async ]]; then
-        run_rep "train_$conf" native "$i" 240 env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "$PY" "$HERE/train_step.py"
-        run_rep "train_$conf" budget "$i" 240 env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "$PY" "$HERE/train_step.py"
+        for v in $(order "$i"); do run_rep "train_$conf" "$v" "$i" 240 env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "$PY" "$HERE/train_step.py"; done
       else
-        run_rep "train_$conf" native "$i" 240 "$PY" "$HERE/train_step.py"
-        run_rep "train_$conf" budget "$i" 240 "$PY" "$HERE/train_step.py"
+        for v in $(order "$i"); do run_rep "train_$conf" "$v" "$i" 240 "$PY" "$HERE/train_step.py"; done
       fi
     done
   done
@@ -131,19 +132,15 @@ if [[ $SKIP_STARTUP -eq 0 ]]; then
   timeout 120 env LD_PRELOAD="$LIB" CUDABUDGET_LIMIT=100Gi "$PY" -c 'import torch; torch.zeros(1, device="cuda")' >/dev/null 2>&1
   for ((i = 1; i <= REPS; i++)); do
     # the issue's command, as it is (wall time only)
-    time_rep startup native "$i" "$PY" -c 'import torch; torch.zeros(1, device="cuda")'
-    time_rep startup budget "$i" "$PY" -c 'import torch; torch.zeros(1, device="cuda")'
+    for v in $(order "$i"); do time_rep startup "$v" "$i" "$PY" -c 'import torch; torch.zeros(1, device="cuda")'; done
     # the same work, timed inside: import torch, then the first CUDA tensor
-    time_rep torch_phases native "$i" "$PY" "$HERE/torch_startup.py"
-    time_rep torch_phases budget "$i" "$PY" "$HERE/torch_startup.py"
+    for v in $(order "$i"); do time_rep torch_phases "$v" "$i" "$PY" "$HERE/torch_startup.py"; done
   done
   for ((i = 1; i <= 2 * REPS; i++)); do
     # the interpreter alone: what loading the library costs a process
-    time_rep pystart native "$i" "$PY" -c pass
-    time_rep pystart budget "$i" "$PY" -c pass
+    for v in $(order "$i"); do time_rep pystart "$v" "$i" "$PY" -c pass; done
     # the driver alone (ctypes): cuInit, the primary context, one cuMemGetInfo
-    time_rep cuinit native "$i" "$PY" "$HERE/startup_probe.py"
-    time_rep cuinit budget "$i" "$PY" "$HERE/startup_probe.py"
+    for v in $(order "$i"); do time_rep cuinit "$v" "$i" "$PY" "$HERE/startup_probe.py"; done
   done
 fi
 

@@ -246,10 +246,13 @@ def main():
     row("ctypes: whole process, wall", "ms", values(c.get("native"), "ms"), values(c.get("budget"), "ms"),
         "(info)", None)
     lines.append("")
-    # Paired by rep (each budget run beside its native one). The wall time of the torch
-    # command swings by hundreds of ms between runs, so the start-up verdict adds up what
-    # can be resolved: the library's load (python -c pass) and the command's own work,
-    # timed inside the process (import torch + first CUDA tensor).
+    # Paired by rep (each budget run beside its native one, the order alternating). The
+    # wall time of the torch command, and `import torch` inside it, swing by hundreds of
+    # ms between runs (file system), so the start-up verdict adds up the parts that can
+    # be resolved and that the library can change: loading it (python -c pass) and the
+    # first CUDA tensor (driver, context, cudart's entry points: every hook involved).
+    # During `import torch` the library only answers dlsym calls for non-CUDA names,
+    # which pass straight to glibc.
     lines.append("Start-up, paired differences (budget minus native, same rep), median over reps:")
     lines.append("")
     lines.append("| what | unit | median (min..max, reps) | target | verdict |")
@@ -259,13 +262,16 @@ def main():
     load_cost = paired(py.get("native"), py.get("budget"), "ms")
     single("torch command, wall", "ms", wall, "(info: noisy)", None)
     single("torch command, inside the process", "ms", inside, "(info)", None, 2)
-    single("  of which the first CUDA tensor", "ms", paired(tp.get("native"), tp.get("budget"), "cuda_ms"),
+    single("  import torch", "ms", paired(tp.get("native"), tp.get("budget"), "import_ms"),
+           "(info: noisy)", None, 2)
+    single("  first CUDA tensor", "ms", paired(tp.get("native"), tp.get("budget"), "cuda_ms"),
            "(info)", None, 2)
     single("loading the library (python -c pass)", "ms", load_cost, "(info)", None, 2)
+    cuda = paired(tp.get("native"), tp.get("budget"), "cuda_ms")
     total = []
-    if inside and load_cost:
-        total = [statistics.median(inside) + statistics.median(load_cost)]
-    single("start-up added: inside + loading", "ms", total, "+<= 5 ms", lambda m: m <= 5.0, 2)
+    if cuda and load_cost:
+        total = [statistics.median(cuda) + statistics.median(load_cost)]
+    single("start-up added: first CUDA tensor + loading", "ms", total, "+<= 5 ms", lambda m: m <= 5.0, 2)
     single("ctypes cuInit + context, inside", "ms", paired(c.get("native"), c.get("budget"), "in_process_ms"),
            "(info)", None, 2)
     lines.append("")
