@@ -75,7 +75,7 @@ pub fn alloc_direct(
     out: *mut u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(&runtime::ledger().pointers, call, bytes, device, out, real)
+    alloc_into(runtime::pointers(), call, bytes, device, out, real)
 }
 
 /// As [`alloc_direct`], for array handles.
@@ -139,7 +139,7 @@ pub fn alloc_pitch(
         // SAFETY: the driver succeeded and wrote both out-parameters.
         let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
         if actual != estimate {
-            let table = &runtime::ledger().pointers;
+            let table = runtime::pointers();
             if let Some(mut entry) = table.remove(ptr) {
                 if let Some(d) = runtime::ledger().device(entry.device) {
                     if actual > estimate {
@@ -159,7 +159,7 @@ pub fn alloc_pitch(
 /// A free of a device pointer, synchronous or stream-ordered. A pointer the ledger never
 /// saw passes through and moves nothing.
 pub fn free(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
-    free_from(&runtime::ledger().pointers, ptr, real)
+    free_from(runtime::pointers(), ptr, real)
 }
 
 /// As [`free`], for `cuMemFreeAsync`: the block is most likely a stream-ordered one,
@@ -171,7 +171,7 @@ pub fn free_async(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
     if mode != Mode::Budgeted {
         return pass(runtime::refusal(mode), real);
     }
-    let pointers = &runtime::ledger().pointers;
+    let pointers = runtime::pointers();
     let mut real = Some(real);
     let done = PRIVATE.try_with(|p| {
         let Some(entry) = pointers.remove_pooled(ptr, p.lane.get()) else {
@@ -393,7 +393,7 @@ fn record_pooled(
             device,
             kind: Kind::Pooled,
         };
-        runtime::ledger().pointers.insert_in_lane(ptr, entry, lane);
+        runtime::pointers().insert_in_lane(ptr, entry, lane);
     } else {
         give_pooled(device, d, bytes);
     }

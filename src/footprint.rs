@@ -237,7 +237,7 @@ pub fn context_gone(device: usize) {
     BEFORE[device].store(UNKNOWN, Ordering::Release);
     PENDING[device].store(false, Ordering::Release);
     if let Some(d) = runtime::ledger().device(device) {
-        runtime::ledger().pointers.purge_device(device);
+        runtime::pointers().purge_device(device);
         vmm::lock().purge_device(device);
         d.clear();
     }

@@ -726,18 +726,16 @@ impl Default for PointerMap {
     }
 }
 
-/// The process's ledger: one [`DeviceLedger`] per device and the address table.
+/// The process's ledger: one [`DeviceLedger`] per device. (The address tables are a
+/// static of their own, [`PointerMap`]: all zeros, they cost the library file nothing.)
 pub struct Ledger {
     devices: [DeviceLedger; MAX_DEVICES],
-    /// Device pointers from every allocation path.
-    pub pointers: PointerMap,
 }
 
 impl Ledger {
     pub const fn new() -> Self {
         Self {
             devices: [const { DeviceLedger::new() }; MAX_DEVICES],
-            pointers: PointerMap::new(),
         }
     }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 use crate::config::{Config, LogLevel};
 use crate::driver::{self, CuResult, real};
-use crate::ledger::{DeviceLedger, Ledger, UNBUDGETED, UNRESOLVED};
+use crate::ledger::{DeviceLedger, Ledger, PointerMap, UNBUDGETED, UNRESOLVED};
 use crate::quantity::Limit;
 use crate::report;
 
@@ -37,6 +37,9 @@ const NO_DRIVER: u8 = 5;
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 static CONFIG: OnceLock<Config> = OnceLock::new();
 static LEDGER: Ledger = Ledger::new();
+/// Device pointers from every allocation path. Apart from the ledger so that it is
+/// zero-initialised (in .bss, not 12 MiB of the library's file).
+static POINTERS: PointerMap = PointerMap::new();
 
 thread_local! {
     /// Set while this thread initialises, so a hook it re-enters does not wait on itself.
@@ -131,6 +134,10 @@ pub fn config() -> Option<&'static Config> {
 
 pub fn ledger() -> &'static Ledger {
     &LEDGER
+}
+
+pub fn pointers() -> &'static PointerMap {
+    &POINTERS
 }
 
 /// Devices the process sees (0 until asked successfully).
