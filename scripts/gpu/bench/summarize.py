@@ -44,10 +44,13 @@ def load(work, bench):
 
 
 def values(runs, key):
+    """The runs' figures for `key`. -1 marks a figure that could not be measured; a
+    difference (`*_delta_*`) may be negative."""
+    signed = "_delta_" in key
     vs = []
     for _, j, _ in runs or []:
         if (j and not j.get("error") and j.get("rc") in (None, 0)
-                and isinstance(j.get(key), (int, float)) and j[key] >= 0):
+                and isinstance(j.get(key), (int, float)) and (signed or j[key] >= 0)):
             vs.append(float(j[key]))
     return vs
 
