@@ -323,12 +323,39 @@ static void ab(int kind, long n, double *hook, double *native, double *delta) {
 }
 
 // The same with N threads, each on its own stream: in each block every thread runs
-// `n` async pairs through one arm; blocks alternate (ABBA) between barriers, and a
-// block's throughput is all threads' pairs over its wall time. Writes the medians and
-// the median ratio hook/driver of neighbouring blocks.
+// `n` async pairs through one arm; blocks rotate between barriers over three arms, and a
+// block's throughput is all threads' pairs over its wall time. Arms: the hooks, the
+// driver's own functions, and the driver's own with a pause of AB_GAP_NS before each
+// call (as long as the hooks' own work), to tell what any work between the driver's
+// calls costs a contended driver from what the hooks themselves cost. Writes the
+// medians and the median ratios (hook/driver, pause/driver) of each round of blocks.
 #define AB_MT_BLOCKS 16
+#define AB_GAP_NS 30.0
+enum { ARM_HOOK, ARM_DRIVER, ARM_PAUSE, ARMS };
 static long abmt_n;
 static int abmt_fail;
+
+// A pause of about AB_GAP_NS: an empty loop of `pause_iters` turns, calibrated once.
+static long pause_iters = 1;
+
+static inline void pause_ns(void) {
+    for (long i = 0; i < pause_iters; i++) __asm__ volatile("" ::: "memory");
+}
+
+// Calibrates the pause; returns what one pause really takes.
+static double pause_calibrate(void) {
+    pause_iters = 1000000;
+    double t0 = now_ns();
+    pause_ns();
+    double per_iter = (now_ns() - t0) / 1e6;
+    pause_iters = per_iter > 0 ? (long)(AB_GAP_NS / per_iter + 0.5) : 1;
+    if (pause_iters < 1) pause_iters = 1;
+    t0 = now_ns();
+    for (int i = 0; i < 100000; i++) pause_ns();
+    return (now_ns() - t0) / 100000.0;
+}
+
+static int arm_of(int b, int k) { return (b + k) % ARMS; }  // rotate the order each round
 
 static void *abmt_worker(void *arg) {
     (void)arg;
@@ -336,7 +363,7 @@ static void *abmt_worker(void *arg) {
     CUdeviceptr d;
     CUresult r = p_setcur(ctx);
     if (r == 0) r = p_stream_create(&s, CU_STREAM_NON_BLOCKING);
-    for (long i = 0; r == 0 && i < 2000; i++) {  // warm-up, both arms
+    for (long i = 0; r == 0 && i < 2000; i++) {  // warm-up, both function sets
         pfn_alloc_async a = i % 2 ? p_alloc_async : n_alloc_async;
         pfn_free_async f = i % 2 ? p_free_async : n_free_async;
         r = a(&d, 4096, s);
@@ -344,13 +371,16 @@ static void *abmt_worker(void *arg) {
     }
     if (r != 0) __atomic_store_n(&abmt_fail, 1, __ATOMIC_SEQ_CST);
     for (int b = 0; b < AB_MT_BLOCKS; b++) {
-        for (int k = 0; k < 2; k++) {
-            int use_hook = (b % 2 == 0) == (k == 0);
-            pfn_alloc_async a = use_hook ? p_alloc_async : n_alloc_async;
-            pfn_free_async f = use_hook ? p_free_async : n_free_async;
+        for (int k = 0; k < ARMS; k++) {
+            int arm = arm_of(b, k);
+            pfn_alloc_async a = arm == ARM_HOOK ? p_alloc_async : n_alloc_async;
+            pfn_free_async f = arm == ARM_HOOK ? p_free_async : n_free_async;
+            int pause = arm == ARM_PAUSE;
             pthread_barrier_wait(&barrier);  // start of the block
             for (long i = 0; r == 0 && i < abmt_n; i++) {
+                if (pause) pause_ns();
                 r = a(&d, 4096, s);
+                if (pause) pause_ns();
                 if (r == 0) r = f(d, s);
             }
             if (r != 0) __atomic_store_n(&abmt_fail, 1, __ATOMIC_SEQ_CST);
@@ -364,34 +394,34 @@ static void *abmt_worker(void *arg) {
     return NULL;
 }
 
-static void ab_mt(long n, double *hook, double *native, double *ratio) {
+static void ab_mt(long n, double *hook, double *native, double *ratio, double *pause_ratio) {
     pthread_t th[MAX_THREADS];
-    double h[AB_MT_BLOCKS], nat[AB_MT_BLOCKS], q[AB_MT_BLOCKS];
+    double t[ARMS][AB_MT_BLOCKS], q[AB_MT_BLOCKS], qp[AB_MT_BLOCKS];
     abmt_n = n;
     abmt_fail = 0;
     pthread_barrier_init(&barrier, NULL, nthreads + 1);
     for (long i = 0; i < nthreads; i++) pthread_create(&th[i], NULL, abmt_worker, NULL);
     for (int b = 0; b < AB_MT_BLOCKS; b++) {
-        for (int k = 0; k < 2; k++) {
-            int use_hook = (b % 2 == 0) == (k == 0);
+        for (int k = 0; k < ARMS; k++) {
             pthread_barrier_wait(&barrier);
             double t0 = now_ns();
             pthread_barrier_wait(&barrier);
-            double pairs_per_s = (double)(nthreads * n) / ((now_ns() - t0) / 1e9);
-            (use_hook ? h : nat)[b] = pairs_per_s;
+            t[arm_of(b, k)][b] = (double)(nthreads * n) / ((now_ns() - t0) / 1e9);
         }
-        q[b] = h[b] / nat[b];
+        q[b] = t[ARM_HOOK][b] / t[ARM_DRIVER][b];
+        qp[b] = t[ARM_PAUSE][b] / t[ARM_DRIVER][b];
     }
     for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
     pthread_barrier_destroy(&barrier);
     if (abmt_fail) {
         add_error("ab_mt", -1);
-        *hook = *native = *ratio = -1;
+        *hook = *native = *ratio = *pause_ratio = -1;
         return;
     }
-    *hook = median(h, AB_MT_BLOCKS);
-    *native = median(nat, AB_MT_BLOCKS);
+    *hook = median(t[ARM_HOOK], AB_MT_BLOCKS);
+    *native = median(t[ARM_DRIVER], AB_MT_BLOCKS);
     *ratio = median(q, AB_MT_BLOCKS);
+    *pause_ratio = median(qp, AB_MT_BLOCKS);
 }
 
 static double bench_untouched(long n) {
@@ -482,12 +512,13 @@ int main(int argc, char **argv) {
     double smt = bench_mt(1, N(200), &smt_ns);
     double mi = bench_meminfo(N(20000));
     double ab_async_h = -1, ab_async_n = -1, ab_sync_h = -1, ab_sync_n = -1, ab_mi_h = -1, ab_mi_n = -1;
-    double ab_async_d = -1, ab_sync_d = -1, ab_mi_d = -1, abmt_h = -1, abmt_n_ = -1, abmt_q = -1;
+    double ab_async_d = -1, ab_sync_d = -1, ab_mi_d = -1, abmt_h = -1, abmt_n_ = -1, abmt_q = -1, abmt_p = -1;
+    double pause_pair_ns = 2 * pause_calibrate();
     if (resolve_native()) {
         ab(0, N(20000), &ab_async_h, &ab_async_n, &ab_async_d);
         ab(1, N(100), &ab_sync_h, &ab_sync_n, &ab_sync_d);
         ab(2, N(1000), &ab_mi_h, &ab_mi_n, &ab_mi_d);
-        ab_mt(N(5000), &abmt_h, &abmt_n_, &abmt_q);
+        ab_mt(N(5000), &abmt_h, &abmt_n_, &abmt_q, &abmt_p);
     } else {
         add_error("ab: the driver's own functions not found", -1);
     }
@@ -508,11 +539,11 @@ int main(int argc, char **argv) {
            "\"ab_async_hook_ns\":%.2f,\"ab_async_native_ns\":%.2f,\"ab_sync_hook_ns\":%.1f,\"ab_sync_native_ns\":%.1f,"
            "\"ab_meminfo_hook_ns\":%.1f,\"ab_meminfo_native_ns\":%.1f,"
            "\"ab_async_delta_ns\":%.2f,\"ab_sync_delta_ns\":%.1f,\"ab_meminfo_delta_ns\":%.2f,"
-           "\"ab_mt_hook_pairs_per_s\":%.0f,\"ab_mt_native_pairs_per_s\":%.0f,\"ab_mt_ratio\":%.4f,"
+           "\"ab_mt_hook_pairs_per_s\":%.0f,\"ab_mt_native_pairs_per_s\":%.0f,\"ab_mt_ratio\":%.4f,\"ab_mt_pause_ratio\":%.4f,\"ab_mt_pause_ns_per_pair\":%.1f,"
            "\"alloc_owner\":\"%s\",\"alloc_async_owner\":\"%s\",\"untouched_owner\":\"%s\",\"errors\":\"%s\"}\n",
            with_nvml, (pre && strstr(pre, "libcudabudget")) ? "true" : "false", resolve_path, scale, s4k, s2m, s64m, nthreads, a1, a16,
            a16_ns, smt, smt_ns, mi, un, (unsigned long long)reserved, ab_async_h, ab_async_n, ab_sync_h, ab_sync_n, ab_mi_h, ab_mi_n, ab_async_d, ab_sync_d, ab_mi_d,
-           abmt_h, abmt_n_, abmt_q, owner((void *)p_alloc), owner((void *)p_alloc_async),
+           abmt_h, abmt_n_, abmt_q, abmt_p, pause_pair_ns, owner((void *)p_alloc), owner((void *)p_alloc_async),
            owner((void *)p_ctxdev), errors);
     fflush(stdout);
     return 0;

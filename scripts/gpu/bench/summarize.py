@@ -177,6 +177,13 @@ def main():
     single("N-thread async throughput: hook / driver's own", "ratio", values(bud, "ab_mt_ratio"),
            ">= 0.95", lambda m: m >= 0.95, 4)
     single("  control, without the library", "ratio", values(nat, "ab_mt_ratio"), "(noise)", None, 4)
+    # The third arm: the driver's own functions with a calibrated pause before each call,
+    # about as long as the hooks' own work. If it loses as much as the hooks, the loss
+    # is what any work between a thread's driver calls costs a contended driver.
+    single("N-thread async throughput: driver's own with a pause / driver's own", "ratio",
+           values(bud, "ab_mt_pause_ratio") + values(nat, "ab_mt_pause_ratio"), "(info)", None, 4)
+    single("  the pause, per pair", "ns", values(bud, "ab_mt_pause_ns_per_pair") + values(nat, "ab_mt_pause_ns_per_pair"),
+           "(info)", None, 1)
     lines.append("")
     owners = set()
     errs = []
