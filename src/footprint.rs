@@ -29,8 +29,13 @@ static CONTEXTS: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DE
 static CREATING: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// Device-wide use (NVML) before the device's first context; [`UNKNOWN`] until read.
 static BEFORE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(UNKNOWN) }; MAX_DEVICES];
-/// The device's first context exists but is not charged yet (NVML was not ready).
-static PENDING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// Where the charge of the device's first context stands: [`SETTLED`], [`PENDING`] (the
+/// context exists, NVML was not ready) or [`CHARGING`] (a thread is measuring it now).
+/// Admissions on the device wait until it is settled again.
+static CHARGE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(SETTLED) }; MAX_DEVICES];
+const SETTLED: u8 = 0;
+const PENDING: u8 = 1;
+const CHARGING: u8 = 2;
 /// Set by the cuInit hook once the driver is initialised.
 static DRIVER_READY: AtomicBool = AtomicBool::new(false);
 /// Set by NVML's thread once it has attached the budgeted devices: from then on a
@@ -43,20 +48,24 @@ pub fn driver_ready() {
     DRIVER_READY.store(true, Ordering::Release);
 }
 
-/// On NVML's thread, once NVML is initialised: waits (bounded) for the driver, attaches
-/// each budgeted device and reads its use while no context of ours is on it, then
-/// charges the contexts created meanwhile. All of it off the program's threads.
+/// On NVML's thread, once NVML is initialised: waits for the driver, attaches each
+/// budgeted device, then charges the contexts created meanwhile. All of it off the
+/// program's threads.
 pub fn nvml_ready() {
     let start = std::time::Instant::now();
     while !DRIVER_READY.load(Ordering::Acquire) {
-        if start.elapsed() > std::time::Duration::from_secs(10) {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(500));
+        // Quick at first (cuInit is under way); then slowly, for a program whose cuInit
+        // failed and may be retried later.
+        let nap = if start.elapsed() < std::time::Duration::from_secs(10) {
+            500
+        } else {
+            50_000
+        };
+        std::thread::sleep(std::time::Duration::from_micros(nap));
     }
     for device in 0..runtime::visible_devices().min(MAX_DEVICES) {
-        if runtime::budgeted(device).is_some() && nvml::attach(device) {
-            read_before(device);
+        if runtime::budgeted(device).is_some() {
+            nvml::attach(device);
         }
     }
     NVML_WARM.store(true, Ordering::SeqCst);
@@ -72,20 +81,20 @@ pub fn nvml_ready() {
     );
 }
 
-/// Reads the device's use as the "before" of its first context, if no context of ours
-/// is on it or being created (checked on both sides of the reading).
+/// Reads the device's use now as the "before" of its first context, if no context of
+/// ours is on it or being created (checked on both sides of the reading).
 fn read_before(device: usize) {
     let quiet = || {
         CONTEXTS[device].load(Ordering::Acquire) == 0
             && CREATING[device].load(Ordering::Acquire) == 0
     };
-    if BEFORE[device].load(Ordering::Acquire) != UNKNOWN || !quiet() {
+    if !quiet() {
         return;
     }
     if let Some(used) = nvml::device_used(device)
         && quiet()
     {
-        let _ = BEFORE[device].compare_exchange(UNKNOWN, used, Ordering::AcqRel, Ordering::Relaxed);
+        BEFORE[device].store(used, Ordering::Release);
     }
 }
 
@@ -97,10 +106,7 @@ pub fn before_context(device: usize) {
     let Some(creating) = CREATING.get(device) else {
         return;
     };
-    if CONTEXTS[device].load(Ordering::Acquire) == 0
-        && BEFORE[device].load(Ordering::Acquire) == UNKNOWN
-        && runtime::budgeted(device).is_some()
-    {
+    if CONTEXTS[device].load(Ordering::Acquire) == 0 && runtime::budgeted(device).is_some() {
         if !NVML_WARM.load(Ordering::Acquire) && in_pid_namespace() {
             let waited = wait_warm(std::time::Duration::from_secs(2));
             report::line(
@@ -133,9 +139,10 @@ fn in_pid_namespace() -> bool {
         1 => false,
         2 => true,
         _ => {
+            // Unknown (no /proc) counts as namespaced: the cost is a bounded wait.
             let nested = std::fs::metadata("/proc/self/ns/pid")
                 .map(|m| std::os::unix::fs::MetadataExt::ino(&m) != PROC_PID_INIT_INO)
-                .unwrap_or(false);
+                .unwrap_or(true);
             NAMESPACED.store(if nested { 2 } else { 1 }, Ordering::Relaxed);
             nested
         }
@@ -149,14 +156,18 @@ pub fn context_created(device: usize, created: bool) {
     let (Some(count), Some(creating)) = (CONTEXTS.get(device), CREATING.get(device)) else {
         return;
     };
+    // Pending before the context counts as there: a thread that creates a second
+    // context at the same time cannot allocate past an uncounted first one.
+    let budgeted = created && runtime::budgeted(device).is_some();
+    if budgeted && count.load(Ordering::Acquire) == 0 {
+        let _ =
+            CHARGE[device].compare_exchange(SETTLED, PENDING, Ordering::SeqCst, Ordering::SeqCst);
+    }
     let first = created && count.fetch_add(1, Ordering::AcqRel) == 0;
     creating.fetch_sub(1, Ordering::AcqRel);
-    if !first || runtime::budgeted(device).is_none() {
-        return;
-    }
-    // Either this thread sees NVML warm or NVML's thread sees the flag (both SeqCst).
-    PENDING[device].store(true, Ordering::SeqCst);
-    if NVML_WARM.load(Ordering::SeqCst) {
+    // Either this thread sees NVML warm or NVML's thread sees the charge pending (both
+    // SeqCst).
+    if first && budgeted && NVML_WARM.load(Ordering::SeqCst) {
         settle(device);
     }
 }
@@ -166,9 +177,9 @@ pub fn context_created(device: usize, created: bool) {
 /// admits memory the context already holds.
 #[inline]
 pub fn settle_before_admission(device: usize) {
-    if PENDING
+    if CHARGE
         .get(device)
-        .is_some_and(|p| p.load(Ordering::Acquire))
+        .is_some_and(|c| c.load(Ordering::Acquire) != SETTLED)
     {
         settle_now(device);
     }
@@ -177,20 +188,38 @@ pub fn settle_before_admission(device: usize) {
 #[cold]
 #[inline(never)]
 fn settle_now(device: usize) {
-    let waited = nvml::wait_prewarm(std::time::Duration::from_secs(2));
+    let start = std::time::Instant::now();
+    nvml::wait_prewarm(std::time::Duration::from_secs(2));
+    settle(device);
+    // Another thread may be measuring the context right now: its figure first.
+    while CHARGE[device].load(Ordering::Acquire) == CHARGING
+        && start.elapsed() < std::time::Duration::from_secs(4)
+    {
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
     report::line(
         LogLevel::Debug,
-        format_args!("device {device}: waited {waited:?} for NVML before an allocation"),
+        format_args!(
+            "device {device}: waited {:?} for the context's charge",
+            start.elapsed()
+        ),
     );
-    settle(device);
 }
 
-/// Charges the device's first context if it is still pending (once, whoever comes first).
+/// Charges the device's first context if it is still pending (once, whoever comes
+/// first); admissions wait while it is measured.
 fn settle(device: usize) {
-    if PENDING
-        .get(device)
-        .is_some_and(|p| p.swap(false, Ordering::SeqCst))
-    {
+    struct Settled(usize);
+    impl Drop for Settled {
+        fn drop(&mut self) {
+            CHARGE[self.0].store(SETTLED, Ordering::Release);
+        }
+    }
+    if CHARGE.get(device).is_some_and(|c| {
+        c.compare_exchange(PENDING, CHARGING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }) {
+        let _settled = Settled(device);
         charge_context(device);
     }
 }
@@ -199,17 +228,31 @@ fn charge_context(device: usize) {
     let Some(d) = runtime::budgeted(device) else {
         return;
     };
-    let tracked = d.used() - d.overhead().min(d.used());
+    let epoch = d.epoch();
+    let tracked = || d.used() - d.overhead().min(d.used());
     let before = BEFORE[device].load(Ordering::Acquire);
-    let charge = match nvml::process_used(device) {
-        Some(process) => process.saturating_sub(tracked),
-        // In a PID namespace NVML does not list us: the device's growth across the
-        // context's creation (and what the hooks tracked since, taken out).
-        None => match (before, nvml::device_used(device)) {
-            (UNKNOWN, _) | (_, None) => 0,
-            (before, Some(after)) => after.saturating_sub(before).saturating_sub(tracked),
-        },
-    };
+    // What the hooks track must not move while NVML is read (a pooled block can still
+    // be freed meanwhile): read again until it holds still, a few times at most.
+    let mut charge = 0;
+    for _ in 0..3 {
+        let seen = tracked();
+        charge = match nvml::process_used(device) {
+            Some(process) => process.saturating_sub(seen),
+            // In a PID namespace NVML does not list us: the device's growth across the
+            // context's creation (and what the hooks tracked since, taken out).
+            None => match (before, nvml::device_used(device)) {
+                (UNKNOWN, _) | (_, None) => 0,
+                (before, Some(after)) => after.saturating_sub(before).saturating_sub(seen),
+            },
+        };
+        if tracked() == seen {
+            break;
+        }
+    }
+    // A context destroyed meanwhile took its memory with it.
+    if d.epoch() != epoch {
+        return;
+    }
     d.set_overhead(charge.max(d.overhead()));
     if let Some(last) = LAST_MS.get(device) {
         last.store(report::monotonic_ms(), Ordering::Relaxed);
@@ -235,7 +278,7 @@ pub fn context_gone(device: usize) {
         return;
     }
     BEFORE[device].store(UNKNOWN, Ordering::Release);
-    PENDING[device].store(false, Ordering::Release);
+    let _ = CHARGE[device].compare_exchange(PENDING, SETTLED, Ordering::AcqRel, Ordering::Relaxed);
     if let Some(d) = runtime::ledger().device(device) {
         runtime::pointers().purge_device(device);
         vmm::lock().purge_device(device);
@@ -286,6 +329,6 @@ pub fn forget_contexts(device: usize) {
         last.store(0, Ordering::Release);
         CREATING[device].store(0, Ordering::Release);
         BEFORE[device].store(UNKNOWN, Ordering::Release);
-        PENDING[device].store(false, Ordering::Release);
+        CHARGE[device].store(SETTLED, Ordering::Release);
     }
 }

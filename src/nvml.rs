@@ -45,6 +45,8 @@ struct ProcessInfo {
 }
 
 const NVML_SUCCESS: c_int = 0;
+/// What NVML writes where it cannot give a figure.
+const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
 
 #[derive(Clone, Copy)]
 #[repr(usize)]
@@ -296,6 +298,8 @@ pub fn process_used(device: usize) -> Option<u64> {
         .iter()
         .find(|p| p.pid == pid)
         .map(|p| p.used_gpu_memory)
+        // NVML_VALUE_NOT_AVAILABLE (MIG, vGPU, no permission): not a figure.
+        .filter(|&used| used != NVML_VALUE_NOT_AVAILABLE)
 }
 
 /// Memory in use on the whole device (all processes).

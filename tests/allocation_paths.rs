@@ -260,6 +260,48 @@ fn the_context_is_charged_when_it_is_created() {
 }
 
 #[test]
+fn an_allocation_right_after_the_context_waits_for_its_charge_on_every_path() {
+    // NVML is slow to start: the context exists before it can be measured. The first
+    // allocation must not pass as if the context took nothing.
+    for op in ["alloc:8Gi", "create:8Gi", "async:8Gi"] {
+        let run = budget_run(
+            "gpa",
+            &[op, "phys"],
+            &[
+                ("CUDABUDGET_LIMIT", "8Gi"),
+                ("FAKE_CUDA_CTX_BYTES", "536870912"),
+                ("FAKE_NVML_INIT_DELAY_MS", "300"),
+            ],
+        );
+        let name = op.split(':').next().unwrap_or(op);
+        assert_eq!(
+            run.rc(name, 0),
+            2,
+            "{op}: 8 GiB + 512 MiB of context\n{run:?}"
+        );
+        assert!(run.num("phys", 0, "peak") <= 8 * GI, "{op}: {run:?}");
+    }
+}
+
+#[test]
+fn allocations_racing_the_contexts_measurement_are_not_counted_as_context() {
+    // Eight threads allocate while NVML's process query (50 ms) measures the context
+    // (0 B here): what they allocate meanwhile must not be charged as context memory.
+    let run = budget_run(
+        "gpa",
+        &["race:8:2000:1Gi", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "10Gi"),
+            ("FAKE_NVML_INIT_DELAY_MS", "5"),
+            ("FAKE_NVML_PROC_DELAY_MS", "50"),
+        ],
+    );
+    assert_eq!(run.num("race", 0, "ok"), 16_000, "{run:?}");
+    assert_eq!(run.num("race", 0, "denied"), 0, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 10 * GI, "{run:?}");
+}
+
+#[test]
 fn in_a_pid_namespace_the_context_is_the_devices_growth_across_its_creation() {
     // NVML lists host pids in a PID namespace, so it never finds this process: the
     // context is measured from the device's use before and after it. (The first context
@@ -283,6 +325,55 @@ fn in_a_pid_namespace_the_context_is_the_devices_growth_across_its_creation() {
     assert_eq!(run.rc("ctx", 0), 0, "{run:?}");
     assert_eq!(run.num("info", 0, "free"), 8 * GI - 512 * MI, "{run:?}");
     assert_eq!(run.rc("alloc", 0), 0);
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+}
+
+/// `cmd` run as PID 1 of a new PID namespace (`unshare -Urpf --mount-proc`), or `None`
+/// where this machine cannot make one.
+fn in_new_pid_namespace(cmd: &std::process::Command) -> Option<std::process::Command> {
+    let probe = std::process::Command::new("unshare")
+        .args(["-Urpf", "--mount-proc", "true"])
+        .output()
+        .ok()?;
+    if !probe.status.success() {
+        return None;
+    }
+    let mut wrapped = std::process::Command::new("unshare");
+    wrapped
+        .args(["-Urpf", "--mount-proc"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => wrapped.env(key, v),
+            None => wrapped.env_remove(key),
+        };
+    }
+    Some(wrapped)
+}
+
+#[test]
+fn in_a_real_pid_namespace_the_first_context_waits_for_nvml_to_measure_it() {
+    // A real PID namespace, and NVML reporting host pids (the offset): the library must
+    // read the device's use before the context, even though NVML starts slowly.
+    let cmd = util::client_command(
+        "gpa",
+        &["info", "alloc:7Gi", "alloc:513Mi"],
+        &[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+            ("FAKE_NVML_INIT_DELAY_MS", "100"),
+        ],
+        Some(&util::lib_path()),
+    );
+    let Some(cmd) = in_new_pid_namespace(&cmd) else {
+        eprintln!("skipped: this machine cannot create a PID namespace (unshare -Urpf)");
+        return;
+    };
+    let run = util::run(cmd);
+    assert_eq!(run.num("info", 0, "free"), 8 * GI - 512 * MI, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
     assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
 }
 

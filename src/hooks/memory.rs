@@ -100,6 +100,8 @@ pub unsafe extern "C" fn cuMemCreate(
             return create();
         };
         let bytes = size as u64;
+        // The first context's charge, if still pending, comes first (as in `admit`).
+        crate::footprint::settle_before_admission(device);
         let reservation = match d.reserve(bytes) {
             Ok(r) => r,
             Err(_) => {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -97,7 +98,18 @@ static void uuid_string(unsigned p, char *out, size_t len) {
     snprintf(out, len, "GPU-faceb00c-0000-0000-0000-0000000000%02x", p & 0xff);
 }
 
+/* FAKE_NVML_INIT_DELAY_MS, FAKE_NVML_PROC_DELAY_MS: a slow NVML, as on a real machine
+ * (initialisation tens of ms, a process query a fraction of one). */
+static void delay_ms(const char *var) {
+    unsigned long long ms = env_u64(var, 0);
+    if (ms) {
+        struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
+    delay_ms("FAKE_NVML_INIT_DELAY_MS");
     pthread_mutex_lock(&g_mu);
     load_locked();
     g_init_count++;
@@ -200,6 +212,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos) {
     if (!inited()) return NVML_ERROR_UNINITIALIZED;
+    delay_ms("FAKE_NVML_PROC_DELAY_MS");
     if (!valid(device) || !count) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned long long used = phys_used(device->index);
     unsigned need = used > 0 ? 1 : 0;
