@@ -63,6 +63,7 @@ pub fn nvml_ready() {
         };
         std::thread::sleep(std::time::Duration::from_micros(nap));
     }
+    nvml::background_busy(true);
     for device in 0..runtime::visible_devices().min(MAX_DEVICES) {
         if runtime::budgeted(device).is_some() {
             nvml::attach(device);
@@ -72,6 +73,7 @@ pub fn nvml_ready() {
     for device in 0..MAX_DEVICES {
         settle(device);
     }
+    nvml::background_busy(false);
     report::line(
         LogLevel::Debug,
         format_args!(

@@ -9,7 +9,7 @@
 #![allow(non_snake_case)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use crate::driver::{self, real};
 use crate::ledger::MAX_DEVICES;
@@ -122,17 +122,46 @@ pub fn prewarm() {
     {
         return;
     }
+    BACKGROUND_BUSY.store(true, Ordering::Release);
     let spawned = std::thread::Builder::new()
         .name("cudabudget-nvml".into())
         .spawn(|| {
             let state = init_now();
             INITIALISED.store(state, Ordering::SeqCst);
+            BACKGROUND_BUSY.store(false, Ordering::Release);
             if state == OK {
                 crate::footprint::nvml_ready();
             }
         });
     if spawned.is_err() {
+        BACKGROUND_BUSY.store(false, Ordering::Release);
         INITIALISED.store(IDLE, Ordering::Release);
+        return;
+    }
+    // SAFETY: registers a plain extern "C" function that only reads an atomic and sleeps.
+    unsafe {
+        libc::atexit(wait_for_background);
+    }
+}
+
+/// Set while NVML's thread is inside NVML (its initialisation, attaching a device).
+static BACKGROUND_BUSY: AtomicBool = AtomicBool::new(false);
+
+/// Marks NVML's thread as inside NVML, or out of it.
+pub fn background_busy(busy: bool) {
+    BACKGROUND_BUSY.store(busy, Ordering::Release);
+}
+
+/// At exit, before the libraries' destructors run (atexit handlers come first): a short
+/// program can end while NVML's thread is still inside NVML, whose own teardown would
+/// then pull its state away under it. Waits for that thread to leave NVML, at most
+/// 200 ms.
+extern "C" fn wait_for_background() {
+    let start = std::time::Instant::now();
+    while BACKGROUND_BUSY.load(Ordering::Acquire)
+        && start.elapsed() < std::time::Duration::from_millis(200)
+    {
+        std::thread::sleep(std::time::Duration::from_micros(200));
     }
 }
 
@@ -178,6 +207,7 @@ pub fn wait_prewarm(limit: std::time::Duration) -> std::time::Duration {
 /// In the child of `fork()`: an initialisation under way in the parent never finishes
 /// here (its thread was not copied), so the child starts over when it needs NVML.
 pub fn after_fork() {
+    BACKGROUND_BUSY.store(false, Ordering::Release);
     let _ = INITIALISED.compare_exchange(STARTING, IDLE, Ordering::AcqRel, Ordering::Relaxed);
 }
 
