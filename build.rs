@@ -15,6 +15,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=tests/fake_driver");
     println!("cargo:rerun-if-changed=scripts/gpu/bench/driver_bench.c");
+    println!("cargo:rerun-if-changed=benches/pair_loop.c");
 
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let src = manifest.join("tests/fake_driver");
@@ -88,6 +89,9 @@ fn main() {
         &["-ldl", "-pthread"],
     );
 
+    // A bare pair loop, for counting the hooks' instructions (cargo bench, callgrind).
+    let pair_loop = build("pair_loop", &["../../benches/pair_loop.c"], &["-ldl"]);
+
     let export = |name: &str, path: &Path| println!("cargo:rustc-env={name}={}", path.display());
     export("FAKE_DRIVER_DIR", &out);
     export("FAKE_CUDA_LIB", &cuda);
@@ -96,6 +100,7 @@ fn main() {
     export("FAKE_CLIENT_LINKED", &client_linked);
     export("FAKE_THIRDPARTY_LIB", &thirdparty);
     export("FAKE_DRIVER_BENCH", &driver_bench);
+    export("FAKE_PAIR_LOOP", &pair_loop);
 }
 
 fn symlink(dir: &Path, target: &str, link: &str) {

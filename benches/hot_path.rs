@@ -112,7 +112,7 @@ fn main() {
     // alternating blocks: the most precise figure (no process-to-process noise).
     println!();
     println!(
-        "In-process A/B under the library (1 thread, {reps} runs, each the median of 16 alternating blocks):"
+        "In-process A/B under the library (1 thread, {reps} runs, each the median of 32 alternating blocks):"
     );
     println!("| call | hook median (min..max) | driver's own median (min..max) | added |");
     println!("|---|---|---|---|");
@@ -145,4 +145,51 @@ fn main() {
     println!(
         "untouched functions resolve to libcuda.so.1 under the library: the driver's own pointer, +0 ns by construction"
     );
+    instructions();
+}
+
+/// Instructions the hooks add per pair, counted by callgrind (exact, unlike time on a
+/// shared machine): the same loop of N and 2N pairs through the hooks and through the
+/// driver's own functions, in one process each; the difference of differences over N.
+fn instructions() {
+    let valgrind = Command::new("valgrind").arg("--version").output();
+    if !valgrind.is_ok_and(|o| o.status.success()) {
+        println!();
+        println!("(valgrind not found: instructions per pair not counted)");
+        return;
+    }
+    let count = |arm: &str, kind: &str, n: u64| -> f64 {
+        let out = Command::new("valgrind")
+            .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+            .arg(env!("FAKE_PAIR_LOOP"))
+            .args([arm, kind, &n.to_string()])
+            .env("LD_LIBRARY_PATH", util::fake_dir())
+            .env("LD_PRELOAD", util::lib_path())
+            .env("CUDABUDGET_LIMIT", "100Gi")
+            .output()
+            .expect("valgrind runs");
+        assert!(out.status.success(), "pair_loop {arm} {kind} {n} failed");
+        let log = String::from_utf8_lossy(&out.stderr);
+        let collected = log
+            .lines()
+            .find_map(|l| l.split("Collected : ").nth(1))
+            .expect("callgrind reports what it collected");
+        collected.trim().parse().expect("a count")
+    };
+    const N: u64 = 10_000;
+    println!();
+    println!(
+        "Instructions per pair (callgrind, {N} and {} pairs):",
+        2 * N
+    );
+    println!("| pair | driver's own | through the hooks | added |");
+    println!("|---|---|---|---|");
+    for kind in ["async", "sync"] {
+        let per_pair = |arm| (count(arm, kind, 2 * N) - count(arm, kind, N)) / N as f64;
+        let (driver, hook) = (per_pair("driver"), per_pair("hook"));
+        println!(
+            "| {kind} 4 KiB | {driver:.0} | {hook:.0} | {:+.0} |",
+            hook - driver
+        );
+    }
 }

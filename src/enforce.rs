@@ -23,7 +23,7 @@ static ARRAYS: AddrTable<{ 1 << 12 }> = AddrTable::new();
 
 /// The budgeted device for a hook, or what the hook must return without budgeting:
 /// `Err(None)` = call the driver unchanged, `Err(Some(rc))` = return `rc`.
-#[inline]
+#[inline(always)]
 fn budgeted_device(
     device: Option<usize>,
 ) -> Result<(usize, &'static DeviceLedger), Option<CuResult>> {

@@ -594,12 +594,14 @@ impl<const B: usize> LaneTable<B> {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (B - 1)
     }
 
+    #[inline]
     fn bucket(&self, lane: usize, key: u64) -> &Bucket {
         &self.regions[lane][Self::bucket_index(key)]
     }
 
     /// Records `key` in `lane`'s region; false when its bucket is full. Only the thread
     /// that holds `lane` may call this.
+    #[inline]
     pub fn insert(&self, key: u64, entry: Entry, lane: usize) -> bool {
         if key == EMPTY || key == BUSY || !(1..LANES).contains(&lane) {
             return false;
@@ -616,6 +618,7 @@ impl<const B: usize> LaneTable<B> {
 
     /// Removes `key` and returns its entry; `None` for an address not here. `hint` is
     /// the caller's own lane (0: none), where a block is found when its thread frees it.
+    #[inline(always)]
     pub fn remove(&self, key: u64, hint: usize) -> Option<Entry> {
         if key == EMPTY || key == BUSY {
             return None;
@@ -633,6 +636,7 @@ impl<const B: usize> LaneTable<B> {
             .find_map(|lane| self.take(lane, key))
     }
 
+    #[inline]
     fn take(&self, lane: usize, key: u64) -> Option<Entry> {
         for slot in &self.bucket(lane, key).0 {
             if slot.key.load(Ordering::Acquire) == key {
@@ -686,6 +690,7 @@ impl PointerMap {
     }
 
     /// Records a block allocated by the thread that holds `lane` (0: none).
+    #[inline]
     pub fn insert_in_lane(&self, key: u64, entry: Entry, lane: usize) {
         if !self.lanes.insert(key, entry, lane) {
             self.shared.insert(key, entry);
@@ -701,6 +706,7 @@ impl PointerMap {
 impl PointerMap {
     /// As [`Table::remove`], looking where a stream-ordered block would be first:
     /// in the lane `hint` of the calling thread (0: none), then the others.
+    #[inline(always)]
     pub fn remove_pooled(&self, key: u64, hint: usize) -> Option<Entry> {
         self.lanes
             .remove(key, hint)

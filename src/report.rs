@@ -142,6 +142,8 @@ impl fmt::Display for Bytes {
 }
 
 /// A panic caught at the FFI boundary.
+#[cold]
+#[inline(never)]
 pub fn caught_panic(call: &str) {
     emit(format_args!(
         "internal error in {call}; the call failed with CUDA_ERROR_UNKNOWN"

@@ -49,7 +49,12 @@ thread_local! {
 /// The mode, initialising on first use.
 #[inline]
 pub fn mode() -> Mode {
-    match STATE.load(Ordering::Acquire) {
+    let state = STATE.load(Ordering::Acquire);
+    // The hooks' common case first: one compare, no jump table.
+    if state == BUDGETED {
+        return Mode::Budgeted;
+    }
+    match state {
         BUDGETED => Mode::Budgeted,
         PASSTHROUGH => Mode::Passthrough,
         REFUSED => Mode::Refused,
