@@ -110,7 +110,9 @@ pub fn before_context(device: usize) {
     };
     if CONTEXTS[device].load(Ordering::Acquire) == 0 && runtime::budgeted(device).is_some() {
         if !NVML_WARM.load(Ordering::Acquire) && in_pid_namespace() {
-            let waited = wait_warm(std::time::Duration::from_secs(2));
+            let waited = runtime::wait_while(std::time::Duration::from_secs(2), || {
+                !NVML_WARM.load(Ordering::Acquire) && nvml::usable()
+            });
             report::line(
                 LogLevel::Debug,
                 format_args!("device {device}: waited {waited:?} for NVML before the context"),
@@ -121,14 +123,6 @@ pub fn before_context(device: usize) {
         }
     }
     creating.fetch_add(1, Ordering::AcqRel);
-}
-
-fn wait_warm(limit: std::time::Duration) -> std::time::Duration {
-    let start = std::time::Instant::now();
-    while !NVML_WARM.load(Ordering::Acquire) && nvml::usable() && start.elapsed() < limit {
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    }
-    start.elapsed()
 }
 
 /// Whether this process is in a PID namespace other than the initial one, whose
@@ -190,20 +184,17 @@ pub fn settle_before_admission(device: usize) {
 #[cold]
 #[inline(never)]
 fn settle_now(device: usize) {
-    let start = std::time::Instant::now();
-    nvml::wait_prewarm(std::time::Duration::from_secs(2));
+    let waited = runtime::wait_while(std::time::Duration::from_secs(2), nvml::starting);
     settle(device);
     // Another thread may be measuring the context right now: its figure first.
-    while CHARGE[device].load(Ordering::Acquire) == CHARGING
-        && start.elapsed() < std::time::Duration::from_secs(4)
-    {
-        std::thread::sleep(std::time::Duration::from_micros(100));
-    }
+    let measured = runtime::wait_while(std::time::Duration::from_secs(2), || {
+        CHARGE[device].load(Ordering::Acquire) == CHARGING
+    });
     report::line(
         LogLevel::Debug,
         format_args!(
             "device {device}: waited {:?} for the context's charge",
-            start.elapsed()
+            waited + measured
         ),
     );
 }

@@ -195,15 +195,6 @@ pub fn starting() -> bool {
     INITIALISED.load(Ordering::Acquire) == STARTING
 }
 
-/// Waits up to `limit` for a [`prewarm`] under way to finish; returns how long it waited.
-pub fn wait_prewarm(limit: std::time::Duration) -> std::time::Duration {
-    let start = std::time::Instant::now();
-    while starting() && start.elapsed() < limit {
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    }
-    start.elapsed()
-}
-
 /// In the child of `fork()`: an initialisation under way in the parent never finishes
 /// here (its thread was not copied), so the child starts over when it needs NVML.
 pub fn after_fork() {
@@ -293,9 +284,9 @@ fn handle_of(device: usize) -> Option<NvmlDevice> {
     Some(handle)
 }
 
-/// Finds (and keeps) the NVML handle of CUDA ordinal `device`; false when NVML cannot.
-pub fn attach(device: usize) -> bool {
-    handle_of(device).is_some()
+/// Finds (and keeps) the NVML handle of CUDA ordinal `device`, if NVML can.
+pub fn attach(device: usize) {
+    let _ = handle_of(device);
 }
 
 /// What `nvidia-smi` shows for this process on CUDA ordinal `device`; `None` when NVML

@@ -49,12 +49,7 @@ thread_local! {
 /// The mode, initialising on first use.
 #[inline]
 pub fn mode() -> Mode {
-    let state = STATE.load(Ordering::Acquire);
-    // The hooks' common case first: one compare, no jump table.
-    if state == BUDGETED {
-        return Mode::Budgeted;
-    }
-    match state {
+    match STATE.load(Ordering::Acquire) {
         BUDGETED => Mode::Budgeted,
         PASSTHROUGH => Mode::Passthrough,
         REFUSED => Mode::Refused,
@@ -162,6 +157,16 @@ fn device_count() -> u32 {
     } else {
         0
     }
+}
+
+/// Sleeps in short steps while `busy()` holds, at most `limit`; returns the time spent.
+/// Every wait of the library is one of these: bounded, never on a lock.
+pub fn wait_while(limit: std::time::Duration, busy: impl Fn() -> bool) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    while busy() && start.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    start.elapsed()
 }
 
 /// Devices the process sees, once the driver is initialised (0 before).
