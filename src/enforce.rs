@@ -163,37 +163,56 @@ pub fn free(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
 }
 
 /// As [`free`], for `cuMemFreeAsync`: the block is most likely a stream-ordered one,
-/// freed by the thread that allocated it. One thread-local access serves the lookup
-/// (the thread's lane first) and the credit.
-#[inline]
+/// freed by the thread that allocated it, found in that thread's lane and credited to
+/// that thread. That case is a few loads and stores and the driver's call; `Err` hands
+/// `real` back for [`free_async`], which does everything else.
+#[inline(always)]
+pub fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<CuResult, F> {
+    // A lane is only ever claimed in a budgeted process, so an entry found in the
+    // thread's own lane means the mode is `Budgeted`.
+    let Some(p) = private() else {
+        return Err(real);
+    };
+    let Some(entry) = runtime::pointers().remove_own(ptr, p.lane.get()) else {
+        return Err(real);
+    };
+    let rc = real();
+    if rc.is_ok() && p.give_fast(&entry) {
+        return Ok(rc);
+    }
+    Ok(free_async_rest(p, ptr, entry, rc))
+}
+
+/// A stream-ordered free that is not [`free_async_fast`]'s: mode not `Budgeted`, a block
+/// of another thread or of no lane, the thread's locals gone.
 pub fn free_async(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
     let mode = runtime::mode();
     if mode != Mode::Budgeted {
         return pass(runtime::refusal(mode), real);
     }
     let pointers = runtime::pointers();
-    let mut real = Some(real);
-    let done = PRIVATE.try_with(|p| {
-        let Some(entry) = pointers.remove_pooled(ptr, p.lane.get()) else {
-            return real.take().map_or(CuResult::UNKNOWN, |f| f());
-        };
-        let rc = real.take().map_or(CuResult::UNKNOWN, |f| f());
-        if !rc.is_ok() {
-            restore(pointers, ptr, entry, rc);
-        } else if let (Kind::Pooled, Some(d)) = (entry.kind, runtime::ledger().device(entry.device))
-        {
-            p.give(entry.device, d, entry.bytes);
-        } else {
-            release(entry);
-        }
-        rc
-    });
-    match (done, real) {
-        (Ok(rc), _) => rc,
+    let Some(p) = private() else {
         // The thread's locals are gone (it is exiting): the plain path.
-        (Err(_), Some(real)) => free_from(pointers, ptr, real),
-        (Err(_), None) => CuResult::UNKNOWN,
+        return free_from(pointers, ptr, real);
+    };
+    let Some(entry) = pointers.remove_pooled(ptr, p.lane.get()) else {
+        return real();
+    };
+    let rc = real();
+    free_async_rest(p, ptr, entry, rc)
+}
+
+/// The books after the driver's answer to a free whose entry was removed.
+#[inline(never)]
+fn free_async_rest(p: &PrivateCredit, ptr: DevicePtr, entry: Entry, rc: CuResult) -> CuResult {
+    if !rc.is_ok() {
+        restore(runtime::pointers(), ptr, entry, rc);
+    } else if let (Kind::Pooled, Some(d)) = (entry.kind, runtime::ledger().device(entry.device)) {
+        p.give(entry.device, d, entry.bytes);
+    } else {
+        release(entry);
     }
+    rc
 }
 
 /// After a free the driver refused: the block is still allocated, so its entry goes
@@ -242,11 +261,16 @@ fn release(entry: Entry) {
 /// Most of what a thread has freed to the pools, kept for its own next stream-ordered
 /// allocations: a thread that allocates and frees (PyTorch's, CuPy's) then touches no
 /// shared cache line on its fast path. At most [`PRIVATE_MAX`] stays here; the rest goes
-/// back to the shards, and all of it when the thread exits or takes the slow path. So
-/// the credit that other threads cannot see is bounded by `PRIVATE_MAX` a thread, the
-/// most a denial can be early by.
+/// back to the shards, and all of it when the thread exits ([`ThreadExit`]) or takes
+/// the slow path. So the credit that other threads cannot see is bounded by
+/// `PRIVATE_MAX` a thread, the most a denial can be early by.
+///
+/// It has no destructor, so that reaching it is one thread-local address and nothing
+/// else (a destructor would add a state check to every access); [`ThreadExit`], made
+/// when the thread first claims a lane, gives everything back at the thread's end.
 struct PrivateCredit {
-    /// The thread's lane in the address table ([`ledger::claim_lane`]), once asked for.
+    /// The thread's lane in the address table ([`ledger::claim_lane`]): [`NO_LANE_YET`]
+    /// before the first claim, 0 when none was free, [`EXITED`] once [`ThreadExit`] ran.
     lane: Cell<usize>,
     device: Cell<usize>,
     /// The device's epoch when the credit was given: credit from before its books were
@@ -258,19 +282,45 @@ struct PrivateCredit {
 const PRIVATE_MAX: u64 = 8 << 20;
 
 const NO_LANE_YET: usize = usize::MAX;
+/// The thread's [`ThreadExit`] has run: it keeps no lane and no credit any more.
+const EXITED: usize = usize::MAX - 1;
 
 impl PrivateCredit {
+    /// The thread's lane, claiming one on first use (0: none).
+    #[inline]
     fn lane(&self) -> usize {
         let lane = self.lane.get();
-        if lane != NO_LANE_YET && (lane != 0 || !ledger::lane_free()) {
+        if (1..ledger::LANES).contains(&lane) {
             return lane;
         }
-        // First use, or none was free before and one is now.
+        self.claim()
+    }
+
+    #[cold]
+    fn claim(&self) -> usize {
+        let lane = self.lane.get();
+        if lane == EXITED || (lane == 0 && !ledger::lane_free()) {
+            return 0;
+        }
+        // The lane and the credit go back when the thread ends: that needs its exit
+        // guard, which cannot be made once the thread's locals are being torn down.
+        if EXIT.try_with(|_| ()).is_err() {
+            self.lane.set(EXITED);
+            return 0;
+        }
         let lane = ledger::claim_lane();
         self.lane.set(lane);
         lane
     }
 
+    /// Whether the thread may keep credit (its exit guard will give it back).
+    fn keeps_credit(&self) -> bool {
+        let lane = self.lane.get();
+        lane != NO_LANE_YET && lane != EXITED
+    }
+
+    /// Takes `bytes` from the thread's credit for `device`, if it holds that much.
+    #[inline(always)]
     fn take(&self, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
         let held = self.bytes.get();
         let ok = self.device.get() == device && held >= bytes && self.epoch.get() == d.epoch();
@@ -280,7 +330,28 @@ impl PrivateCredit {
         ok
     }
 
+    /// The fast path's credit for a freed block: the thread's own device and epoch, and
+    /// room below [`PRIVATE_MAX`]; false leaves everything as it was.
+    #[inline(always)]
+    fn give_fast(&self, entry: &Entry) -> bool {
+        let held = self.bytes.get().saturating_add(entry.bytes);
+        let ok = entry.kind == Kind::Pooled
+            && entry.device == self.device.get()
+            && held <= PRIVATE_MAX
+            && runtime::ledger()
+                .device(entry.device)
+                .is_some_and(|d| d.epoch() == self.epoch.get());
+        if ok {
+            self.bytes.set(held);
+        }
+        ok
+    }
+
     fn give(&self, device: usize, d: &DeviceLedger, bytes: u64) {
+        if !self.keeps_credit() {
+            d.pool.give(runtime::shard(), bytes);
+            return;
+        }
         if self.device.get() != device || self.epoch.get() != d.epoch() {
             self.flush();
             self.device.set(device);
@@ -307,18 +378,6 @@ impl PrivateCredit {
     }
 }
 
-impl Drop for PrivateCredit {
-    fn drop(&mut self) {
-        self.flush();
-        // The thread is going: its blocks stay in the table for whoever frees them, and
-        // the lane goes to the next thread.
-        let lane = self.lane.replace(0);
-        if lane != NO_LANE_YET {
-            ledger::release_lane(lane);
-        }
-    }
-}
-
 thread_local! {
     static PRIVATE: PrivateCredit = const {
         PrivateCredit {
@@ -328,19 +387,95 @@ thread_local! {
             bytes: Cell::new(0),
         }
     };
+    static EXIT: ThreadExit = const { ThreadExit };
+}
+
+/// This thread's [`PrivateCredit`].
+#[inline(always)]
+fn private() -> Option<&'static PrivateCredit> {
+    // SAFETY: PRIVATE has no destructor, so its storage lives as long as the thread,
+    // and every use of the reference is on this thread (PrivateCredit holds Cells, so
+    // the reference is neither Send nor Sync).
+    PRIVATE
+        .try_with(|p| unsafe { &*std::ptr::from_ref(p) })
+        .ok()
+}
+
+/// Made when a thread claims its lane; dropped when the thread ends. The thread is
+/// going: its credit goes back to the shards, its blocks stay in the table for whoever
+/// frees them, and its lane goes to the next thread.
+struct ThreadExit;
+
+impl Drop for ThreadExit {
+    fn drop(&mut self) {
+        if let Some(p) = private() {
+            p.flush();
+            let lane = p.lane.replace(EXITED);
+            ledger::release_lane(lane);
+        }
+    }
 }
 
 /// In the child of `fork()`: only the calling thread came along.
 pub fn after_fork() {
-    let own = PRIVATE.try_with(|p| p.lane.get()).unwrap_or(0);
+    let own = private().map_or(0, |p| p.lane.get());
     ledger::lanes_after_fork(own);
 }
 
 /// Credit back from a stream-ordered free (or an allocation that failed).
 fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
-    if PRIVATE.try_with(|p| p.give(device, d, bytes)).is_err() {
-        d.pool.give(runtime::shard(), bytes);
+    match private() {
+        Some(p) => p.give(device, d, bytes),
+        None => d.pool.give(runtime::shard(), bytes),
     }
+}
+
+/// `cuMemAllocAsync` in a process that sees one device, from the thread's own credit,
+/// into the thread's own lane: a few loads and stores and the driver's call. `Err`
+/// hands `real` back for [`alloc_pooled`], which does everything else.
+#[inline(always)]
+pub fn alloc_async_fast<F: FnOnce() -> CuResult>(
+    bytes: u64,
+    dptr: *mut DevicePtr,
+    real: F,
+) -> Result<CuResult, F> {
+    // Credit for a device is only ever given in a budgeted process, for a budgeted
+    // device, so holding some answers both questions.
+    let Some(p) = private() else {
+        return Err(real);
+    };
+    let lane = p.lane.get();
+    let d0 = runtime::ledger().device(0);
+    if !(runtime::known_single_device()
+        && (1..ledger::LANES).contains(&lane)
+        && d0.is_some_and(|d| p.take(0, d, bytes)))
+    {
+        return Err(real);
+    }
+    let rc = real();
+    let entry = Entry {
+        bytes,
+        device: 0,
+        kind: Kind::Pooled,
+    };
+    if rc.is_ok()
+        && !dptr.is_null()
+        // SAFETY: the driver succeeded, so it wrote the new address through `dptr`.
+        && runtime::pointers().insert_own(unsafe { *dptr }, entry, lane)
+    {
+        return Ok(rc);
+    }
+    Ok(alloc_async_rest(rc, dptr, bytes, lane))
+}
+
+/// The fast path's allocation when the driver refused it or its bucket was full.
+#[cold]
+#[inline(never)]
+fn alloc_async_rest(rc: CuResult, dptr: *mut DevicePtr, bytes: u64, lane: usize) -> CuResult {
+    if let Some(d) = runtime::ledger().device(0) {
+        record_pooled(rc, dptr, bytes, 0, d, lane);
+    }
+    rc
 }
 
 /// A stream-ordered allocation (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
@@ -365,9 +500,7 @@ pub fn alloc_pooled(
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
-    let (private, lane) = PRIVATE
-        .try_with(|p| (p.take(device, d, bytes), p.lane()))
-        .unwrap_or((false, 0));
+    let (private, lane) = private().map_or((false, 0), |p| (p.take(device, d, bytes), p.lane()));
     if !private && !d.pool.take(runtime::shard(), bytes) {
         return grow_pools(call, device, d, bytes, dptr, lane, real);
     }
@@ -412,7 +545,9 @@ fn grow_pools(
 ) -> CuResult {
     footprint::settle_before_admission(device);
     // What this thread kept for itself counts too.
-    let _ = PRIVATE.try_with(PrivateCredit::flush);
+    if let Some(p) = private() {
+        p.flush();
+    }
     let shard = runtime::shard();
     let mut bank = d.pool.collect();
     if bank.credit() < 0 {

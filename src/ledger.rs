@@ -636,9 +636,12 @@ impl<const B: usize> LaneTable<B> {
             .find_map(|lane| self.take(lane, key))
     }
 
+    /// Removes `key` from `lane`'s region; `None` when it is not there (or `lane` is
+    /// no lane).
     #[inline]
     fn take(&self, lane: usize, key: u64) -> Option<Entry> {
-        for slot in &self.bucket(lane, key).0 {
+        let bucket = self.regions.get(lane)?.get(Self::bucket_index(key))?;
+        for slot in &bucket.0 {
             if slot.key.load(Ordering::Acquire) == key {
                 let value = slot.value.load(Ordering::Relaxed);
                 slot.key.store(EMPTY, Ordering::Release);
@@ -695,6 +698,23 @@ impl PointerMap {
         if !self.lanes.insert(key, entry, lane) {
             self.shared.insert(key, entry);
         }
+    }
+
+    /// Records a block in the calling thread's own `lane` (1..[`LANES`]); false when its
+    /// bucket there is full (or `lane` is no lane), and nothing was recorded.
+    #[inline(always)]
+    pub fn insert_own(&self, key: u64, entry: Entry, lane: usize) -> bool {
+        self.lanes.insert(key, entry, lane)
+    }
+
+    /// Removes `key` if it lies in `lane` (the caller's own); `None` otherwise, when it
+    /// may still be elsewhere ([`PointerMap::remove_pooled`]).
+    #[inline(always)]
+    pub fn remove_own(&self, key: u64, lane: usize) -> Option<Entry> {
+        if key == EMPTY || key == BUSY {
+            return None;
+        }
+        self.lanes.take(lane, key)
     }
 
     pub fn purge_device(&self, device: usize) {

@@ -177,7 +177,13 @@ pub fn visible_devices() -> usize {
 /// Whether the process sees exactly one device (then every call is for ordinal 0).
 #[inline]
 pub fn single_device() -> bool {
-    DEVICE_COUNT.load(Ordering::Relaxed) == 1 || device_count() == 1
+    known_single_device() || device_count() == 1
+}
+
+/// As [`single_device`], from what is already known: never calls the driver.
+#[inline(always)]
+pub fn known_single_device() -> bool {
+    DEVICE_COUNT.load(Ordering::Relaxed) == 1
 }
 
 /// The calling context's device. A process that sees one device needs no driver call.

@@ -63,6 +63,24 @@ fn stream_ordered_blocks_freed_by_other_threads_give_their_credit_back() {
 }
 
 #[test]
+fn what_a_thread_kept_for_itself_comes_back_when_it_exits() {
+    // Sixteen threads each allocate 4 MiB blocks and free the previous thread's: each
+    // keeps up to 8 MiB of the freed credit for its own next allocations, 64 MiB or
+    // more in all. When they have exited, that credit must be the process's again, or a
+    // 980 MiB allocation (992 MiB of pool growth) no longer fits in 1 GiB.
+    for mode in ["gpa", "dlsym"] {
+        let run = budget_run(
+            mode,
+            &["threshold:max", "asyncrelay:16:8:4Mi", "async:980Mi"],
+            &[("CUDABUDGET_LIMIT", "1Gi")],
+        );
+        assert_eq!(run.num("asyncrelay", 0, "ok"), 128, "{mode}\n{run:?}");
+        assert_eq!(run.num("asyncrelay", 0, "denied"), 0, "{mode}\n{run:?}");
+        assert_eq!(run.rc("async", 0), 0, "{mode}\n{run:?}");
+    }
+}
+
+#[test]
 fn allocations_from_an_explicit_pool_count_too() {
     let run = budget_run(
         "dlsym",
