@@ -6,6 +6,7 @@
 //! causes a refusal.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::driver::{CuResult, DevicePtr, Handle};
 use crate::footprint;
@@ -261,16 +262,16 @@ fn release(entry: Entry) {
 /// Most of what a thread has freed to the pools, kept for its own next stream-ordered
 /// allocations: a thread that allocates and frees (PyTorch's, CuPy's) then touches no
 /// shared cache line on its fast path. At most [`PRIVATE_MAX`] stays here; the rest goes
-/// back to the shards, and all of it when the thread exits ([`ThreadExit`]) or takes
+/// back to the shards, and all of it when the thread exits ([`thread_exit`]) or takes
 /// the slow path. So the credit that other threads cannot see is bounded by
 /// `PRIVATE_MAX` a thread, the most a denial can be early by.
 ///
 /// It has no destructor, so that reaching it is one thread-local address and nothing
-/// else (a destructor would add a state check to every access); [`ThreadExit`], made
+/// else (a destructor would add a state check to every access); [`thread_exit`], set up
 /// when the thread first claims a lane, gives everything back at the thread's end.
 struct PrivateCredit {
     /// The thread's lane in the address table ([`ledger::claim_lane`]): [`NO_LANE_YET`]
-    /// before the first claim, 0 when none was free, [`EXITED`] once [`ThreadExit`] ran.
+    /// before the first claim, 0 when none was free, [`EXITED`] once [`thread_exit`] ran.
     lane: Cell<usize>,
     device: Cell<usize>,
     /// The device's epoch when the credit was given: credit from before its books were
@@ -282,7 +283,7 @@ struct PrivateCredit {
 const PRIVATE_MAX: u64 = 8 << 20;
 
 const NO_LANE_YET: usize = usize::MAX;
-/// The thread's [`ThreadExit`] has run: it keeps no lane and no credit any more.
+/// The thread's [`thread_exit`] has run: it keeps no lane and no credit any more.
 const EXITED: usize = usize::MAX - 1;
 
 impl PrivateCredit {
@@ -303,8 +304,8 @@ impl PrivateCredit {
             return 0;
         }
         // The lane and the credit go back when the thread ends: that needs its exit
-        // guard, which cannot be made once the thread's locals are being torn down.
-        if EXIT.try_with(|_| ()).is_err() {
+        // handler. Without one the thread keeps neither.
+        if !arm_thread_exit() {
             self.lane.set(EXITED);
             return 0;
         }
@@ -387,7 +388,6 @@ thread_local! {
             bytes: Cell::new(0),
         }
     };
-    static EXIT: ThreadExit = const { ThreadExit };
 }
 
 /// This thread's [`PrivateCredit`].
@@ -401,19 +401,55 @@ fn private() -> Option<&'static PrivateCredit> {
         .ok()
 }
 
-/// Made when a thread claims its lane; dropped when the thread ends. The thread is
-/// going: its credit goes back to the shards, its blocks stay in the table for whoever
-/// frees them, and its lane goes to the next thread.
-struct ThreadExit;
+/// The pthread key whose destructor is [`thread_exit`] (`UNMADE` until the first claim).
+static EXIT_KEY: AtomicU64 = AtomicU64::new(UNMADE);
+const UNMADE: u64 = u64::MAX;
 
-impl Drop for ThreadExit {
-    fn drop(&mut self) {
+/// Makes [`thread_exit`] run when the calling thread ends; false if it cannot.
+///
+/// A pthread key, not a thread-local with a destructor: glibc runs key destructors after
+/// the thread-locals' (C++ `thread_local`, Rust's), and again for a key set while they
+/// run, so a thread whose last CUDA calls come from any exit handler, its first claim
+/// included, still gives everything back.
+#[cold]
+fn arm_thread_exit() -> bool {
+    let mut key = EXIT_KEY.load(Ordering::Acquire);
+    if key == UNMADE {
+        let mut made: libc::pthread_key_t = 0;
+        // SAFETY: a valid out-pointer and an extern "C" destructor that never unwinds.
+        if unsafe { libc::pthread_key_create(&mut made, Some(thread_exit)) } != 0 {
+            return false;
+        }
+        key = match EXIT_KEY.compare_exchange(
+            UNMADE,
+            u64::from(made),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => u64::from(made),
+            Err(first) => {
+                // Another thread made one first: use that one.
+                // SAFETY: `made` is our own key, set on no thread.
+                unsafe { libc::pthread_key_delete(made) };
+                first
+            }
+        };
+    }
+    // Any non-null value makes the destructor run; it is never read.
+    // SAFETY: `key` is a live key (keys of the library are never deleted once published).
+    unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, std::ptr::dangling()) == 0 }
+}
+
+/// The thread is going: its credit goes back to the shards, its blocks stay in the table
+/// for whoever frees them, and its lane goes to the next thread.
+extern "C" fn thread_exit(_: *mut libc::c_void) {
+    let _ = std::panic::catch_unwind(|| {
         if let Some(p) = private() {
             p.flush();
             let lane = p.lane.replace(EXITED);
             ledger::release_lane(lane);
         }
-    }
+    });
 }
 
 /// In the child of `fork()`: only the calling thread came along.

@@ -81,6 +81,23 @@ fn what_a_thread_kept_for_itself_comes_back_when_it_exits() {
 }
 
 #[test]
+fn credit_of_threads_whose_last_calls_come_from_exit_handlers_comes_back_too() {
+    // Sixteen threads make their only CUDA calls from a pthread-key destructor, which
+    // glibc runs after the thread-local destructors: each allocates and frees 4 MiB
+    // stream-ordered and keeps the credit. It must still come back when the thread is
+    // gone, or the 980 MiB allocation (992 MiB of pool growth) does not fit in 1 GiB.
+    for mode in ["gpa", "dlsym"] {
+        let run = budget_run(
+            mode,
+            &["threshold:max", "keydtor:16:4Mi", "async:980Mi"],
+            &[("CUDABUDGET_LIMIT", "1Gi")],
+        );
+        assert_eq!(run.num("keydtor", 0, "ok"), 16, "{mode}\n{run:?}");
+        assert_eq!(run.rc("async", 0), 0, "{mode}\n{run:?}");
+    }
+}
+
+#[test]
 fn allocations_from_an_explicit_pool_count_too() {
     let run = budget_run(
         "dlsym",

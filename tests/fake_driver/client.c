@@ -361,6 +361,26 @@ static void *relay_thread(void *arg) {
     return NULL;
 }
 
+/* keydtor: each thread's only CUDA calls are made from a pthread-key destructor, which
+ * glibc runs after the thread-local destructors (as a library cleaning up per-thread
+ * state at thread exit would): a stream-ordered pair, then the thread is gone. */
+static pthread_key_t g_keydtor_key;
+
+static void keydtor_cleanup(void *arg) {
+    struct race *r = arg;
+    CUdeviceptr p;
+    int rc = api.cuMemAllocAsync(&p, r->size, NULL);
+    if (rc == CUDA_SUCCESS) rc = api.cuMemFreeAsync(p, NULL);
+    __atomic_add_fetch(rc == CUDA_SUCCESS ? &r->ok : rc == CUDA_ERROR_OUT_OF_MEMORY ? &r->denied : &r->other, 1,
+                       __ATOMIC_RELAXED);
+}
+
+static void *keydtor_thread(void *arg) {
+    api.cuCtxSetCurrent(g_ctx);
+    pthread_setspecific(g_keydtor_key, arg);
+    return NULL;
+}
+
 static struct race *run_threads(u64 threads, u64 iters, u64 size, void *(*fn)(void *)) {
     static struct race r;
     memset(&r, 0, sizeof r);
@@ -653,6 +673,14 @@ static void run_op(const char *text) {
         g_relay_next = 0;
         struct race *r = run_threads(threads, iters, size, relay_thread);
         out("asyncrelay rc=0 ok=%llu denied=%llu other=%llu", r->ok, r->denied, r->other);
+    } else if (!strcmp(name, "keydtor")) {
+        need_fields(op, 3);
+        u64 threads = num_field(op, 1), size = num_field(op, 2);
+        if (threads == 0 || threads > 1024) usage_error(text, "THREADS must be 1..1024");
+        if (pthread_key_create(&g_keydtor_key, keydtor_cleanup) != 0) exit(4);
+        struct race *r = run_threads(threads, 0, size, keydtor_thread);
+        pthread_key_delete(g_keydtor_key);
+        out("keydtor rc=0 ok=%llu denied=%llu other=%llu", r->ok, r->denied, r->other);
     } else if (!strcmp(name, "racehold")) {
         need_fields(op, 3);
         u64 threads = num_field(op, 1), size = num_field(op, 2);
@@ -684,7 +712,7 @@ static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "race",
-    "racehold", "asyncrelay", "nvml", "sym", "sleep", "pagesize",
+    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "sleep", "pagesize",
 };
 
 /* Unknown op names are refused before anything runs. */
