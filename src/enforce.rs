@@ -165,10 +165,16 @@ pub fn free(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
 
 /// As [`free`], for `cuMemFreeAsync`: the block is most likely a stream-ordered one,
 /// freed by the thread that allocated it, found in that thread's lane and credited to
-/// that thread. That case is a few loads and stores and the driver's call; `Err` hands
-/// `real` back for [`free_async`], which does everything else.
+/// that thread ([`free_async_fast`]); anything else takes [`free_async_slow`].
 #[inline(always)]
-pub fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<CuResult, F> {
+pub fn free_async(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
+    free_async_fast(ptr, real).unwrap_or_else(|real| free_async_slow(ptr, real))
+}
+
+/// The common free: a few loads and stores and the driver's call. `Err` hands `real`
+/// back untouched.
+#[inline(always)]
+fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<CuResult, F> {
     // A lane is only ever claimed in a budgeted process, so an entry found in the
     // thread's own lane means the mode is `Budgeted`.
     let Some(p) = private() else {
@@ -186,7 +192,7 @@ pub fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Resu
 
 /// A stream-ordered free that is not [`free_async_fast`]'s: mode not `Budgeted`, a block
 /// of another thread or of no lane, the thread's locals gone.
-pub fn free_async(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
+fn free_async_slow(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
     let mode = runtime::mode();
     if mode != Mode::Budgeted {
         return pass(runtime::refusal(mode), real);
@@ -466,11 +472,18 @@ fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
     }
 }
 
-/// `cuMemAllocAsync` in a process that sees one device, from the thread's own credit,
-/// into the thread's own lane: a few loads and stores and the driver's call. `Err`
-/// hands `real` back for [`alloc_pooled`], which does everything else.
+/// `cuMemAllocAsync`: [`alloc_async_fast`] when it can, else [`alloc_pooled`].
 #[inline(always)]
-pub fn alloc_async_fast<F: FnOnce() -> CuResult>(
+pub fn alloc_async(bytes: u64, dptr: *mut DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
+    alloc_async_fast(bytes, dptr, real)
+        .unwrap_or_else(|real| alloc_pooled("cuMemAllocAsync", bytes, None, dptr, real))
+}
+
+/// A stream-ordered allocation in a process that sees one device, from the thread's own
+/// credit, into the thread's own lane: a few loads and stores and the driver's call.
+/// `Err` hands `real` back untouched.
+#[inline(always)]
+fn alloc_async_fast<F: FnOnce() -> CuResult>(
     bytes: u64,
     dptr: *mut DevicePtr,
     real: F,

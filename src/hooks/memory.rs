@@ -227,9 +227,8 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
         // SAFETY: the caller's arguments.
-        let real = || unsafe { real::cuMemAllocAsync(dptr, bytes, stream) };
-        enforce::alloc_async_fast(bytes as u64, dptr, real).unwrap_or_else(|real| {
-            enforce::alloc_pooled("cuMemAllocAsync", bytes as u64, None, dptr, real)
+        enforce::alloc_async(bytes as u64, dptr, || unsafe {
+            real::cuMemAllocAsync(dptr, bytes, stream)
         })
     })
 }
@@ -244,9 +243,8 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
         // SAFETY: the caller's arguments.
-        let real = || unsafe { real::cuMemAllocAsync_ptsz(dptr, bytes, stream) };
-        enforce::alloc_async_fast(bytes as u64, dptr, real).unwrap_or_else(|real| {
-            enforce::alloc_pooled("cuMemAllocAsync", bytes as u64, None, dptr, real)
+        enforce::alloc_async(bytes as u64, dptr, || unsafe {
+            real::cuMemAllocAsync_ptsz(dptr, bytes, stream)
         })
     })
 }
@@ -299,8 +297,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        let real = || unsafe { real::cuMemFreeAsync(dptr, stream) };
-        enforce::free_async_fast(dptr, real).unwrap_or_else(|real| enforce::free_async(dptr, real))
+        enforce::free_async(dptr, || unsafe { real::cuMemFreeAsync(dptr, stream) })
     })
 }
 
@@ -310,8 +307,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuRe
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        let real = || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) };
-        enforce::free_async_fast(dptr, real).unwrap_or_else(|real| enforce::free_async(dptr, real))
+        enforce::free_async(dptr, || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) })
     })
 }
 
