@@ -27,11 +27,12 @@ pub const ON_EXCEED: &str = "CUDABUDGET_ON_EXCEED";
 pub const LIB: &str = "CUDABUDGET_LIB";
 /// HAMi-core's budget for every device; `_<N>` variants are per device.
 pub const HAMI_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
-/// Highest device ordinal a per-device variable may name.
-pub const MAX_ORDINAL: u32 = 1023;
+/// Highest device ordinal a per-device variable may name: the ledger budgets 64 devices
+/// (0..=63), and a budget it could not enforce is refused rather than accepted.
+pub const MAX_ORDINAL: u32 = 63;
 
 const PREFIX: &str = "CUDABUDGET_";
-const KNOWN_VARIABLES: &str = "CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N> (N = 0..1023), \
+const KNOWN_VARIABLES: &str = "CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N> (N = 0..63), \
      CUDABUDGET_LOG, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED, CUDABUDGET_LIB";
 
 /// How much the library writes to stderr. Ordered: a level includes those before it.
@@ -147,12 +148,21 @@ impl Variable {
             return Ok(Some(Variable::HamiLimit));
         }
         // HAMi's namespace is not ours to police: names that are not `_<ordinal>` are
-        // ignored, as HAMi-core itself ignores them.
-        Ok(name
+        // ignored, as HAMi-core itself ignores them. An ordinal we cannot budget is
+        // refused, as for our own variables.
+        let Some(rest) = name
             .strip_prefix(HAMI_LIMIT)
-            .and_then(|rest| rest.strip_prefix('_'))
-            .and_then(parse_ordinal)
-            .map(Variable::HamiDeviceLimit))
+            .and_then(|r| r.strip_prefix('_'))
+        else {
+            return Ok(None);
+        };
+        match parse_ordinal(rest) {
+            Some(n) => Ok(Some(Variable::HamiDeviceLimit(n))),
+            None if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) => Err(format!(
+                "device {rest} cannot be budgeted: ordinals 0..={MAX_ORDINAL} only"
+            )),
+            None => Ok(None),
+        }
     }
 
     fn is_budget(self) -> bool {
@@ -168,7 +178,8 @@ fn trim(s: &str) -> &str {
     s.trim_matches(|c: char| c.is_ascii_whitespace())
 }
 
-/// A device ordinal in canonical decimal form ("0", "7", "1023"; not "01", "+1", " 1").
+/// A device ordinal in canonical decimal form ("0", "7", "63"; not "01", "+1", " 1"),
+/// no higher than [`MAX_ORDINAL`].
 pub fn parse_ordinal(s: &str) -> Option<u32> {
     let canonical = !s.is_empty()
         && s.len() <= 4
@@ -568,6 +579,8 @@ mod tests {
             "CUDABUDGET_LIMIT_X",
             "CUDABUDGET_LIMIT_",
             "CUDABUDGET_LIMIT_+1",
+            "CUDABUDGET_LIMIT_64",
+            "CUDABUDGET_LIMIT_1023",
             "CUDABUDGET_LIMIT_1024",
             "CUDABUDGET_LIMIT_-1",
             "CUDABUDGET_LIMIT_99999999999",
@@ -576,9 +589,13 @@ mod tests {
             assert_eq!(e.variable, name);
         }
         assert_eq!(
-            config(&[("CUDABUDGET_LIMIT_1023", "1")]).limit_for(1023),
+            config(&[("CUDABUDGET_LIMIT_63", "1")]).limit_for(63),
             Some(Limit::Bytes(1))
         );
+        // HAMi's variables for a device we cannot budget are refused too.
+        let e = refused(&[("CUDA_DEVICE_MEMORY_LIMIT_64", "1g")]);
+        assert_eq!(e.variable, "CUDA_DEVICE_MEMORY_LIMIT_64");
+        config(&[("CUDA_DEVICE_MEMORY_LIMIT_63", "1g")]);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Devices the ledger can budget; higher ordinals pass through unbudgeted.
-pub const MAX_DEVICES: usize = 64;
+pub const MAX_DEVICES: usize = crate::config::MAX_ORDINAL as usize + 1;
 
 /// `budget` of a device that has no budget.
 pub const UNBUDGETED: u64 = u64::MAX;

@@ -30,6 +30,10 @@ const MALFORMED: &[(&str, &str)] = &[
     ("CUDABUDGET_LIMIT_0", "1Ki1"),
     ("CUDABUDGET_LIMIT_1", "-5%"),
     ("CUDABUDGET_LIMIT_X", "8Gi"),
+    // Ordinals the ledger cannot budget (it keeps 64 devices): refused, never ignored.
+    ("CUDABUDGET_LIMIT_64", "8Gi"),
+    ("CUDABUDGET_LIMIT_1023", "8Gi"),
+    ("CUDA_DEVICE_MEMORY_LIMIT_64", "8g"),
     ("CUDABUDGET_LOG", "loud"),
     ("CUDABUDGET_SCOPE", "job:train"),
     ("CUDABUDGET_ON_EXCEED", "wait:30s"),

@@ -255,6 +255,9 @@ fn a_bad_device_option_is_refused_before_anything_runs() {
         ("device-quantity", "1=8Gb"),
         ("device-no-equals", "1"),
         ("device-ordinal", "x=1Gi"),
+        // The ledger budgets devices 0..=63: a budget for 64 could never be enforced.
+        ("device-64", "64=1Gi"),
+        ("device-1023", "1023=1Gi"),
     ] {
         let message = assert_refused_before_running(test, &["--limit-device", option], &[]);
         assert!(message.contains("--limit-device"), "{message}");
