@@ -67,6 +67,22 @@ pub fn admit<'d>(
     })
 }
 
+/// Refuses `bytes` on `device` at once: a request that can never fit.
+#[cold]
+fn deny(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> CuResult {
+    d.note_denial();
+    report::denial(
+        call,
+        device,
+        &ledger::Denial {
+            requested: bytes,
+            used: d.used(),
+            budget: d.budget(),
+        },
+    );
+    CuResult::OUT_OF_MEMORY
+}
+
 /// A synchronous allocation of `bytes` whose address (or handle) the driver writes to
 /// `out`: `cuMemAlloc`, `cuMemAllocManaged`, arrays.
 pub fn alloc_direct(
@@ -549,6 +565,11 @@ pub fn alloc_pooled(
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
+    if !ledger::PoolCredit::may_hold(bytes, d.budget()) {
+        // No pool growth could ever admit it: refused before any credit moves, so a
+        // failure cannot give back credit that was never taken.
+        return deny(call, device, d, bytes);
+    }
     let (private, lane) = private().map_or((false, 0), |p| (p.take(device, d, bytes), p.lane()));
     if !private && !d.pool.take(runtime::shard(), bytes) {
         return grow_pools(call, device, d, bytes, dptr, lane, real);

@@ -196,6 +196,10 @@ impl Drop for Reservation<'_> {
     }
 }
 
+/// The largest stream-ordered request the credit can record: no budget holds 2^62
+/// bytes, and below it no shard can come near overflow.
+const TAKE_MAX: u64 = 1 << 62;
+
 /// Shards of pool credit; a thread keeps to one.
 pub const POOL_SHARDS: usize = 32;
 /// What a shard takes from the bank at a time, so that most allocations touch only the
@@ -229,15 +233,19 @@ impl PoolCredit {
         }
     }
 
+    /// Whether a stream-ordered request of `bytes` could ever be admitted under
+    /// `budget`. Callers refuse the others before [`Self::take`], so every take records
+    /// its debt and every refund gives back exactly what was taken.
+    pub fn may_hold(bytes: u64, budget: u64) -> bool {
+        bytes <= budget && bytes < TAKE_MAX
+    }
+
     /// Takes `bytes` from `shard`; false when the shard had too little, in which case
     /// the debt stays recorded there and the caller must go through [`Self::collect`].
+    /// `bytes` must pass [`Self::may_hold`].
     pub fn take(&self, shard: usize, bytes: u64) -> bool {
-        // No budget holds 2^62 bytes: such a request goes the slow way, where the
-        // reservation refuses it, without ever putting a shard near overflow.
-        if bytes >= 1 << 62 {
-            return false;
-        }
-        let bytes = clamp_i64(bytes);
+        debug_assert!(bytes < TAKE_MAX);
+        let bytes = clamp_i64(bytes.min(TAKE_MAX));
         let before = self.shards[shard % POOL_SHARDS]
             .0
             .fetch_sub(bytes, Ordering::AcqRel);
