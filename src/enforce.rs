@@ -474,6 +474,15 @@ extern "C" fn thread_exit(_: *mut libc::c_void) {
     });
 }
 
+/// In the child of `fork()`: the array table's lock is free again.
+///
+/// # Safety
+/// Only from an at-fork child handler.
+pub unsafe fn reset_in_child() {
+    // SAFETY: the caller's guarantee.
+    unsafe { ARRAYS.reset_in_child() };
+}
+
 /// In the child of `fork()`: only the calling thread came along.
 pub fn after_fork() {
     let own = private().map_or(0, |p| p.lane.get());

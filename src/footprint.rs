@@ -15,8 +15,30 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::config::LogLevel;
 use crate::ledger::{DeviceLedger, MAX_DEVICES};
+use crate::lock::{Guard, Lock};
 use crate::report::{self, Bytes};
 use crate::{nvml, runtime, vmm};
+
+/// Which contexts the process holds that the footprint counts: the primary context of
+/// each device while it is active (retained by us seeing it go from inactive), and every
+/// context from `cuCtxCreate` with its device. Held across a primary retain or release,
+/// so that two threads cannot both take one retain for the context's creation (or miss
+/// its end).
+pub struct ContextBooks {
+    pub primary: [bool; MAX_DEVICES],
+    /// `(context handle, device)` of the contexts from `cuCtxCreate`.
+    pub created: Vec<(usize, usize)>,
+}
+
+static CONTEXT_BOOKS: Lock<ContextBooks> = Lock::new(ContextBooks {
+    primary: [false; MAX_DEVICES],
+    created: Vec::new(),
+});
+
+/// The context books, locked.
+pub fn context_books() -> Guard<'static, ContextBooks> {
+    CONTEXT_BOOKS.lock()
+}
 
 /// Routine re-reads: at most once a second per device.
 const ROUTINE_MS: u64 = 1000;
@@ -315,8 +337,24 @@ fn reconcile(device: usize, d: &DeviceLedger) {
     d.set_overhead(process.saturating_sub(tracked));
 }
 
-/// After `fork()`: the child has no context of its own.
-pub fn forget_contexts(device: usize) {
+/// After `fork()`: the child has no context of its own, and no lock of the parent's.
+///
+/// # Safety
+/// Only from an at-fork child handler.
+pub unsafe fn after_fork() {
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        CONTEXT_BOOKS.reset_in_child(ContextBooks {
+            primary: [false; MAX_DEVICES],
+            created: Vec::new(),
+        })
+    };
+    for device in 0..MAX_DEVICES {
+        forget_contexts(device);
+    }
+}
+
+fn forget_contexts(device: usize) {
     if let (Some(count), Some(last)) = (CONTEXTS.get(device), LAST_MS.get(device)) {
         count.store(0, Ordering::Release);
         last.store(0, Ordering::Release);

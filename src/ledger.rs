@@ -15,7 +15,9 @@
 //! on a slot of the address table; a stream-ordered pair that fits in its thread's pool
 //! credit costs none (see [`LaneTable`]).
 
-use std::sync::Mutex;
+use std::collections::BTreeMap;
+
+use crate::lock::{Guard, Lock};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Devices the ledger can budget; higher ordinals pass through unbudgeted.
@@ -172,6 +174,19 @@ impl DeviceLedger {
         self.overhead.store(0, Ordering::Release);
         self.pool.clear();
     }
+
+    /// As [`Self::clear`], in the child of `fork()`: takes no lock and never waits, even
+    /// when a thread of the parent held the pool's lock at the fork.
+    ///
+    /// # Safety
+    /// Only from an at-fork child handler (see [`Lock::reset_in_child`]).
+    pub unsafe fn clear_in_child(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.used.store(0, Ordering::Release);
+        self.overhead.store(0, Ordering::Release);
+        // SAFETY: the caller's guarantee.
+        unsafe { self.pool.clear_in_child() };
+    }
 }
 
 /// Bytes taken from a device's budget, given back on drop unless committed.
@@ -221,7 +236,7 @@ struct Shard(AtomicI64);
 pub struct PoolCredit {
     shards: [Shard; POOL_SHARDS],
     charge: AtomicU64,
-    bank: Mutex<i64>,
+    bank: Lock<i64>,
 }
 
 impl PoolCredit {
@@ -229,7 +244,7 @@ impl PoolCredit {
         Self {
             shards: [const { Shard(AtomicI64::new(0)) }; POOL_SHARDS],
             charge: AtomicU64::new(0),
-            bank: Mutex::new(0),
+            bank: Lock::new(0),
         }
     }
 
@@ -267,7 +282,7 @@ impl PoolCredit {
     /// Locks the bank and gathers every shard into it. The guard's value is the credit
     /// left after every allocation so far; negative: the pools must grow by that much.
     pub fn collect(&self) -> BankGuard<'_> {
-        let mut bank = self.bank.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bank = self.bank.lock();
         for shard in &self.shards {
             *bank = bank.saturating_add(shard.0.swap(0, Ordering::AcqRel));
         }
@@ -275,19 +290,33 @@ impl PoolCredit {
     }
 
     fn clear(&self) {
-        let mut bank = self.bank.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bank = self.bank.lock();
+        self.zero();
+        *bank = 0;
+    }
+
+    fn zero(&self) {
         for shard in &self.shards {
             shard.0.store(0, Ordering::Release);
         }
-        *bank = 0;
         self.charge.store(0, Ordering::Release);
+    }
+
+    /// As [`Self::clear`] in the child of `fork()`: stores only.
+    ///
+    /// # Safety
+    /// As [`Lock::reset_in_child`].
+    unsafe fn clear_in_child(&self) {
+        self.zero();
+        // SAFETY: the caller's guarantee.
+        unsafe { self.bank.reset_in_child(0) };
     }
 }
 
 /// The pool bank, locked, with every shard gathered in it.
 pub struct BankGuard<'a> {
     credit: &'a PoolCredit,
-    bank: std::sync::MutexGuard<'a, i64>,
+    bank: Guard<'a, i64>,
 }
 
 impl BankGuard<'_> {
@@ -383,7 +412,7 @@ struct Slot {
 /// stays empty in practice.
 pub struct AddrTable<const N: usize> {
     slots: [Slot; N],
-    overflow: Mutex<std::collections::BTreeMap<u64, u64>>,
+    overflow: Lock<BTreeMap<u64, u64>>,
     overflow_len: AtomicU64,
 }
 
@@ -397,7 +426,7 @@ impl<const N: usize> AddrTable<N> {
                     value: AtomicU64::new(0),
                 }
             }; N],
-            overflow: Mutex::new(std::collections::BTreeMap::new()),
+            overflow: Lock::new(BTreeMap::new()),
             overflow_len: AtomicU64::new(0),
         }
     }
@@ -428,7 +457,7 @@ impl<const N: usize> AddrTable<N> {
                 return;
             }
         }
-        let mut overflow = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
+        let mut overflow = self.overflow.lock();
         overflow.insert(key, entry.pack());
         self.overflow_len
             .store(overflow.len() as u64, Ordering::Release);
@@ -460,11 +489,23 @@ impl<const N: usize> AddrTable<N> {
         if self.overflow_len.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let mut overflow = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
+        let mut overflow = self.overflow.lock();
         let value = overflow.remove(&key);
         self.overflow_len
             .store(overflow.len() as u64, Ordering::Release);
         value.map(Entry::unpack)
+    }
+
+    /// In the child of `fork()`: the overflow map's lock is free again (its entries, of
+    /// the parent's allocations, are forgotten). The slots are left alone: writing them
+    /// would copy every page of the table into the child.
+    ///
+    /// # Safety
+    /// Only from an at-fork child handler (see [`Lock::reset_in_child`]).
+    pub unsafe fn reset_in_child(&self) {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.overflow.reset_in_child(BTreeMap::new()) };
+        self.overflow_len.store(0, Ordering::Release);
     }
 
     /// Drops every entry of `device` (its context was destroyed with all its memory).
@@ -480,7 +521,7 @@ impl<const N: usize> AddrTable<N> {
                     .compare_exchange(key, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
-        let mut overflow = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
+        let mut overflow = self.overflow.lock();
         overflow.retain(|_, v| Entry::unpack(*v).device != device);
         self.overflow_len
             .store(overflow.len() as u64, Ordering::Release);
@@ -729,6 +770,15 @@ impl PointerMap {
         self.lanes.purge_device(device);
         self.shared.purge_device(device);
     }
+
+    /// See [`AddrTable::reset_in_child`].
+    ///
+    /// # Safety
+    /// Only from an at-fork child handler.
+    pub unsafe fn reset_in_child(&self) {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.shared.reset_in_child() };
+    }
 }
 
 impl PointerMap {
@@ -942,7 +992,7 @@ mod tests {
     }
 
     /// Lanes are process-wide: the tests that claim them take turns.
-    static LANE_TESTS: Mutex<()> = Mutex::new(());
+    static LANE_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     #[test]
     fn lanes_are_given_once_lowest_first_and_come_back() {

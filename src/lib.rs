@@ -26,6 +26,7 @@ mod enforce;
 mod footprint;
 mod hooks;
 pub mod ledger;
+mod lock;
 mod nvml;
 mod pools;
 pub mod quantity;

@@ -115,14 +115,22 @@ fn decide() -> Result<u8, crate::config::ConfigError> {
 /// ledger of its own.
 fn install_fork_handler() {
     extern "C" fn child() {
-        for (device, d) in LEDGER.devices() {
-            d.clear();
-            crate::footprint::forget_contexts(device);
+        // Stores only: no lock is taken and nothing waits, whatever the parent's other
+        // threads were doing (they did not come along).
+        // SAFETY: an at-fork child handler, the one place these may run.
+        unsafe {
+            for (_, d) in LEDGER.devices() {
+                d.clear_in_child();
+            }
+            POINTERS.reset_in_child();
+            crate::enforce::reset_in_child();
+            crate::vmm::reset_in_child();
+            crate::footprint::after_fork();
         }
         crate::nvml::after_fork();
         crate::enforce::after_fork();
     }
-    // SAFETY: registers a plain extern "C" function that only stores to atomics.
+    // SAFETY: registers a plain extern "C" function that only stores to memory.
     unsafe {
         libc::pthread_atfork(None, None, Some(child));
     }

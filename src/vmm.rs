@@ -6,7 +6,8 @@
 //! lock: these calls cost microseconds in the driver, so a lock here is noise.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+
+use crate::lock::{Guard, Lock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Physical {
@@ -97,11 +98,20 @@ impl Default for Vmm {
     }
 }
 
-static VMM: Mutex<Vmm> = Mutex::new(Vmm::new());
+static VMM: Lock<Vmm> = Lock::new(Vmm::new());
 
 /// The process's handles, locked.
-pub fn lock() -> std::sync::MutexGuard<'static, Vmm> {
-    VMM.lock().unwrap_or_else(|e| e.into_inner())
+pub fn lock() -> Guard<'static, Vmm> {
+    VMM.lock()
+}
+
+/// In the child of `fork()`: no handles (they are the parent's), and no lock held.
+///
+/// # Safety
+/// Only from an at-fork child handler.
+pub unsafe fn reset_in_child() {
+    // SAFETY: the caller's guarantee.
+    unsafe { VMM.reset_in_child(Vmm::new()) };
 }
 
 #[cfg(test)]

@@ -37,3 +37,114 @@ fn an_impossible_stream_ordered_request_leaves_the_budget_whole() {
         }
     }
 }
+
+/// Runs a Python `ctypes` program against the fake driver under the library.
+fn python(script: &str, envs: &[(&str, &str)]) -> (bool, String, String) {
+    let out = std::process::Command::new("timeout")
+        .args(["60", "python3", "-c", script])
+        .env("LD_LIBRARY_PATH", util::fake_dir())
+        .env("LD_PRELOAD", util::lib_path())
+        .envs(envs.iter().copied())
+        .output()
+        .expect("python3 runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `fork()` while another thread is inside the library's denial path (which holds the
+/// pool's lock across driver and NVML calls): the child must not wait for that lock. It
+/// once hung in its at-fork handler, even a child that only calls `_exit`.
+#[test]
+fn a_fork_while_another_thread_is_being_denied_never_hangs_the_child() {
+    let script = r#"
+import ctypes, os, threading, time, warnings
+warnings.simplefilter("ignore")
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+held = ctypes.c_uint64()
+assert cuda.cuMemAllocAsync(ctypes.byref(held), ctypes.c_size_t(800 << 20), None) == 0
+stop = False
+denials = 0
+def deny():
+    global denials
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    while not stop:
+        p = ctypes.c_uint64()
+        if cuda.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(512 << 20), None) == 2:
+            denials += 1
+threads = [threading.Thread(target=deny) for _ in range(2)]
+for t in threads: t.start()
+hung = 0
+for i in range(40):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    deadline = time.time() + 5
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.WEXITSTATUS(status) == 7, status
+            break
+        if time.time() > deadline:
+            hung += 1
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.001)
+stop = True
+for t in threads: t.join()
+print("hung", hung, "denials", denials)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_NVML_PROC_DELAY_MS", "5"),
+        ],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    assert_eq!(fields[..2], ["hung", "0"], "{stdout}\n{stderr}");
+    assert_ne!(
+        fields[3], "0",
+        "the threads were denied meanwhile: {stdout}"
+    );
+}
+
+/// `cudaDeviceReset` resets the primary context; beside a context from `cuCtxCreate`
+/// that primary was never active, and its reset ends nothing the books count. It once
+/// cleared the device's books, and a second 2.5 GiB then passed a 4 GiB budget.
+#[test]
+fn a_reset_of_an_unused_primary_context_keeps_a_live_contexts_books() {
+    let script = r#"
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+a, b = ctypes.c_uint64(), ctypes.c_uint64()
+first = cuda.cuMemAlloc_v2(ctypes.byref(a), ctypes.c_size_t(5 << 29))
+reset = cuda.cuDevicePrimaryCtxReset_v2(0)
+second = cuda.cuMemAlloc_v2(ctypes.byref(b), ctypes.c_size_t(5 << 29))
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+info = cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+print(first, reset, second, info, free.value >> 20)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[("CUDABUDGET_LIMIT", "4Gi"), ("CUDABUDGET_LOG", "error")],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "0 0 2 0 1536",
+        "the second 2.5 GiB is refused and 1.5 GiB stays free\n{stderr}"
+    );
+}

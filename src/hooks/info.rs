@@ -2,7 +2,6 @@
 //! memory the footprint charges.
 
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
 
 use super::guard;
 use crate::driver::{CuResult, Device, Handle, real};
@@ -112,12 +111,9 @@ fn creating_context(device: Device, create: impl FnOnce() -> CuResult) -> CuResu
     rc
 }
 
-/// Held while a primary context is retained or released, so that two threads cannot
-/// both take one retain for the context's creation (or miss its end).
-static PRIMARY_BOOKS: Mutex<()> = Mutex::new(());
-
 /// Runs a primary-context release (or reset) and tells the footprint when the context
-/// is gone.
+/// it counted is gone. A reset of a primary context that was never active (what
+/// `cudaDeviceReset` does beside a context from `cuCtxCreate`) ends nothing we counted.
 fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
     let mode = runtime::mode();
     if let Some(rc) = runtime::refusal(mode) {
@@ -126,9 +122,11 @@ fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuRe
     if mode != Mode::Budgeted || device < 0 {
         return release();
     }
-    let _books = PRIMARY_BOOKS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut books = footprint::context_books();
     let rc = release();
-    if rc.is_ok() && !primary_active(device) {
+    let counted = books.primary.get(device as usize).copied().unwrap_or(false);
+    if rc.is_ok() && counted && !primary_active(device) {
+        books.primary[device as usize] = false;
         footprint::context_gone(device as usize);
     }
     rc
@@ -151,12 +149,18 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Devi
         if runtime::mode() != Mode::Budgeted || device < 0 {
             return creating_context(device, retain);
         }
-        let _books = PRIMARY_BOOKS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut books = footprint::context_books();
         // A retain of an already active primary context creates nothing.
         if primary_active(device) {
             return retain();
         }
-        creating_context(device, retain)
+        let rc = creating_context(device, retain);
+        if rc.is_ok()
+            && let Some(counted) = books.primary.get_mut(device as usize)
+        {
+            *counted = true;
+        }
+        rc
     })
 }
 
@@ -184,16 +188,13 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: Device) -> CuResult 
     })
 }
 
-/// Contexts from `cuCtxCreate`, with their devices, so their destruction can be told.
-static CREATED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
-
+/// Remembers a context from `cuCtxCreate` and its device, so its destruction can be told.
 fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
     if rc.is_ok() && !ctx.is_null() && runtime::mode() == Mode::Budgeted {
         // SAFETY: the driver wrote the new context.
         let handle = unsafe { *ctx } as usize;
-        CREATED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        footprint::context_books()
+            .created
             .push((handle, device.max(0) as usize));
     }
     rc
@@ -258,7 +259,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
         let rc = unsafe { real::cuCtxDestroy_v2(ctx) };
         if rc.is_ok() && runtime::mode() == Mode::Budgeted {
             let device = {
-                let mut created = CREATED.lock().unwrap_or_else(|e| e.into_inner());
+                let created = &mut footprint::context_books().created;
                 created
                     .iter()
                     .position(|&(c, _)| c == ctx as usize)

@@ -1,0 +1,133 @@
+//! The library's one kind of lock: a small spin-then-sleep lock that the child of
+//! `fork()` can take back without waiting.
+//!
+//! A `std::sync::Mutex` held by another thread at the moment of `fork()` stays locked
+//! in the child for ever (only the forking thread comes along), so a child handler that
+//! takes one hangs — even a child that only calls `_exit`. [`Lock::reset_in_child`]
+//! instead *stores* a fresh value and an unlocked state: no wait, no lock, no drop of
+//! whatever half-updated value the parent's thread left behind (it is leaked).
+//!
+//! The locks guard rare paths (the pool bank when a thread's credit runs dry, the
+//! address table's overflow, `cuMemCreate` handles, context books), held for a few
+//! driver calls at most, so spinning briefly and then sleeping is enough.
+
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub struct Lock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is only reached through a guard, and a guard exists on one thread at
+// a time (the `locked` flag is taken with acquire and released with release ordering).
+unsafe impl<T: Send> Sync for Lock<T> {}
+// SAFETY: moving the lock moves the value; `T: Send` is what that needs.
+unsafe impl<T: Send> Send for Lock<T> {}
+
+impl<T> Lock<T> {
+    pub const fn new(value: T) -> Self {
+        Self {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    /// Takes the lock: spins a little, then yields, then sleeps in short steps.
+    pub fn lock(&self) -> Guard<'_, T> {
+        let mut tries = 0u32;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            tries = tries.saturating_add(1);
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else if tries < 128 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        Guard { lock: self }
+    }
+
+    /// In the child of `fork()`: the lock is free and holds `fresh`, whatever a thread
+    /// of the parent was doing with it. Only stores: the old value is neither read nor
+    /// dropped (it may be half-updated; what it owns is leaked).
+    ///
+    /// # Safety
+    /// Only in a child of `fork()` before any other thread exists there (an at-fork child
+    /// handler), when no guard of this lock can be alive on the calling thread.
+    pub unsafe fn reset_in_child(&self, fresh: T) {
+        // SAFETY: the caller guarantees no guard is alive in this process (the threads
+        // that held one did not come along), so nothing else reaches the value.
+        unsafe { std::ptr::write(self.value.get(), fresh) };
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
+/// Access to the locked value; the lock is released on drop (a panic included).
+pub struct Guard<'a, T> {
+    lock: &'a Lock<T>,
+}
+
+impl<T> Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: this guard holds the lock.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: this guard holds the lock, and `&mut self` makes the access unique.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn threads_take_turns() {
+        let lock = Arc::new(Lock::new(0u64));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let lock = Arc::clone(&lock);
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        *lock.lock() += 1;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(*lock.lock(), 40_000);
+    }
+
+    #[test]
+    fn a_lock_held_elsewhere_is_taken_back_without_waiting() {
+        let lock = Lock::new(vec![1, 2, 3]);
+        let held = lock.lock();
+        // What a child of fork() sees: the holder is gone.
+        std::mem::forget(held);
+        // SAFETY: no guard is alive (the one above was forgotten, as a parent's thread's
+        // guard is in the child).
+        unsafe { lock.reset_in_child(Vec::new()) };
+        assert!(lock.lock().is_empty());
+    }
+}
