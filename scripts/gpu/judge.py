@@ -7,7 +7,10 @@ beside it for comparison (native is expected to behave differently).
 
 Prints one line per check to stdout:
   PASS <case>/<check> [native: ...] [budget: ...]
-and appends them to --results; writes the full JSON and stderr extracts to --log.
+and appends the PASS, FAIL and SKIP lines to --results (run_all.sh counts
+PASS and FAIL only); writes the full JSON and stderr extracts to --log.
+A SKIP is a check the installed software cannot make: typically the native
+run could not do it either (e.g. torch.compile without a working triton).
 """
 
 import argparse
@@ -330,6 +333,199 @@ def two_gpu_visible1_checks():
     ]
 
 
+# ------------------------------------------------ "no escape, no harm" ----
+
+def info(name, keys):
+    """A line of facts only (INFO): never counted."""
+    return (name, lambda b, n: True, list(keys), False)
+
+
+def like_native(key, name=None, extra=()):
+    """PASS when the budget run has key True. SKIP when the native run does
+    not have it either: the installed software cannot do it at all."""
+    def f(b, n):
+        if n(key) is not True:
+            return None
+        return b(key) is True
+    return (name or key.split(":")[-1], f, [key] + list(extra), True)
+
+
+def part_clean(part):
+    """The part printed its JSON, did not crash, reported no error. SKIP when
+    the native run of the part failed the same way."""
+    pre = "" if part == "main" else part + ":"
+
+    def clean(g):
+        return bool(g(pre + "_json")) and not g(pre + "_crashed") and g(pre + "error") is None
+
+    def f(b, n):
+        if clean(b):
+            return True
+        return None if not clean(n) else False
+    return ("%sran_clean" % ("" if part == "main" else part + "_"), f,
+            [pre + "_rc", pre + "_crashed", pre + "error"], True)
+
+
+def smi_le_if_ran(budget_gib, key, name, ran_key):
+    """smi_le, but SKIP when the part did not get as far natively either."""
+    lim = budget_gib * 1024 * 1.02
+
+    def f(b, n):
+        v = b(key)
+        if v is None and n(ran_key) is not True:
+            return None
+        return v is not None and v <= lim
+    return ("%s<=%.0fMiB" % (name, lim), f, [key], True)
+
+
+def c_clean():
+    return ("ran_clean", lambda b, n: bool(b("_json")) and not b("_crashed") and b("error") is None
+            and b("ran_to_end") is True,
+            ["_rc", "_crashed", "error", "init_err"], True)
+
+
+def torch_graph_checks(gib=8):
+    def compile_ok(b, n):
+        if b("compile:compile_skip") is not None:
+            return None  # triton not importable: the installed software cannot compile
+        if n("compile:compile_ok") is not True:
+            return None  # natively it fails too (no compiler, ...): SKIP, reason beside
+        return b("compile:compile_ok") is True
+
+    return [
+        part_clean("capture"),
+        like_native("capture:graph_ok", "cuda_graph_capture+replay==eager",
+                    ["capture:capture_exc", "capture:replay_exc", "capture:replays",
+                     "capture:replay_max_abs_diff"]),
+        smi_le_if_ran(gib, "capture:smi_mib", "capture_smi_per_process", "capture:capture_ok"),
+        info("capture_after_graph_alloc", ["capture:after_ok", "capture:after_exc", "capture:backend"]),
+        part_clean("compile"),
+        ("torch.compile(reduce-overhead)==eager", compile_ok,
+         ["compile:compile_ok", "compile:compile_skip", "compile:compile_skip_hint", "compile:compile_exc",
+          "compile:steps_done", "compile:max_abs_diff"], True),
+        smi_le_if_ran(gib, "compile:smi_mib", "compile_smi_per_process", "compile:compile_ok"),
+        info("compile_details", ["compile:triton", "compile:cudagraph_skips", "compile:compile_s",
+                                 "compile:first_step_s"]),
+    ]
+
+
+def cuda_graph_fit_checks(gib=4):
+    return [
+        c_clean(),
+        like_native("fit_ok", "capture+upload+3_launches_ok_checksums_right",
+                    ["fit_first_failed_step", "fit_first_err", "fit_checksums", "fit_expected"]),
+        ("return_codes==native", lambda b, n: b("fit_rcs") is not None and b("fit_rcs") == n("fit_rcs"),
+         ["fit_rcs"], True),
+        ("checksums==native",
+         lambda b, n: b("fit_checksums") is not None and b("fit_checksums") == n("fit_checksums"),
+         ["fit_checksums"], True),
+        smi_le(gib),
+        info("graph_mem", ["fit_graph_mem_used", "fit_graph_mem_reserved"]),
+    ]
+
+
+def cuda_graph_cross_checks(gib=4):
+    return [
+        c_clean(),
+        like_native("cap6_built_ok", "captured_6GiB_graph_instantiates",
+                    ["cap6_first_failed_step", "cap6_first_err"]),
+        ("captured_6GiB_upload_cudaErrorMemoryAllocation", lambda b, n: b("cap6_upload_oom") is True,
+         ["cap6_upload_err"], True),
+        ("captured_6GiB_launch_cudaErrorMemoryAllocation", lambda b, n: b("cap6_launch_oom") is True,
+         ["cap6_launch_err"], True),
+        like_native("node6_built_ok", "node_built_6GiB_graph_instantiates",
+                    ["node6_first_failed_step", "node6_first_err"]),
+        ("node_6GiB_upload_cudaErrorMemoryAllocation", lambda b, n: b("node6_upload_oom") is True,
+         ["node6_upload_err"], True),
+        ("node_6GiB_launch_cudaErrorMemoryAllocation", lambda b, n: b("node6_launch_oom") is True,
+         ["node6_launch_err"], True),
+        like_native("after1_ok", "1GiB_graph_after_denials_ok",
+                    ["after1_first_failed_step", "after1_first_err", "after1_checksums", "after1_expected"]),
+        smi_le(gib),
+        info("native_ran_the_6GiB_graphs", ["cap6_ok", "node6_ok", "cap6_graph_mem_reserved",
+                                            "node6_graph_mem_reserved"]),
+    ]
+
+
+def cuda_async_impossible_checks(gib=4):
+    def fails_as_native(failed, err):
+        def f(b, n):
+            if b(failed) is not True:
+                return False
+            return b(err) == n(err) or str(b(err)).startswith("cudaErrorMemoryAllocation")
+        return f
+
+    return [
+        c_clean(),
+        ("cudaMallocAsync(SIZE_MAX)_fails", fails_as_native("huge_max_failed", "huge_max_err"),
+         ["huge_max_failed", "huge_max_err"], True),
+        ("cudaMallocAsync(2^62)_fails", fails_as_native("huge_2p62_failed", "huge_2p62_err"),
+         ["huge_2p62_failed", "huge_2p62_err"], True),
+        ("4x3GiB_without_free==ok,oom,oom,oom", lambda b, n: b("async3_pattern") == "ok,oom,oom,oom",
+         ["async3_pattern"], True),
+        eq_bytes("total", gib, "cudaMemGetInfo_total==%gGiB" % gib),
+        like_native("after_free_3GiB_ok", extra=["after_free_3GiB_err"]),
+        smi_le(gib),
+    ]
+
+
+def cuda_primary_reset_checks(gib=4):
+    return [
+        ("ran_clean", lambda b, n: bool(b("_json")) and not b("_crashed") and b("error") is None
+         and b("ctx_ok") is True, ["_rc", "_crashed", "error", "ctx_create"], True),
+        like_native("first_ok", "2.5GiB_in_created_context_ok", ["first_err"]),
+        ("cuDevicePrimaryCtxReset_rc==native", lambda b, n: b("primary_reset") is not None
+         and b("primary_reset") == n("primary_reset"), ["primary_reset", "primary_active_before_reset"], True),
+        ("2.5GiB_more_after_primary_reset_OUT_OF_MEMORY", lambda b, n: b("second_oom") is True,
+         ["second_err", "free_after_reset", "total_after_reset"], True),
+        like_native("first_still_usable", "first_block_still_usable", ["first_memset"]),
+        smi_le(gib),
+    ]
+
+
+def two_gpu_stream_checks(gib=4):
+    return [
+        c_clean(),
+        ("device_count>=2", lambda b, n: (b("device_count") or 0) >= 2, ["device_count"], True),
+        like_native("first_ok", "3GiB_on_device1_stream_ok", ["first_err"]),
+        ("3GiB_more_on_device1_stream_cudaErrorMemoryAllocation", lambda b, n: b("second_oom") is True,
+         ["second_err"], True),
+        like_native("dev0_3GiB_ok", "device0_3GiB_after_ok", ["dev0_3GiB_err"]),
+        smi_le(gib, "smi1_mib", "device1_smi"),
+        smi_le(gib, "smi0_mib", "device0_smi"),
+        info("where(expect first_ptr_device=1, current_device=0)",
+             ["first_ptr_device", "current_device", "dev0_total", "dev1_total"]),
+    ]
+
+
+def dataloader_fork_checks(gib=8):
+    def wall_lt(limit):
+        def f(b, n):
+            try:
+                return float(b("_time") or 1e9) < limit
+            except ValueError:
+                return False
+        return f
+
+    return [
+        ok_run(),
+        is_true("hold_ok", extra=["hold_exc"]),
+        ("all_batches_arrived", lambda b, n: b("batches_ok") is True,
+         ["batches_seen", "batches_expected", "epochs_done"], True),
+        ("no_worker_timeout_or_death",
+         lambda b, n: b("epochs") is not None and b("epochs_done") == b("epochs") and b("loader_exc") is None,
+         ["epochs_done", "loader_exc_class", "loader_exc"], True),
+        ("denied_while_forking(oom_asks_during_loader>0)", lambda b, n: (b("asks_oom_during_loader") or 0) > 0,
+         ["asks_oom_during_loader", "asks_during_loader", "forks"], True),
+        ("asker_saw_only_OutOfMemoryError", lambda b, n: b("asks_other") == 0 and b("asker_stopped") is True,
+         ["asks_other", "asks_other_exc", "asker_stopped"], True),
+        ("wall_time<120s", wall_lt(120), ["_time", "loader_s"], True),
+        is_true("after_ok", "4GiB_after_forks_ok", ["after_exc"]),
+        smi_le(gib),
+        info("asks", ["asks", "asks_ok", "asks_oom"]),
+    ]
+
+
 CASES = {
     "torch_native": torch_alloc_checks,
     "torch_expandable": torch_alloc_checks,
@@ -345,6 +541,14 @@ CASES = {
     "seed": seed_checks,
     "two_gpu_perdev": two_gpu_perdev_checks,
     "two_gpu_visible1": two_gpu_visible1_checks,
+    "torch_graph": torch_graph_checks,
+    "torch_graph_async": torch_graph_checks,
+    "cuda_graph_fit": cuda_graph_fit_checks,
+    "cuda_graph_cross": cuda_graph_cross_checks,
+    "cuda_async_impossible": cuda_async_impossible_checks,
+    "cuda_primary_reset": cuda_primary_reset_checks,
+    "two_gpu_stream": two_gpu_stream_checks,
+    "dataloader_fork": dataloader_fork_checks,
 }
 
 
@@ -354,6 +558,8 @@ def part_summary(d):
     smi = d.get("smi_mib")
     if smi is None and isinstance(d.get("dev0"), dict):
         smi = "%s+%s" % (d["dev0"].get("smi_mib"), d.get("dev1", {}).get("smi_mib"))
+    if smi is None and ("smi0_mib" in d or "smi1_mib" in d):
+        smi = "%s+%s" % (d.get("smi0_mib"), d.get("smi1_mib"))
     s = "rc=%s %ss smi=%sMiB" % (d.get("_rc"), d.get("_time") or "?", smi)
     if not d.get("_json"):
         s += " NO-JSON"
@@ -428,7 +634,7 @@ def main():
         f.write("\n".join(detail + lines) + "\n")
     with open(a.results, "a") as f:
         for l in lines:
-            if l.startswith(("PASS ", "FAIL ")):
+            if l.startswith(("PASS ", "FAIL ", "SKIP ")):  # SKIP is listed, never counted
                 f.write(l + "\n")
     for l in lines:
         print(l)

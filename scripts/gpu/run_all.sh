@@ -11,7 +11,9 @@
 #     --via          how budget runs are launched: cli = `cudabudget run --limit ...`, env = LD_PRELOAD +
 #                    CUDABUDGET_LIMIT*, mixed (default) = cli for torch_native and nvsmi, env elsewhere
 # Output: console, and appended to $OUT/gpu.log; $OUT/summary.txt (OUT defaults to ./gpu-out).
-# Exit status 0 iff no check FAILed. About 4-6 minutes without the benchmarks.
+# Exit status 0 iff no check FAILed. About 5 minutes without the benchmarks (one H200).
+# CB_DEADLINE_S (default 570; 0 = none): no process starts later than that many seconds after
+# the start, and none runs past it, so a hang never outlives the device tool's 10 minutes.
 set -u
 
 ONLY=""
@@ -19,7 +21,9 @@ SKIP_BENCH=0
 TWO_GPU=0
 VIA=mixed
 REPS=5
-ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform jax_async cupy_default cupy_async numba cuda_c nvsmi seed two_gpu_perdev two_gpu_visible1"
+ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform jax_async cupy_default cupy_async numba cuda_c nvsmi seed"
+ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
+ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) ONLY="$2"; shift 2 ;;
@@ -30,7 +34,7 @@ while [[ $# -gt 0 ]]; do
     --via=*) VIA="${1#*=}"; shift ;;
     --reps) REPS="$2"; shift 2 ;;
     --list) echo "$ALL_CASES" | tr ' ' '\n'; exit 0 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +58,8 @@ RESULTS="$WORK/results.txt"
 PY="${PYTHON:-python3}"
 C="$HERE/cases"
 T_START=$(date +%s)
+DEADLINE_S="${CB_DEADLINE_S:-570}"
+[[ $DEADLINE_S =~ ^[0-9]+$ ]] || DEADLINE_S=570
 
 # A clean environment: nothing of ours or of the frameworks' allocator settings leaks in.
 unset LD_PRELOAD
@@ -140,6 +146,14 @@ run_one() {
   fi
   envs+=("CB_PARTIAL=$base.partial")
   rm -f "$base".out "$base".err "$base".rc "$base".time "$base".partial "$base".cmd
+  if [[ $DEADLINE_S -gt 0 ]]; then  # never start or run past the matrix deadline
+    local left=$((T_START + DEADLINE_S - $(date +%s)))
+    if [[ $left -lt 15 ]]; then
+      echo "   ($case $variant/$part: NOT RUN, matrix deadline CB_DEADLINE_S=$DEADLINE_S reached)" | tee -a "$LOG"
+      return 0
+    fi
+    [[ $to -gt $left ]] && to=$left
+  fi
   printf '%q ' env "${envs[@]}" ${launcher[@]+"${launcher[@]}"} "$@" >"$base.cmd"
   local t0 t1 rc tp
   t0=$(date +%s%N)
@@ -225,6 +239,54 @@ if [[ ! -x $CLI ]]; then
   VIA=env
 fi
 wait_gpu_idle
+
+# graph_test.cu is built once, on first use; a failed build gives each of its cases a FAIL line.
+GT_BIN="$BUILD/graph_test"
+GT_STATE=""
+build_graph_test() {
+  local bto=180
+  if [[ -z $GT_STATE && $DEADLINE_S -gt 0 ]]; then
+    bto=$((T_START + DEADLINE_S - $(date +%s) - 30))
+    [[ $bto -gt 180 ]] && bto=180
+    if [[ $bto -lt 20 ]]; then
+      GT_STATE=fail
+      log "   (graph_test not built: matrix deadline CB_DEADLINE_S=$DEADLINE_S reached)"
+    fi
+  fi
+  if [[ -z $GT_STATE ]]; then
+    echo "-- building graph_test with nvcc ..."
+    rm -f "$GT_BIN"
+    if timeout "$bto" "$NVCC" -O2 -cudart static -o "$GT_BIN" "$HERE/cuda/graph_test.cu" -lcuda \
+      >"$WORK/nvcc-graph_test.log" 2>&1; then
+      GT_STATE=ok
+    else
+      # No libcuda.so (the toolkit's stubs) on the link path: link the driver's libcuda.so.1 itself.
+      local libcuda
+      libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+      if [[ -n $libcuda ]] && {
+        echo "# retry, linking $libcuda"
+        timeout "$bto" "$NVCC" -O2 -cudart static -o "$GT_BIN" "$HERE/cuda/graph_test.cu" -Xlinker "$libcuda"
+      } >>"$WORK/nvcc-graph_test.log" 2>&1; then
+        GT_STATE=ok
+        log "   (graph_test linked against $libcuda: -lcuda was not found)"
+      else
+        GT_STATE=fail
+        log "nvcc failed for cuda/graph_test.cu:"
+        tail -n 25 "$WORK/nvcc-graph_test.log" | tee -a "$LOG"
+      fi
+    fi
+  fi
+  [[ $GT_STATE == ok ]]
+}
+graph_case() {  # graph_case CASE SPEC MODE
+  local case=$1 spec=$2 mode=$3
+  if build_graph_test; then
+    pair "$case" "$spec" 60 -- "$GT_BIN" "$mode"
+  else
+    log "FAIL $case/build cuda/graph_test.cu not built (nvcc failed, or the deadline: see the log, $WORK/nvcc-graph_test.log)"
+    echo "FAIL $case/build" >>"$RESULTS"
+  fi
+}
 
 # ------------------------------------------------------------------ cases
 if selected torch_native; then
@@ -315,7 +377,49 @@ if selected seed; then
   judge seed
 fi
 
-if [[ $TWO_GPU -eq 1 ]] && { selected two_gpu_perdev || selected two_gpu_visible1; }; then
+# "No escape, no harm": CUDA graphs (PyTorch, then CUDA C), impossible sizes, a primary-context
+# reset beside a created context, DataLoader workers forked during denials.
+torch_graph_case() {  # torch_graph_case CASE ALLOC_CONF_SPEC
+  local case=$1 spec="$2 B:CUDABUDGET_LIMIT=8Gi"
+  local cspec="$spec TORCHINDUCTOR_COMPILE_THREADS=1 TORCHINDUCTOR_CACHE_DIR=$WORK/inductor-cache TRITON_CACHE_DIR=$WORK/triton-cache"
+  echo "-- $case (budget via $(via_for "$case")) ..."
+  run_one "$case" native capture 90 "$(via_for "$case")" "$spec" -- \
+    "$PY" "$C/torch_graph_case.py" --mode capture --budget-gib 8 --watchdog-s 75
+  run_one "$case" budget capture 90 "$(via_for "$case")" "$spec" -- \
+    "$PY" "$C/torch_graph_case.py" --mode capture --budget-gib 8 --watchdog-s 75
+  # The compile caches are shared by the whole matrix run: the first compile is cold. The budget
+  # run goes first, so the cold compile (triton's own build included) happens under the library.
+  run_one "$case" budget compile 150 "$(via_for "$case")" "$cspec" -- \
+    "$PY" "$C/torch_graph_case.py" --mode compile --budget-gib 8 --watchdog-s 120
+  run_one "$case" native compile 150 "$(via_for "$case")" "$cspec" -- \
+    "$PY" "$C/torch_graph_case.py" --mode compile --budget-gib 8 --watchdog-s 120
+  judge "$case"
+}
+if selected torch_graph; then
+  torch_graph_case torch_graph ""
+fi
+if selected torch_graph_async; then
+  torch_graph_case torch_graph_async "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"
+fi
+if selected cuda_graph_fit; then
+  graph_case cuda_graph_fit "B:CUDABUDGET_LIMIT=4Gi" fit
+fi
+if selected cuda_graph_cross; then
+  graph_case cuda_graph_cross "B:CUDABUDGET_LIMIT=4Gi" cross
+fi
+if selected cuda_async_impossible; then
+  graph_case cuda_async_impossible "B:CUDABUDGET_LIMIT=4Gi" impossible
+fi
+if selected cuda_primary_reset; then
+  graph_case cuda_primary_reset "B:CUDABUDGET_LIMIT=4Gi" reset
+fi
+if selected dataloader_fork; then
+  pair dataloader_fork "B:CUDABUDGET_LIMIT=8Gi" 150 -- \
+    "$PY" "$C/dataloader_case.py" --budget-gib 8 --hold-gib 2 --after-gib 4 --workers 4 --epochs 6 \
+    --loader-timeout 60 --watchdog-s 100
+fi
+
+if [[ $TWO_GPU -eq 1 ]] && { selected two_gpu_perdev || selected two_gpu_visible1 || selected two_gpu_stream; }; then
   if [[ $NGPU -ge 2 ]]; then
     if selected two_gpu_perdev; then
       pair two_gpu_perdev "CUDA_VISIBLE_DEVICES=0,1 B:CUDABUDGET_LIMIT_0=6Gi B:CUDABUDGET_LIMIT_1=10Gi" 180 -- \
@@ -325,24 +429,33 @@ if [[ $TWO_GPU -eq 1 ]] && { selected two_gpu_perdev || selected two_gpu_visible
       pair two_gpu_visible1 "CUDA_VISIBLE_DEVICES=1 B:CUDABUDGET_LIMIT_0=5Gi" 180 -- \
         "$PY" "$C/nvml_case.py" --mode visible1 --first-gib 4 --second-gib 2 --budget-gib 5
     fi
+    if selected two_gpu_stream; then
+      graph_case two_gpu_stream "CUDA_VISIBLE_DEVICES=0,1 B:CUDABUDGET_LIMIT=4Gi" twodev
+    fi
   else
     log "SKIP two_gpu: only $NGPU GPU(s) visible (run on the nvidia-h200-x2 kind)"
+    echo "SKIP two_gpu: only $NGPU GPU(s) visible" >>"$RESULTS"
   fi
 fi
 
 # ------------------------------------------------------------------ summary
 NPASS=$(grep -c '^PASS ' "$RESULTS")
 NFAIL=$(grep -c '^FAIL ' "$RESULTS")
+NSKIP=$(grep -c '^SKIP ' "$RESULTS")
 ELAPSED=$(($(date +%s) - T_START))
 {
   echo "cudabudget GPU matrix $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1) x$NGPU"
   cat "$RESULTS"
+  [[ $NSKIP -gt 0 ]] && echo "($NSKIP SKIP lines: checks the installed software cannot make; not counted)"
   echo "$NPASS passed, $NFAIL failed (${ELAPSED}s)"
 } >"$SUMMARY"
 log ""
 log "================ summary (${ELAPSED}s; full log: $LOG) ================"
 if [[ $NFAIL -gt 0 ]]; then
   grep '^FAIL ' "$RESULTS" | tee -a "$LOG"
+fi
+if [[ $NSKIP -gt 0 ]]; then
+  grep '^SKIP ' "$RESULTS" | tee -a "$LOG"
 fi
 log "$NPASS passed, $NFAIL failed"
 
