@@ -229,7 +229,7 @@ fn free_async_slow(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult 
 #[inline(never)]
 fn free_async_rest(p: &PrivateCredit, ptr: DevicePtr, entry: Entry, rc: CuResult) -> CuResult {
     if !rc.is_ok() {
-        restore(runtime::pointers(), ptr, entry, rc);
+        restore(runtime::pointers(), ptr, entry);
     } else if let (Kind::Pooled, Some(d)) = (entry.kind, runtime::ledger().device(entry.device)) {
         p.give(entry.device, d, entry.bytes);
     } else {
@@ -239,12 +239,11 @@ fn free_async_rest(p: &PrivateCredit, ptr: DevicePtr, entry: Entry, rc: CuResult
 }
 
 /// After a free the driver refused: the block is still allocated, so its entry goes
-/// back, unless the driver said the address is not an allocation at all (a second free
-/// of it, which must not leave a stale entry behind).
-fn restore(table: &impl Table, key: u64, entry: Entry, rc: CuResult) {
-    if rc != CuResult::INVALID_VALUE {
-        table.insert(key, entry);
-    }
+/// back, whatever the error (`INVALID_VALUE` too: a stream-ordered block given to
+/// `cuMemFree`, an array given to the wrong destroy call). A second free of an address
+/// never finds an entry to restore: the first free removed it.
+fn restore(table: &impl Table, key: u64, entry: Entry) {
+    table.insert(key, entry);
 }
 
 /// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
@@ -266,7 +265,7 @@ fn free_from(table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> C
     if rc.is_ok() {
         release(entry);
     } else {
-        restore(table, key, entry, rc);
+        restore(table, key, entry);
     }
     rc
 }
