@@ -187,3 +187,30 @@ print(*rcs, free.value >> 20)
         "each 1 GiB array fits again after its correct destroy, and the books end empty\n{stderr}"
     );
 }
+
+/// Before refusing a `cuMemCreate`, the library asks the driver whether it would accept
+/// the kind of request at all, with a real allocation of the smallest size. At the budget
+/// that probe must not be made: it once took the process past its budget.
+#[test]
+fn the_cu_mem_create_probe_never_takes_the_process_past_its_budget() {
+    let run = budget_run(
+        "gpa",
+        &["create:1Gi", "create:2Mi", "createfabric:2Mi", "phys"],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.rc("create", 0), 0, "{run:?}");
+    assert_eq!(run.rc("create", 1), 2, "{run:?}");
+    assert_eq!(
+        run.rc("createfabric", 0),
+        2,
+        "at the budget, the budget answers\n{run:?}"
+    );
+    assert!(run.num("phys", 0, "peak") <= GI, "{run:?}");
+    // Below the budget the driver's own refusal still wins.
+    let run = budget_run(
+        "gpa",
+        &["create:512Mi", "createfabric:1Gi"],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.rc("createfabric", 0), 801, "{run:?}");
+}

@@ -106,7 +106,7 @@ pub unsafe extern "C" fn cuMemCreate(
             Ok(r) => r,
             Err(_) => {
                 // SAFETY: the caller's property struct.
-                if let Some(rc) = unsafe { driver_rejects(size, prop, flags) } {
+                if let Some(rc) = unsafe { driver_rejects(d, size, prop, flags) } {
                     return rc;
                 }
                 match enforce::admit("cuMemCreate", device, d, bytes) {
@@ -125,11 +125,14 @@ pub unsafe extern "C" fn cuMemCreate(
     })
 }
 
-/// The driver's error for this request regardless of its size, if it has one.
+/// The driver's error for this request regardless of its size, if it has one. The probe
+/// is a real allocation, so it is made only within the budget (a reservation of its
+/// size); with no room for it, the budget's answer stands.
 ///
 /// # Safety
 /// `prop` must be valid for the driver.
 unsafe fn driver_rejects(
+    d: &crate::ledger::DeviceLedger,
     size: usize,
     prop: *const MemAllocationProp,
     flags: u64,
@@ -143,6 +146,7 @@ unsafe fn driver_rejects(
     if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
         return Some(CuResult::INVALID_VALUE);
     }
+    let _room = d.reserve(granularity as u64).ok()?;
     let mut probe = 0u64;
     // SAFETY: the smallest allocation of the same kind, released at once.
     let rc = unsafe { real::cuMemCreate(&mut probe, granularity, prop, flags) };
