@@ -164,6 +164,7 @@ driver_table! {
     cuMemRelease(handle: u64);
     cuMemMap(ptr: DevicePtr, size: usize, offset: usize, handle: u64, flags: u64);
     cuMemUnmap(ptr: DevicePtr, size: usize);
+    cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void);
     cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const MemAllocationProp, option: c_int);
     cuMemAllocAsync(dptr: *mut DevicePtr, bytes: usize, stream: Handle);
     cuMemAllocAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Handle);

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::driver::{CuResult, DevicePtr, Handle};
 use crate::footprint;
-use crate::ledger::{self, AddrTable, BankGuard, DeviceLedger, Entry, Kind, Reservation, Table};
+use crate::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Reservation, Table};
 use crate::pools;
 use crate::report;
 use crate::runtime::{self, Mode};
@@ -18,9 +18,6 @@ use crate::runtime::{self, Mode};
 /// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
 /// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
 pub const POOL_STEP: u64 = 32 << 20;
-
-/// Array handles (`CUarray`, `CUmipmappedArray`) and what they hold.
-static ARRAYS: AddrTable<{ 1 << 12 }> = AddrTable::new();
 
 /// The budgeted device for a hook, or what the hook must return without budgeting:
 /// `Err(None)` = call the driver unchanged, `Err(Some(rc))` = return `rc`.
@@ -102,7 +99,7 @@ pub fn alloc_array(
     out: *mut Handle,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(&ARRAYS, call, bytes, None, out.cast(), real)
+    alloc_into(runtime::arrays(), call, bytes, None, out.cast(), real)
 }
 
 fn alloc_into(
@@ -248,7 +245,7 @@ fn restore(table: &impl Table, key: u64, entry: Entry) {
 
 /// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
 pub fn free_array(array: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
-    free_from(&ARRAYS, array as u64, real)
+    free_from(runtime::arrays(), array as u64, real)
 }
 
 fn free_from(table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> CuResult {
@@ -471,15 +468,6 @@ extern "C" fn thread_exit(_: *mut libc::c_void) {
             ledger::release_lane(lane);
         }
     });
-}
-
-/// In the child of `fork()`: the array table's lock is free again.
-///
-/// # Safety
-/// Only from an at-fork child handler.
-pub unsafe fn reset_in_child() {
-    // SAFETY: the caller's guarantee.
-    unsafe { ARRAYS.reset_in_child() };
 }
 
 /// In the child of `fork()`: only the calling thread came along.

@@ -296,6 +296,7 @@ pub fn context_gone(device: usize) {
     let _ = CHARGE[device].compare_exchange(PENDING, SETTLED, Ordering::AcqRel, Ordering::Relaxed);
     if let Some(d) = runtime::ledger().device(device) {
         runtime::pointers().purge_device(device);
+        runtime::arrays().purge_device(device);
         vmm::lock().purge_device(device);
         d.clear();
     }

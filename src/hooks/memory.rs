@@ -213,6 +213,26 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: DevicePtr, size: usize) -> CuResult {
     })
 }
 
+/// Each handle it gives out is one more reference, which needs its own `cuMemRelease`.
+///
+/// # Safety
+/// As the driver's `cuMemRetainAllocationHandle`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: *mut std::ffi::c_void,
+) -> CuResult {
+    guard("cuMemRetainAllocationHandle", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuMemRetainAllocationHandle(handle, addr) };
+        if rc.is_ok() && !handle.is_null() && runtime::mode() == Mode::Budgeted {
+            // SAFETY: the driver wrote the handle.
+            vmm::lock().retained(unsafe { *handle });
+        }
+        rc
+    })
+}
+
 fn give_back(returned: vmm::Returned) {
     if let Some((device, bytes)) = returned
         && let Some(d) = runtime::ledger().device(device)

@@ -58,6 +58,7 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         Sym::cuMemRelease => cuMemRelease as *const (),
         Sym::cuMemMap => cuMemMap as *const (),
         Sym::cuMemUnmap => cuMemUnmap as *const (),
+        Sym::cuMemRetainAllocationHandle => cuMemRetainAllocationHandle as *const (),
         Sym::cuMemAllocAsync => cuMemAllocAsync as *const (),
         Sym::cuMemAllocAsync_ptsz => cuMemAllocAsync_ptsz as *const (),
         Sym::cuMemAllocFromPoolAsync => cuMemAllocFromPoolAsync as *const (),
