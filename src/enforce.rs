@@ -386,13 +386,23 @@ impl PrivateCredit {
         }
     }
 
+    /// Gives everything the thread kept back: to its shard while the credit is current,
+    /// to the bank when the pools have shrunk since it was given (the bank's total then
+    /// shows whether the pools must grow again before it is spent), nowhere when the
+    /// device's books were cleared since.
     fn flush(&self) {
         let held = self.bytes.replace(0);
-        if let Some(d) = runtime::ledger().device(self.device.get())
-            && held > 0
-            && self.epoch.get() == d.epoch()
-        {
+        let Some(d) = runtime::ledger().device(self.device.get()) else {
+            return;
+        };
+        let given = self.epoch.get();
+        if held == 0 {
+            return;
+        }
+        if given == d.epoch() {
             d.pool.give(runtime::shard(), held);
+        } else if d.same_books(given) {
+            d.pool.collect().refund(held);
         }
     }
 }
@@ -627,12 +637,13 @@ fn grow_pools(
             }
         }
     }
-    bank.lend(shard);
     let rc = real();
     // The driver's own figure replaces our estimate of the reserve.
     if let Some(reserve) = pools::reserve(device) {
-        apply(d, bank.set_charge(reserve));
+        settle_charge(d, &mut bank, reserve);
     }
+    // Lent only now: from a bank that the driver's figure has corrected.
+    bank.lend(shard);
     drop(bank);
     record_pooled(rc, dptr, bytes, device, d, lane);
     rc
@@ -681,8 +692,19 @@ pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
     }
     pools::trim(device);
     if let Some(reserve) = pools::reserve(device) {
-        apply(d, bank.set_charge(reserve));
+        settle_charge(d, bank, reserve);
     }
+}
+
+/// The pools' charge becomes the driver's figure `reserve`. When it goes down, credit
+/// that threads kept for themselves may stand for memory the pools gave back: it is
+/// retired, and goes through the bank before it is spent.
+fn settle_charge(d: &DeviceLedger, bank: &mut BankGuard<'_>, reserve: u64) {
+    let delta = bank.set_charge(reserve);
+    if delta < 0 {
+        d.retire_credit();
+    }
+    apply(d, delta);
 }
 
 fn apply(d: &DeviceLedger, delta: i64) {

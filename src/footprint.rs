@@ -243,7 +243,7 @@ fn charge_context(device: usize) {
     let Some(d) = runtime::budgeted(device) else {
         return;
     };
-    let epoch = d.epoch();
+    let epoch = d.books_epoch();
     let tracked = || d.used() - d.overhead().min(d.used());
     let before = BEFORE[device].load(Ordering::Acquire);
     // What the hooks track must not move while NVML is read (a pooled block can still
@@ -265,7 +265,7 @@ fn charge_context(device: usize) {
         }
     }
     // A context destroyed meanwhile took its memory with it.
-    if d.epoch() != epoch {
+    if d.books_epoch() != epoch {
         return;
     }
     d.set_overhead(charge.max(d.overhead()));

@@ -214,3 +214,34 @@ fn the_cu_mem_create_probe_never_takes_the_process_past_its_budget() {
     );
     assert_eq!(run.rc("createfabric", 0), 801, "{run:?}");
 }
+
+/// The library trims the pools before a denial; credit a thread kept for its next
+/// stream-ordered allocations then stands for memory the pools gave back. That credit
+/// was once spent as it was: the driver grew the pool by a 32 MiB step that nothing
+/// admitted, past the budget.
+#[test]
+fn credit_a_thread_kept_is_not_spent_after_the_pools_were_trimmed() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "async:4Mi",
+            "freeasync:0",
+            "alloc:990Mi",
+            "alloc:10Mi",
+            "async:4Mi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.rc("alloc", 1), 0, "the trim made room\n{run:?}");
+    assert_eq!(
+        run.rc("async", 1),
+        2,
+        "1000 MiB + a 32 MiB pool step do not fit in 1 GiB\n{run:?}"
+    );
+    assert!(
+        run.num("phys", 0, "peak") <= GI,
+        "the device held {} MiB\n{run:?}",
+        run.num("phys", 0, "peak") / MI
+    );
+}
