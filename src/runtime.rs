@@ -146,9 +146,11 @@ fn install_fork_handler() {
             POINTERS.reset_in_child();
             ARRAYS.reset_in_child();
             crate::vmm::reset_in_child();
+            crate::graphs::reset_in_child();
             crate::footprint::after_fork();
         }
         crate::nvml::after_fork();
+        crate::capture::after_fork();
         crate::enforce::after_fork();
     }
     // SAFETY: registers a plain extern "C" function that only stores to memory.
@@ -229,6 +231,25 @@ pub fn current_device() -> Option<usize> {
     // SAFETY: a valid out-pointer.
     let rc = unsafe { real::cuCtxGetDevice(&mut device) };
     (rc.is_ok() && device >= 0).then_some(device as usize)
+}
+
+/// The device of `stream`, where its stream-ordered memory lives: the stream's own
+/// device, or the calling context's for the NULL, legacy and per-thread streams (and
+/// for a driver that cannot say). A process that sees one device needs no driver call.
+pub fn stream_device(stream: crate::driver::Handle) -> Option<usize> {
+    if single_device() {
+        return Some(0);
+    }
+    // NULL, CU_STREAM_LEGACY (0x1), CU_STREAM_PER_THREAD (0x2).
+    if stream as usize > 2 {
+        let mut device = 0;
+        // SAFETY: the caller's stream handle and a valid out-pointer.
+        let rc = unsafe { real::cuStreamGetDevice(stream, &mut device) };
+        if rc.is_ok() && device >= 0 {
+            return Some(device as usize);
+        }
+    }
+    current_device()
 }
 
 /// The ledger of `device` when that device has a budget.

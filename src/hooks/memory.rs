@@ -148,11 +148,16 @@ unsafe fn driver_rejects(
     }
     let _room = d.reserve(granularity as u64).ok()?;
     let mut probe = 0u64;
+    // In relaxed mode: the probe is the library's call, and must not break a capture.
     // SAFETY: the smallest allocation of the same kind, released at once.
-    let rc = unsafe { real::cuMemCreate(&mut probe, granularity, prop, flags) };
+    let rc = crate::capture::relaxed(|| unsafe {
+        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
+        if rc.is_ok() {
+            let _ = real::cuMemRelease(probe);
+        }
+        rc
+    });
     if rc.is_ok() {
-        // SAFETY: the handle just created.
-        let _ = unsafe { real::cuMemRelease(probe) };
         None
     } else if rc == CuResult::OUT_OF_MEMORY {
         None
@@ -251,7 +256,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_async(bytes as u64, dptr, || unsafe {
+        enforce::alloc_async(bytes as u64, stream, dptr, || unsafe {
             real::cuMemAllocAsync(dptr, bytes, stream)
         })
     })
@@ -267,7 +272,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_async(bytes as u64, dptr, || unsafe {
+        enforce::alloc_async(bytes as u64, stream, dptr, || unsafe {
             real::cuMemAllocAsync_ptsz(dptr, bytes, stream)
         })
     })
@@ -288,6 +293,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
             "cuMemAllocFromPoolAsync",
             bytes as u64,
             Some(pool),
+            stream,
             dptr,
             || unsafe { real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) },
         )
@@ -309,6 +315,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
             "cuMemAllocFromPoolAsync",
             bytes as u64,
             Some(pool),
+            stream,
             dptr,
             || unsafe { real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream) },
         )
@@ -321,7 +328,9 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::free_async(dptr, || unsafe { real::cuMemFreeAsync(dptr, stream) })
+        enforce::free_async(dptr, stream, || unsafe {
+            real::cuMemFreeAsync(dptr, stream)
+        })
     })
 }
 
@@ -331,7 +340,9 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuRe
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::free_async(dptr, || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) })
+        enforce::free_async(dptr, stream, || unsafe {
+            real::cuMemFreeAsync_ptsz(dptr, stream)
+        })
     })
 }
 
