@@ -157,13 +157,8 @@ unsafe fn driver_rejects(
         }
         rc
     });
-    if rc.is_ok() {
-        None
-    } else if rc == CuResult::OUT_OF_MEMORY {
-        None
-    } else {
-        Some(rc)
-    }
+    // Accepted, or refused for want of memory: the budget's answer stands.
+    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
 }
 
 /// # Safety
