@@ -25,6 +25,7 @@ impl CuResult {
     pub const NOT_INITIALIZED: Self = Self(3);
     pub const SHARED_OBJECT_INIT_FAILED: Self = Self(303);
     pub const NOT_PERMITTED: Self = Self(800);
+    pub const STREAM_CAPTURE_INVALIDATED: Self = Self(901);
     pub const UNKNOWN: Self = Self(999);
 
     pub fn is_ok(self) -> bool {
@@ -78,6 +79,30 @@ pub struct Array3dDescriptor {
     pub num_channels: u32,
     pub flags: u32,
 }
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1): the pool's properties (`CUmemPoolProps`, 88
+/// bytes), the access descriptors, the size and the address the driver chose.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool: MemPoolProps,
+    pub pool_rest: [u8; 72],
+    pub access: *const c_void,
+    pub access_count: usize,
+    pub bytes: usize,
+    pub dptr: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
+
+/// `CU_GRAPH_NODE_TYPE_GRAPH` (a child graph) and `_MEM_ALLOC`.
+pub const GRAPH_NODE_TYPE_GRAPH: c_int = 4;
+pub const GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+/// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`, `_RESERVED_MEM_CURRENT`.
+pub const GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
+pub const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`, `CU_STREAM_CAPTURE_STATUS_NONE`.
+pub const STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+pub const STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 
 pub type DevicePtr = u64;
 pub type Device = c_int;
@@ -164,6 +189,7 @@ driver_table! {
     cuMemRelease(handle: u64);
     cuMemMap(ptr: DevicePtr, size: usize, offset: usize, handle: u64, flags: u64);
     cuMemUnmap(ptr: DevicePtr, size: usize);
+    cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void);
     cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const MemAllocationProp, option: c_int);
     cuMemAllocAsync(dptr: *mut DevicePtr, bytes: usize, stream: Handle);
     cuMemAllocAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Handle);
@@ -177,6 +203,30 @@ driver_table! {
     cuMemPoolGetAttribute(pool: Handle, attr: c_int, value: *mut c_void);
     cuDeviceGetDefaultMemPool(pool: *mut Handle, device: Device);
     cuDeviceGetMemPool(pool: *mut Handle, device: Device);
+    cuStreamGetDevice(stream: Handle, device: *mut Device);
+    cuStreamIsCapturing(stream: Handle, status: *mut c_int);
+    cuThreadExchangeStreamCaptureMode(mode: *mut c_int);
+    cuStreamBeginCapture_v2(stream: Handle, mode: c_int);
+    cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int);
+    cuStreamBeginCaptureToGraph(stream: Handle, graph: Handle, deps: *const Handle, data: *const c_void, n: usize, mode: c_int);
+    cuStreamBeginCaptureToGraph_ptsz(stream: Handle, graph: Handle, deps: *const Handle, data: *const c_void, n: usize, mode: c_int);
+    cuStreamEndCapture(stream: Handle, graph: *mut Handle);
+    cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle);
+    cuGraphGetNodes(graph: Handle, nodes: *mut Handle, count: *mut usize);
+    cuGraphNodeGetType(node: Handle, kind: *mut c_int);
+    cuGraphMemAllocNodeGetParams(node: Handle, params: *mut MemAllocNodeParams);
+    cuGraphChildGraphNodeGetGraph(node: Handle, graph: *mut Handle);
+    cuGraphInstantiateWithFlags(exec: *mut Handle, graph: Handle, flags: u64);
+    cuGraphInstantiateWithParams(exec: *mut Handle, graph: Handle, params: *mut c_void);
+    cuGraphInstantiateWithParams_ptsz(exec: *mut Handle, graph: Handle, params: *mut c_void);
+    cuGraphInstantiate_v2(exec: *mut Handle, graph: Handle, error_node: *mut Handle, log: *mut c_char, log_size: usize);
+    cuGraphExecDestroy(exec: Handle);
+    cuGraphUpload(exec: Handle, stream: Handle);
+    cuGraphUpload_ptsz(exec: Handle, stream: Handle);
+    cuGraphLaunch(exec: Handle, stream: Handle);
+    cuGraphLaunch_ptsz(exec: Handle, stream: Handle);
+    cuDeviceGetGraphMemAttribute(device: Device, attr: c_int, value: *mut c_void);
+    cuDeviceGraphMemTrim(device: Device);
     cuArrayCreate_v2(array: *mut Handle, desc: *const ArrayDescriptor);
     cuArray3DCreate_v2(array: *mut Handle, desc: *const Array3dDescriptor);
     cuMipmappedArrayCreate(array: *mut Handle, desc: *const Array3dDescriptor, levels: u32);

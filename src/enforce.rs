@@ -9,18 +9,15 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::driver::{CuResult, DevicePtr, Handle};
-use crate::footprint;
-use crate::ledger::{self, AddrTable, BankGuard, DeviceLedger, Entry, Kind, Reservation, Table};
+use crate::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Reservation, Table};
 use crate::pools;
 use crate::report;
 use crate::runtime::{self, Mode};
+use crate::{capture, footprint, graphs};
 
 /// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
 /// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
 pub const POOL_STEP: u64 = 32 << 20;
-
-/// Array handles (`CUarray`, `CUmipmappedArray`) and what they hold.
-static ARRAYS: AddrTable<{ 1 << 12 }> = AddrTable::new();
 
 /// The budgeted device for a hook, or what the hook must return without budgeting:
 /// `Err(None)` = call the driver unchanged, `Err(Some(rc))` = return `rc`.
@@ -59,6 +56,7 @@ pub fn admit<'d>(
         return Ok(r);
     }
     trim_pools(device, d, &mut d.pool.collect());
+    graphs::trim(device, d);
     footprint::reconcile_now(device, d);
     d.reserve(bytes).map_err(|denial| {
         d.note_denial();
@@ -83,6 +81,59 @@ fn deny(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> CuResult {
     CuResult::OUT_OF_MEMORY
 }
 
+/// An upload or launch of an executable graph. One whose memory nodes could make the
+/// device's graph memory grow is admitted first (by the growth it could cause: what the
+/// graphs use now plus its footprint, less what is reserved), and the driver's figure
+/// replaces the estimate after. Natively it would succeed; past the budget it returns
+/// `CUDA_ERROR_OUT_OF_MEMORY` and runs nothing, as under MPS with a memory limit.
+pub fn launch_graph(
+    call: &str,
+    exec: Handle,
+    stream: Handle,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    let Some(footprint) = graphs::footprint(exec) else {
+        return real();
+    };
+    if runtime::mode() != Mode::Budgeted || capture::capturing(stream) {
+        // Launched into a capture: a node of that graph, nothing runs now.
+        return real();
+    }
+    let mut admitted = Vec::new();
+    for (device, bytes) in footprint {
+        let Some(d) = runtime::budgeted(device) else {
+            continue;
+        };
+        footprint::settle_before_admission(device);
+        let Some((used, reserved)) = graphs::read(device) else {
+            continue;
+        };
+        let growth = used.saturating_add(bytes).saturating_sub(reserved);
+        if growth == 0 {
+            continue;
+        }
+        match admit(call, device, d, growth) {
+            Ok(reservation) => admitted.push((device, d, reservation)),
+            // What was admitted on other devices is rolled back with `admitted`.
+            Err(rc) => return rc,
+        }
+    }
+    let rc = real();
+    for (device, d, reservation) in admitted {
+        // The driver's figure first, then the estimate goes.
+        graphs::settle(device, d);
+        drop(reservation);
+    }
+    rc
+}
+
+/// The program trimmed a device's graph memory: charge what is left.
+pub fn graph_memory_changed(device: usize) {
+    if let Some(d) = runtime::budgeted(device) {
+        graphs::settle(device, d);
+    }
+}
+
 /// A synchronous allocation of `bytes` whose address (or handle) the driver writes to
 /// `out`: `cuMemAlloc`, `cuMemAllocManaged`, arrays.
 pub fn alloc_direct(
@@ -102,7 +153,7 @@ pub fn alloc_array(
     out: *mut Handle,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(&ARRAYS, call, bytes, None, out.cast(), real)
+    alloc_into(runtime::arrays(), call, bytes, None, out.cast(), real)
 }
 
 fn alloc_into(
@@ -183,8 +234,8 @@ pub fn free(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
 /// freed by the thread that allocated it, found in that thread's lane and credited to
 /// that thread ([`free_async_fast`]); anything else takes [`free_async_slow`].
 #[inline(always)]
-pub fn free_async(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
-    free_async_fast(ptr, real).unwrap_or_else(|real| free_async_slow(ptr, real))
+pub fn free_async(ptr: DevicePtr, stream: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+    free_async_fast(ptr, real).unwrap_or_else(|real| free_async_slow(ptr, stream, real))
 }
 
 /// The common free: a few loads and stores and the driver's call. `Err` hands `real`
@@ -196,6 +247,9 @@ fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<C
     let Some(p) = private() else {
         return Err(real);
     };
+    if capture::any() {
+        return Err(real);
+    }
     let Some(entry) = runtime::pointers().remove_own(ptr, p.lane.get()) else {
         return Err(real);
     };
@@ -207,11 +261,16 @@ fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<C
 }
 
 /// A stream-ordered free that is not [`free_async_fast`]'s: mode not `Budgeted`, a block
-/// of another thread or of no lane, the thread's locals gone.
-fn free_async_slow(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
+/// of another thread or of no lane, the thread's locals gone, a capture under way.
+fn free_async_slow(ptr: DevicePtr, stream: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
     let mode = runtime::mode();
     if mode != Mode::Budgeted {
         return pass(runtime::refusal(mode), real);
+    }
+    if capture::capturing(stream) {
+        // Recorded into a graph: nothing is freed until the graph runs, so the block
+        // stays charged (and recorded, for a free of it outside the graph).
+        return real();
     }
     let pointers = runtime::pointers();
     let Some(p) = private() else {
@@ -229,7 +288,7 @@ fn free_async_slow(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult 
 #[inline(never)]
 fn free_async_rest(p: &PrivateCredit, ptr: DevicePtr, entry: Entry, rc: CuResult) -> CuResult {
     if !rc.is_ok() {
-        restore(runtime::pointers(), ptr, entry, rc);
+        restore(runtime::pointers(), ptr, entry);
     } else if let (Kind::Pooled, Some(d)) = (entry.kind, runtime::ledger().device(entry.device)) {
         p.give(entry.device, d, entry.bytes);
     } else {
@@ -239,17 +298,16 @@ fn free_async_rest(p: &PrivateCredit, ptr: DevicePtr, entry: Entry, rc: CuResult
 }
 
 /// After a free the driver refused: the block is still allocated, so its entry goes
-/// back, unless the driver said the address is not an allocation at all (a second free
-/// of it, which must not leave a stale entry behind).
-fn restore(table: &impl Table, key: u64, entry: Entry, rc: CuResult) {
-    if rc != CuResult::INVALID_VALUE {
-        table.insert(key, entry);
-    }
+/// back, whatever the error (`INVALID_VALUE` too: a stream-ordered block given to
+/// `cuMemFree`, an array given to the wrong destroy call). A second free of an address
+/// never finds an entry to restore: the first free removed it.
+fn restore(table: &impl Table, key: u64, entry: Entry) {
+    table.insert(key, entry);
 }
 
 /// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
 pub fn free_array(array: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
-    free_from(&ARRAYS, array as u64, real)
+    free_from(runtime::arrays(), array as u64, real)
 }
 
 fn free_from(table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> CuResult {
@@ -266,7 +324,7 @@ fn free_from(table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> C
     if rc.is_ok() {
         release(entry);
     } else {
-        restore(table, key, entry, rc);
+        restore(table, key, entry);
     }
     rc
 }
@@ -390,13 +448,23 @@ impl PrivateCredit {
         }
     }
 
+    /// Gives everything the thread kept back: to its shard while the credit is current,
+    /// to the bank when the pools have shrunk since it was given (the bank's total then
+    /// shows whether the pools must grow again before it is spent), nowhere when the
+    /// device's books were cleared since.
     fn flush(&self) {
         let held = self.bytes.replace(0);
-        if let Some(d) = runtime::ledger().device(self.device.get())
-            && held > 0
-            && self.epoch.get() == d.epoch()
-        {
+        let Some(d) = runtime::ledger().device(self.device.get()) else {
+            return;
+        };
+        let given = self.epoch.get();
+        if held == 0 {
+            return;
+        }
+        if given == d.epoch() {
             d.pool.give(runtime::shard(), held);
+        } else if d.same_books(given) {
+            d.pool.collect().refund(held);
         }
     }
 }
@@ -474,15 +542,6 @@ extern "C" fn thread_exit(_: *mut libc::c_void) {
     });
 }
 
-/// In the child of `fork()`: the array table's lock is free again.
-///
-/// # Safety
-/// Only from an at-fork child handler.
-pub unsafe fn reset_in_child() {
-    // SAFETY: the caller's guarantee.
-    unsafe { ARRAYS.reset_in_child() };
-}
-
 /// In the child of `fork()`: only the calling thread came along.
 pub fn after_fork() {
     let own = private().map_or(0, |p| p.lane.get());
@@ -499,9 +558,14 @@ fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
 
 /// `cuMemAllocAsync`: [`alloc_async_fast`] when it can, else [`alloc_pooled`].
 #[inline(always)]
-pub fn alloc_async(bytes: u64, dptr: *mut DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
+pub fn alloc_async(
+    bytes: u64,
+    stream: Handle,
+    dptr: *mut DevicePtr,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
     alloc_async_fast(bytes, dptr, real)
-        .unwrap_or_else(|real| alloc_pooled("cuMemAllocAsync", bytes, None, dptr, real))
+        .unwrap_or_else(|real| alloc_pooled("cuMemAllocAsync", bytes, None, stream, dptr, real))
 }
 
 /// A stream-ordered allocation in a process that sees one device, from the thread's own
@@ -521,6 +585,7 @@ fn alloc_async_fast<F: FnOnce() -> CuResult>(
     let lane = p.lane.get();
     let d0 = runtime::ledger().device(0);
     if !(runtime::known_single_device()
+        && !capture::any()
         && (1..ledger::LANES).contains(&lane)
         && d0.is_some_and(|d| p.take(0, d, bytes)))
     {
@@ -562,18 +627,30 @@ pub fn alloc_pooled(
     call: &str,
     bytes: u64,
     pool: Option<Handle>,
+    stream: Handle,
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
+    let mode = runtime::mode();
+    if mode != Mode::Budgeted {
+        return pass(runtime::refusal(mode), real);
+    }
+    // The memory lives on the pool's device, or for the device's current pool on the
+    // stream's device (not the calling context's).
     let device = match pool.map(pools::place_of) {
-        Some(pools::Place::Host) => return pass(runtime::refusal(runtime::mode()), real),
+        Some(pools::Place::Host) => return real(),
         Some(pools::Place::Device(device)) => Some(device),
-        Some(pools::Place::Unknown) | None => None,
+        Some(pools::Place::Unknown) | None => runtime::stream_device(stream),
     };
     let (device, d) = match budgeted_device(device) {
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
+    if capture::capturing(stream) {
+        // A memory node of the graph being captured, not memory yet: charged when the
+        // graph's memory is reserved (crate::graphs), neither charged nor refused here.
+        return real();
+    }
     if !ledger::PoolCredit::may_hold(bytes, d.budget()) {
         // No pool growth could ever admit it: refused before any credit moves, so a
         // failure cannot give back credit that was never taken.
@@ -640,12 +717,13 @@ fn grow_pools(
             }
         }
     }
-    bank.lend(shard);
     let rc = real();
     // The driver's own figure replaces our estimate of the reserve.
     if let Some(reserve) = pools::reserve(device) {
-        apply(d, bank.set_charge(reserve));
+        settle_charge(d, &mut bank, reserve);
     }
+    // Lent only now: from a bank that the driver's figure has corrected.
+    bank.lend(shard);
     drop(bank);
     record_pooled(rc, dptr, bytes, device, d, lane);
     rc
@@ -666,6 +744,7 @@ fn admit_growth(
         return Ok(());
     }
     trim_pools(device, d, bank);
+    graphs::trim(device, d);
     footprint::reconcile_now(device, d);
     if bank.credit() >= 0 {
         return Ok(());
@@ -694,8 +773,19 @@ pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
     }
     pools::trim(device);
     if let Some(reserve) = pools::reserve(device) {
-        apply(d, bank.set_charge(reserve));
+        settle_charge(d, bank, reserve);
     }
+}
+
+/// The pools' charge becomes the driver's figure `reserve`. When it goes down, credit
+/// that threads kept for themselves may stand for memory the pools gave back: it is
+/// retired, and goes through the bank before it is spent.
+fn settle_charge(d: &DeviceLedger, bank: &mut BankGuard<'_>, reserve: u64) {
+    let delta = bank.set_charge(reserve);
+    if delta < 0 {
+        d.retire_credit();
+    }
+    apply(d, delta);
 }
 
 fn apply(d: &DeviceLedger, delta: i64) {

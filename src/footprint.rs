@@ -243,7 +243,7 @@ fn charge_context(device: usize) {
     let Some(d) = runtime::budgeted(device) else {
         return;
     };
-    let epoch = d.epoch();
+    let epoch = d.books_epoch();
     let tracked = || d.used() - d.overhead().min(d.used());
     let before = BEFORE[device].load(Ordering::Acquire);
     // What the hooks track must not move while NVML is read (a pooled block can still
@@ -265,7 +265,7 @@ fn charge_context(device: usize) {
         }
     }
     // A context destroyed meanwhile took its memory with it.
-    if d.epoch() != epoch {
+    if d.books_epoch() != epoch {
         return;
     }
     d.set_overhead(charge.max(d.overhead()));
@@ -296,6 +296,7 @@ pub fn context_gone(device: usize) {
     let _ = CHARGE[device].compare_exchange(PENDING, SETTLED, Ordering::AcqRel, Ordering::Relaxed);
     if let Some(d) = runtime::ledger().device(device) {
         runtime::pointers().purge_device(device);
+        runtime::arrays().purge_device(device);
         vmm::lock().purge_device(device);
         d.clear();
     }

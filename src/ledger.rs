@@ -45,7 +45,11 @@ pub struct DeviceLedger {
     /// The part of `used` that no hook saw: the context, modules, and whatever the
     /// footprint reconciliation found beyond the tracked allocations.
     overhead: AtomicU64,
-    /// Bumped by [`DeviceLedger::clear`]: credit handed out before it is void.
+    /// Which pool credit is good: the high 32 bits count the times the books were
+    /// cleared ([`DeviceLedger::clear`]: credit from before is void), the low 32 bits the
+    /// times the pools' charge went down ([`DeviceLedger::retire_credit`]: credit a
+    /// thread kept from before may be memory the pools no longer hold, so it goes back
+    /// to the bank before it is spent).
     epoch: AtomicU64,
     pub pool: PoolCredit,
 }
@@ -157,9 +161,27 @@ impl DeviceLedger {
         }
     }
 
-    /// Changes whenever the device's books are cleared.
+    /// Changes whenever the device's books are cleared or its pools' charge goes down:
+    /// credit a thread holds is spendable only while this is what it was given under.
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Changes only when the device's books are cleared.
+    pub fn books_epoch(&self) -> u64 {
+        self.epoch() >> 32
+    }
+
+    /// Whether credit given under `epoch` belongs to the device's current books (the
+    /// pools may have shrunk since; the books were not cleared).
+    pub fn same_books(&self, epoch: u64) -> bool {
+        epoch >> 32 == self.books_epoch()
+    }
+
+    /// The pools' charge went down (a trim, or the driver's figure was lower than ours):
+    /// credit that threads kept for themselves stops being spendable as it is.
+    pub fn retire_credit(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn note_denial(&self) -> u64 {
@@ -169,7 +191,7 @@ impl DeviceLedger {
     /// Forgets everything the device held (its last context is gone, and its memory
     /// with it). The budget and the statistics stay.
     pub fn clear(&self) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.epoch.fetch_add(1 << 32, Ordering::AcqRel);
         self.used.store(0, Ordering::Release);
         self.overhead.store(0, Ordering::Release);
         self.pool.clear();
@@ -181,7 +203,7 @@ impl DeviceLedger {
     /// # Safety
     /// Only from an at-fork child handler (see [`Lock::reset_in_child`]).
     pub unsafe fn clear_in_child(&self) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.epoch.fetch_add(1 << 32, Ordering::AcqRel);
         self.used.store(0, Ordering::Release);
         self.overhead.store(0, Ordering::Release);
         // SAFETY: the caller's guarantee.
@@ -334,7 +356,9 @@ impl BankGuard<'_> {
         delta
     }
 
-    /// Puts `bytes` back into the bank (an allocation that will not happen after all).
+    /// Puts `bytes` back into the bank: an allocation that will not happen after all, or
+    /// credit a thread kept from before the pools shrank (not into a shard: it may be
+    /// memory the pools no longer hold, and only the bank's total can say so).
     pub fn refund(&mut self, bytes: u64) {
         *self.bank = self.bank.saturating_add(clamp_i64(bytes));
     }

@@ -20,10 +20,12 @@
 // Under `cargo test` the hooks are not exported (see hooks/mod.rs), so they look unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod capture;
 pub mod config;
 mod driver;
 mod enforce;
 mod footprint;
+mod graphs;
 mod hooks;
 pub mod ledger;
 mod lock;

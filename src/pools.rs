@@ -127,6 +127,10 @@ fn pools_of(device: usize) -> Vec<Handle> {
 /// What the device's pools hold from the device, by the driver's count; `None` when the
 /// driver cannot say.
 pub fn reserve(device: usize) -> Option<u64> {
+    crate::capture::relaxed(|| reserve_now(device))
+}
+
+fn reserve_now(device: usize) -> Option<u64> {
     let mut total = 0u64;
     for pool in pools_of(device) {
         let mut bytes = 0u64;
@@ -148,8 +152,10 @@ pub fn reserve(device: usize) -> Option<u64> {
 
 /// Asks every pool of `device` to give back what it holds but does not use.
 pub fn trim(device: usize) {
-    for pool in pools_of(device) {
-        // SAFETY: a pool handle the driver gave out.
-        let _ = unsafe { real::cuMemPoolTrimTo(pool, 0) };
-    }
+    crate::capture::relaxed(|| {
+        for pool in pools_of(device) {
+            // SAFETY: a pool handle the driver gave out.
+            let _ = unsafe { real::cuMemPoolTrimTo(pool, 0) };
+        }
+    });
 }

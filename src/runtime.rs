@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 use crate::config::{Config, LogLevel};
 use crate::driver::{self, CuResult, real};
-use crate::ledger::{DeviceLedger, Ledger, PointerMap, UNBUDGETED, UNRESOLVED};
+use crate::ledger::{AddrTable, DeviceLedger, Ledger, PointerMap, UNBUDGETED, UNRESOLVED};
 use crate::quantity::Limit;
 use crate::report;
 
@@ -40,6 +40,8 @@ static LEDGER: Ledger = Ledger::new();
 /// Device pointers from every allocation path. Apart from the ledger so that it is
 /// zero-initialised (in .bss, not 12 MiB of the library's file).
 static POINTERS: PointerMap = PointerMap::new();
+/// Array handles (`CUarray`, `CUmipmappedArray`) and what they hold.
+static ARRAYS: AddrTable<{ 1 << 12 }> = AddrTable::new();
 
 thread_local! {
     /// Set while this thread initialises, so a hook it re-enters does not wait on itself.
@@ -67,9 +69,7 @@ fn init() -> Mode {
         // Re-entered from our own initialisation: let the driver answer.
         return Mode::Passthrough;
     }
-    INITIALISING.with(|c| c.set(true));
-    let decided = decide();
-    INITIALISING.with(|c| c.set(false));
+    let decided = decide_once(decide);
     let state = match &decided {
         Ok(state) => *state,
         Err(_) => REFUSED,
@@ -80,7 +80,13 @@ fn init() -> Mode {
     {
         // Only the thread whose answer stands tells the user, once.
         match decided {
-            Err(error) => report::config_error(&error),
+            Err(Some(error)) => report::config_error(&error),
+            Err(None) => report::line(
+                LogLevel::Error,
+                format_args!(
+                    "internal error while reading the configuration; CUDA is disabled for this process"
+                ),
+            ),
             Ok(NO_DRIVER) => report::line(
                 LogLevel::Error,
                 format_args!("cannot open libcuda.so.1 from the library; CUDA calls will fail"),
@@ -93,6 +99,21 @@ fn init() -> Mode {
         }
     }
     mode()
+}
+
+/// Runs `decide` with the thread marked as initialising, and unmarks it whatever
+/// happens. A panic inside is `Err(None)`: the process is refused, never left
+/// unbudgeted (a thread still marked would answer `Passthrough` for good).
+fn decide_once(
+    decide: impl FnOnce() -> Result<u8, crate::config::ConfigError> + std::panic::UnwindSafe,
+) -> Result<u8, Option<crate::config::ConfigError>> {
+    INITIALISING.with(|c| c.set(true));
+    let decided = std::panic::catch_unwind(decide);
+    INITIALISING.with(|c| c.set(false));
+    match decided {
+        Ok(decided) => decided.map_err(Some),
+        Err(_) => Err(None),
+    }
 }
 
 fn decide() -> Result<u8, crate::config::ConfigError> {
@@ -123,11 +144,13 @@ fn install_fork_handler() {
                 d.clear_in_child();
             }
             POINTERS.reset_in_child();
-            crate::enforce::reset_in_child();
+            ARRAYS.reset_in_child();
             crate::vmm::reset_in_child();
+            crate::graphs::reset_in_child();
             crate::footprint::after_fork();
         }
         crate::nvml::after_fork();
+        crate::capture::after_fork();
         crate::enforce::after_fork();
     }
     // SAFETY: registers a plain extern "C" function that only stores to memory.
@@ -146,6 +169,10 @@ pub fn ledger() -> &'static Ledger {
 
 pub fn pointers() -> &'static PointerMap {
     &POINTERS
+}
+
+pub fn arrays() -> &'static AddrTable<{ 1 << 12 }> {
+    &ARRAYS
 }
 
 /// Devices the process sees (0 until asked successfully).
@@ -204,6 +231,25 @@ pub fn current_device() -> Option<usize> {
     // SAFETY: a valid out-pointer.
     let rc = unsafe { real::cuCtxGetDevice(&mut device) };
     (rc.is_ok() && device >= 0).then_some(device as usize)
+}
+
+/// The device of `stream`, where its stream-ordered memory lives: the stream's own
+/// device, or the calling context's for the NULL, legacy and per-thread streams (and
+/// for a driver that cannot say). A process that sees one device needs no driver call.
+pub fn stream_device(stream: crate::driver::Handle) -> Option<usize> {
+    if single_device() {
+        return Some(0);
+    }
+    // NULL, CU_STREAM_LEGACY (0x1), CU_STREAM_PER_THREAD (0x2).
+    if stream as usize > 2 {
+        let mut device = 0;
+        // SAFETY: the caller's stream handle and a valid out-pointer.
+        let rc = unsafe { real::cuStreamGetDevice(stream, &mut device) };
+        if rc.is_ok() && device >= 0 {
+            return Some(device as usize);
+        }
+    }
+    current_device()
 }
 
 /// The ledger of `device` when that device has a budget.
@@ -285,5 +331,24 @@ pub fn refusal(mode: Mode) -> Option<CuResult> {
         Mode::Budgeted | Mode::Passthrough => None,
         Mode::Refused => Some(CuResult::NOT_PERMITTED),
         Mode::NoDriver => Some(CuResult::SHARED_OBJECT_INIT_FAILED),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_while_deciding_refuses_and_leaves_the_thread_able_to_decide_again() {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let decided = decide_once(|| panic!("injected"));
+        std::panic::set_hook(previous);
+        assert!(matches!(decided, Err(None)));
+        assert!(
+            !INITIALISING.with(Cell::get),
+            "the thread is not left initialising"
+        );
+        assert_eq!(decide_once(|| Ok(BUDGETED)).ok(), Some(BUDGETED));
     }
 }

@@ -14,7 +14,9 @@ struct Physical {
     bytes: u64,
     device: usize,
     mappings: u32,
-    released: bool,
+    /// References to the handle: one from `cuMemCreate`, one more for each
+    /// `cuMemRetainAllocationHandle`; each `cuMemRelease` drops one.
+    refs: u32,
 }
 
 /// Handles and mappings.
@@ -42,7 +44,7 @@ impl Vmm {
                 bytes,
                 device,
                 mappings: 0,
-                released: false,
+                refs: 1,
             },
         );
     }
@@ -70,14 +72,22 @@ impl Vmm {
         returned
     }
 
+    /// `cuMemRetainAllocationHandle` gave out one more reference to `handle`.
+    pub fn retained(&mut self, handle: u64) {
+        if let Some(p) = self.handles.get_mut(&handle) {
+            p.refs = p.refs.saturating_add(1);
+        }
+    }
+
     pub fn released(&mut self, handle: u64) -> Returned {
-        self.handles.get_mut(&handle)?.released = true;
+        let p = self.handles.get_mut(&handle)?;
+        p.refs = p.refs.saturating_sub(1);
         self.settle(handle)
     }
 
     fn settle(&mut self, handle: u64) -> Returned {
         let p = *self.handles.get(&handle)?;
-        if p.released && p.mappings == 0 {
+        if p.refs == 0 && p.mappings == 0 {
             self.handles.remove(&handle);
             return Some((p.device, p.bytes));
         }
@@ -156,6 +166,19 @@ mod tests {
             v.released(h);
         }
         assert_eq!(v.unmapped(0x100, 0x300).len(), 3);
+    }
+
+    #[test]
+    fn a_retained_handle_needs_every_reference_released() {
+        let mut v = Vmm::new();
+        v.created(7, 100, 0);
+        v.mapped(0x1000, 100, 7);
+        v.retained(7);
+        assert_eq!(v.released(7), None, "the retain's reference is still out");
+        assert!(v.unmapped(0x1000, 100).is_empty());
+        v.mapped(0x1000, 100, 7);
+        assert!(v.unmapped(0x1000, 100).is_empty());
+        assert_eq!(v.released(7), Some((0, 100)));
     }
 
     #[test]

@@ -148,3 +148,100 @@ print(first, reset, second, info, free.value >> 20)
         "the second 2.5 GiB is refused and 1.5 GiB stays free\n{stderr}"
     );
 }
+
+/// A free the driver refuses leaves the block allocated, so its record must stay: here
+/// a mipmapped array given to `cuArrayDestroy` (refused with `INVALID_VALUE`), then
+/// destroyed correctly. The record was once dropped at the refusal, and the correct
+/// destroy then never gave the charge back.
+#[test]
+fn a_free_the_driver_refuses_keeps_the_record_for_the_correct_free() {
+    let script = r#"
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+class Desc(ctypes.Structure):
+    _fields_ = [("w", ctypes.c_size_t), ("h", ctypes.c_size_t), ("d", ctypes.c_size_t),
+                ("fmt", ctypes.c_int), ("ch", ctypes.c_uint), ("flags", ctypes.c_uint)]
+rcs = []
+for _ in range(3):
+    m = ctypes.c_void_p()
+    # 16384 x 16384 floats, 1 level: 1 GiB
+    rcs.append(cuda.cuMipmappedArrayCreate(ctypes.byref(m), ctypes.byref(Desc(16384, 16384, 0, 0x20, 1, 0)), 1))
+    rcs.append(cuda.cuArrayDestroy(m))
+    rcs.append(cuda.cuMipmappedArrayDestroy(m))
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+rcs.append(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)))
+print(*rcs, free.value >> 20)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[("CUDABUDGET_LIMIT", "2Gi"), ("CUDABUDGET_LOG", "error")],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "0 1 0 0 1 0 0 1 0 0 2048",
+        "each 1 GiB array fits again after its correct destroy, and the books end empty\n{stderr}"
+    );
+}
+
+/// Before refusing a `cuMemCreate`, the library asks the driver whether it would accept
+/// the kind of request at all, with a real allocation of the smallest size. At the budget
+/// that probe must not be made: it once took the process past its budget.
+#[test]
+fn the_cu_mem_create_probe_never_takes_the_process_past_its_budget() {
+    let run = budget_run(
+        "gpa",
+        &["create:1Gi", "create:2Mi", "createfabric:2Mi", "phys"],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.rc("create", 0), 0, "{run:?}");
+    assert_eq!(run.rc("create", 1), 2, "{run:?}");
+    assert_eq!(
+        run.rc("createfabric", 0),
+        2,
+        "at the budget, the budget answers\n{run:?}"
+    );
+    assert!(run.num("phys", 0, "peak") <= GI, "{run:?}");
+    // Below the budget the driver's own refusal still wins.
+    let run = budget_run(
+        "gpa",
+        &["create:512Mi", "createfabric:1Gi"],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.rc("createfabric", 0), 801, "{run:?}");
+}
+
+/// The library trims the pools before a denial; credit a thread kept for its next
+/// stream-ordered allocations then stands for memory the pools gave back. That credit
+/// was once spent as it was: the driver grew the pool by a 32 MiB step that nothing
+/// admitted, past the budget.
+#[test]
+fn credit_a_thread_kept_is_not_spent_after_the_pools_were_trimmed() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "async:4Mi",
+            "freeasync:0",
+            "alloc:990Mi",
+            "alloc:10Mi",
+            "async:4Mi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.rc("alloc", 1), 0, "the trim made room\n{run:?}");
+    assert_eq!(
+        run.rc("async", 1),
+        2,
+        "1000 MiB + a 32 MiB pool step do not fit in 1 GiB\n{run:?}"
+    );
+    assert!(
+        run.num("phys", 0, "peak") <= GI,
+        "the device held {} MiB\n{run:?}",
+        run.num("phys", 0, "peak") / MI
+    );
+}

@@ -106,7 +106,7 @@ pub unsafe extern "C" fn cuMemCreate(
             Ok(r) => r,
             Err(_) => {
                 // SAFETY: the caller's property struct.
-                if let Some(rc) = unsafe { driver_rejects(size, prop, flags) } {
+                if let Some(rc) = unsafe { driver_rejects(d, size, prop, flags) } {
                     return rc;
                 }
                 match enforce::admit("cuMemCreate", device, d, bytes) {
@@ -125,11 +125,14 @@ pub unsafe extern "C" fn cuMemCreate(
     })
 }
 
-/// The driver's error for this request regardless of its size, if it has one.
+/// The driver's error for this request regardless of its size, if it has one. The probe
+/// is a real allocation, so it is made only within the budget (a reservation of its
+/// size); with no room for it, the budget's answer stands.
 ///
 /// # Safety
 /// `prop` must be valid for the driver.
 unsafe fn driver_rejects(
+    d: &crate::ledger::DeviceLedger,
     size: usize,
     prop: *const MemAllocationProp,
     flags: u64,
@@ -143,18 +146,19 @@ unsafe fn driver_rejects(
     if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
         return Some(CuResult::INVALID_VALUE);
     }
+    let _room = d.reserve(granularity as u64).ok()?;
     let mut probe = 0u64;
+    // In relaxed mode: the probe is the library's call, and must not break a capture.
     // SAFETY: the smallest allocation of the same kind, released at once.
-    let rc = unsafe { real::cuMemCreate(&mut probe, granularity, prop, flags) };
-    if rc.is_ok() {
-        // SAFETY: the handle just created.
-        let _ = unsafe { real::cuMemRelease(probe) };
-        None
-    } else if rc == CuResult::OUT_OF_MEMORY {
-        None
-    } else {
-        Some(rc)
-    }
+    let rc = crate::capture::relaxed(|| unsafe {
+        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
+        if rc.is_ok() {
+            let _ = real::cuMemRelease(probe);
+        }
+        rc
+    });
+    // Accepted, or refused for want of memory: the budget's answer stands.
+    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
 }
 
 /// # Safety
@@ -209,6 +213,26 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: DevicePtr, size: usize) -> CuResult {
     })
 }
 
+/// Each handle it gives out is one more reference, which needs its own `cuMemRelease`.
+///
+/// # Safety
+/// As the driver's `cuMemRetainAllocationHandle`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: *mut std::ffi::c_void,
+) -> CuResult {
+    guard("cuMemRetainAllocationHandle", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuMemRetainAllocationHandle(handle, addr) };
+        if rc.is_ok() && !handle.is_null() && runtime::mode() == Mode::Budgeted {
+            // SAFETY: the driver wrote the handle.
+            vmm::lock().retained(unsafe { *handle });
+        }
+        rc
+    })
+}
+
 fn give_back(returned: vmm::Returned) {
     if let Some((device, bytes)) = returned
         && let Some(d) = runtime::ledger().device(device)
@@ -227,7 +251,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_async(bytes as u64, dptr, || unsafe {
+        enforce::alloc_async(bytes as u64, stream, dptr, || unsafe {
             real::cuMemAllocAsync(dptr, bytes, stream)
         })
     })
@@ -243,7 +267,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_async(bytes as u64, dptr, || unsafe {
+        enforce::alloc_async(bytes as u64, stream, dptr, || unsafe {
             real::cuMemAllocAsync_ptsz(dptr, bytes, stream)
         })
     })
@@ -264,6 +288,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
             "cuMemAllocFromPoolAsync",
             bytes as u64,
             Some(pool),
+            stream,
             dptr,
             || unsafe { real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) },
         )
@@ -285,6 +310,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
             "cuMemAllocFromPoolAsync",
             bytes as u64,
             Some(pool),
+            stream,
             dptr,
             || unsafe { real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream) },
         )
@@ -297,7 +323,9 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::free_async(dptr, || unsafe { real::cuMemFreeAsync(dptr, stream) })
+        enforce::free_async(dptr, stream, || unsafe {
+            real::cuMemFreeAsync(dptr, stream)
+        })
     })
 }
 
@@ -307,7 +335,9 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuRe
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::free_async(dptr, || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) })
+        enforce::free_async(dptr, stream, || unsafe {
+            real::cuMemFreeAsync_ptsz(dptr, stream)
+        })
     })
 }
 

@@ -14,6 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use crate::driver::{CuResult, Sym};
 
 pub mod dlsym;
+pub mod graph;
 pub mod info;
 pub mod memory;
 pub mod nvml;
@@ -33,6 +34,7 @@ pub(crate) fn guard(call: &'static str, body: impl FnOnce() -> CuResult) -> CuRe
 
 /// Our hook for the driver variant `sym`, if we wrap it.
 pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
+    use graph::*;
     use info::*;
     use memory::*;
     use proc_address::*;
@@ -58,6 +60,7 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         Sym::cuMemRelease => cuMemRelease as *const (),
         Sym::cuMemMap => cuMemMap as *const (),
         Sym::cuMemUnmap => cuMemUnmap as *const (),
+        Sym::cuMemRetainAllocationHandle => cuMemRetainAllocationHandle as *const (),
         Sym::cuMemAllocAsync => cuMemAllocAsync as *const (),
         Sym::cuMemAllocAsync_ptsz => cuMemAllocAsync_ptsz as *const (),
         Sym::cuMemAllocFromPoolAsync => cuMemAllocFromPoolAsync as *const (),
@@ -71,6 +74,22 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         Sym::cuMipmappedArrayCreate => cuMipmappedArrayCreate as *const (),
         Sym::cuArrayDestroy => cuArrayDestroy as *const (),
         Sym::cuMipmappedArrayDestroy => cuMipmappedArrayDestroy as *const (),
+        Sym::cuStreamBeginCapture_v2 => cuStreamBeginCapture_v2 as *const (),
+        Sym::cuStreamBeginCapture_v2_ptsz => cuStreamBeginCapture_v2_ptsz as *const (),
+        Sym::cuStreamBeginCaptureToGraph => cuStreamBeginCaptureToGraph as *const (),
+        Sym::cuStreamBeginCaptureToGraph_ptsz => cuStreamBeginCaptureToGraph_ptsz as *const (),
+        Sym::cuStreamEndCapture => cuStreamEndCapture as *const (),
+        Sym::cuStreamEndCapture_ptsz => cuStreamEndCapture_ptsz as *const (),
+        Sym::cuGraphInstantiateWithFlags => cuGraphInstantiateWithFlags as *const (),
+        Sym::cuGraphInstantiateWithParams => cuGraphInstantiateWithParams as *const (),
+        Sym::cuGraphInstantiateWithParams_ptsz => cuGraphInstantiateWithParams_ptsz as *const (),
+        Sym::cuGraphInstantiate_v2 => cuGraphInstantiate_v2 as *const (),
+        Sym::cuGraphExecDestroy => cuGraphExecDestroy as *const (),
+        Sym::cuGraphUpload => cuGraphUpload as *const (),
+        Sym::cuGraphUpload_ptsz => cuGraphUpload_ptsz as *const (),
+        Sym::cuGraphLaunch => cuGraphLaunch as *const (),
+        Sym::cuGraphLaunch_ptsz => cuGraphLaunch_ptsz as *const (),
+        Sym::cuDeviceGraphMemTrim => cuDeviceGraphMemTrim as *const (),
         // Called by the library, never wrapped.
         Sym::cuDeviceGetCount
         | Sym::cuDeviceGet
@@ -82,7 +101,15 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         | Sym::cuMemPoolTrimTo
         | Sym::cuMemPoolGetAttribute
         | Sym::cuDeviceGetDefaultMemPool
-        | Sym::cuDeviceGetMemPool => return None,
+        | Sym::cuDeviceGetMemPool
+        | Sym::cuStreamGetDevice
+        | Sym::cuStreamIsCapturing
+        | Sym::cuThreadExchangeStreamCaptureMode
+        | Sym::cuGraphGetNodes
+        | Sym::cuGraphNodeGetType
+        | Sym::cuGraphMemAllocNodeGetParams
+        | Sym::cuGraphChildGraphNodeGetGraph
+        | Sym::cuDeviceGetGraphMemAttribute => return None,
     };
     Some(f as *mut c_void)
 }

@@ -1,0 +1,91 @@
+//! Stream capture: what the library must not do while a capture is under way, and how
+//! it tells a captured call from a real one.
+//!
+//! During a capture in global mode the driver refuses "potentially unsafe" calls from
+//! every thread that is not in relaxed mode — `cuMemPoolGetAttribute`,
+//! `cuMemPoolTrimTo`, `cuMemCreate`, ... — and the refusal invalidates the capture
+//! (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` at its end). So while any capture is active,
+//! the library makes its own driver calls in relaxed mode ([`relaxed`]).
+//!
+//! A stream-ordered allocation on a capturing stream is not memory yet: it becomes a
+//! memory node of the graph, whose memory is charged when the graph's memory is
+//! reserved (at upload or launch, [`crate::graphs`]). A stream-ordered free on a
+//! capturing stream frees nothing until the graph runs, so the block stays charged.
+//!
+//! The library counts the captures it saw begin and not yet end ([`any`]): while there
+//! are none, which is almost always, the fast paths ask the driver nothing more.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::driver::{
+    CuResult, Handle, STREAM_CAPTURE_MODE_RELAXED, STREAM_CAPTURE_STATUS_NONE, real,
+};
+
+/// Captures begun and not yet ended, in this process.
+static ACTIVE: AtomicU32 = AtomicU32::new(0);
+
+/// Whether any capture may be active: one relaxed load.
+#[inline(always)]
+pub fn any() -> bool {
+    ACTIVE.load(Ordering::Relaxed) != 0
+}
+
+/// A capture began (the driver accepted it).
+pub fn began(rc: CuResult) -> CuResult {
+    if rc.is_ok() {
+        ACTIVE.fetch_add(1, Ordering::AcqRel);
+    }
+    rc
+}
+
+/// `cuStreamEndCapture` answered `rc`: the capture is over when it succeeded or when it
+/// reports the capture invalidated (which ends it too).
+pub fn ended(rc: CuResult) -> CuResult {
+    if rc.is_ok() || rc == CuResult::STREAM_CAPTURE_INVALIDATED {
+        let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+            Some(n.saturating_sub(1))
+        });
+    }
+    rc
+}
+
+/// In the child of `fork()`: no capture came along.
+pub fn after_fork() {
+    ACTIVE.store(0, Ordering::Release);
+}
+
+/// Whether `stream` is being captured (a call on it is recorded, not run). Asked only
+/// while [`any`] capture is active; asked in relaxed mode, so the question itself is
+/// never the unsafe call that breaks another thread's capture.
+pub fn capturing(stream: Handle) -> bool {
+    if !any() {
+        return false;
+    }
+    let mut status: c_int = STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a valid out-pointer; the caller's stream handle.
+    let rc = relaxed(|| unsafe { real::cuStreamIsCapturing(stream, &mut status) });
+    // A stream the driver cannot answer for is not capturing anything we could charge.
+    rc.is_ok() && status != STREAM_CAPTURE_STATUS_NONE
+}
+
+/// Runs `f` (the library's own driver calls) with the calling thread in relaxed capture
+/// mode while any capture is active, and restores the thread's mode after.
+pub fn relaxed<R>(f: impl FnOnce() -> R) -> R {
+    if !any() {
+        return f();
+    }
+    /// Puts the thread's own mode back, a panic in `f` included.
+    struct Restore(c_int);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: a valid in/out pointer holding the thread's own mode.
+            let _ = unsafe { real::cuThreadExchangeStreamCaptureMode(&mut self.0) };
+        }
+    }
+    let mut mode: c_int = STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: a valid in/out pointer; the call swaps the thread's mode with `mode`.
+    let swapped = unsafe { real::cuThreadExchangeStreamCaptureMode(&mut mode) }.is_ok();
+    let _restore = swapped.then_some(Restore(mode));
+    f()
+}

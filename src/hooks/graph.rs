@@ -1,0 +1,236 @@
+//! Stream capture and CUDA graphs: the captures the library must stay out of, and the
+//! executable graphs whose memory nodes it charges at upload or launch.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use super::guard;
+use crate::driver::{CuResult, Device, Handle, real};
+use crate::runtime::{self, Mode};
+use crate::{capture, enforce, graphs};
+
+/// # Safety
+/// As the driver's `cuStreamBeginCapture_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) -> CuResult {
+    guard("cuStreamBeginCapture", || {
+        // SAFETY: the caller's arguments.
+        capture::began(unsafe { real::cuStreamBeginCapture_v2(stream, mode) })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuStreamBeginCapture_v2_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int) -> CuResult {
+    guard("cuStreamBeginCapture", || {
+        // SAFETY: the caller's arguments.
+        capture::began(unsafe { real::cuStreamBeginCapture_v2_ptsz(stream, mode) })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuStreamBeginCaptureToGraph`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
+    stream: Handle,
+    graph: Handle,
+    deps: *const Handle,
+    data: *const c_void,
+    n: usize,
+    mode: c_int,
+) -> CuResult {
+    guard("cuStreamBeginCaptureToGraph", || {
+        // SAFETY: the caller's arguments.
+        capture::began(unsafe {
+            real::cuStreamBeginCaptureToGraph(stream, graph, deps, data, n, mode)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuStreamBeginCaptureToGraph_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
+    stream: Handle,
+    graph: Handle,
+    deps: *const Handle,
+    data: *const c_void,
+    n: usize,
+    mode: c_int,
+) -> CuResult {
+    guard("cuStreamBeginCaptureToGraph", || {
+        // SAFETY: the caller's arguments.
+        capture::began(unsafe {
+            real::cuStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, n, mode)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuStreamEndCapture`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) -> CuResult {
+    guard("cuStreamEndCapture", || {
+        // SAFETY: the caller's arguments.
+        capture::ended(unsafe { real::cuStreamEndCapture(stream, graph) })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuStreamEndCapture_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle) -> CuResult {
+    guard("cuStreamEndCapture", || {
+        // SAFETY: the caller's arguments.
+        capture::ended(unsafe { real::cuStreamEndCapture_ptsz(stream, graph) })
+    })
+}
+
+/// Remembers the memory nodes of a graph just instantiated into `exec`.
+fn instantiated(exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
+    if rc.is_ok() && !exec.is_null() && runtime::mode() == Mode::Budgeted {
+        // SAFETY: the driver wrote the new executable graph.
+        graphs::instantiated(unsafe { *exec }, graphs::footprint_of(graph));
+    }
+    rc
+}
+
+/// # Safety
+/// As the driver's `cuGraphInstantiateWithFlags`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut Handle,
+    graph: Handle,
+    flags: u64,
+) -> CuResult {
+    guard("cuGraphInstantiate", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuGraphInstantiateWithFlags(exec, graph, flags) };
+        instantiated(exec, graph, rc)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGraphInstantiateWithParams`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    exec: *mut Handle,
+    graph: Handle,
+    params: *mut c_void,
+) -> CuResult {
+    guard("cuGraphInstantiate", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuGraphInstantiateWithParams(exec, graph, params) };
+        instantiated(exec, graph, rc)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGraphInstantiateWithParams_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
+    exec: *mut Handle,
+    graph: Handle,
+    params: *mut c_void,
+) -> CuResult {
+    guard("cuGraphInstantiate", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuGraphInstantiateWithParams_ptsz(exec, graph, params) };
+        instantiated(exec, graph, rc)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGraphInstantiate_v2`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphInstantiate_v2(
+    exec: *mut Handle,
+    graph: Handle,
+    error_node: *mut Handle,
+    log: *mut c_char,
+    log_size: usize,
+) -> CuResult {
+    guard("cuGraphInstantiate", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuGraphInstantiate_v2(exec, graph, error_node, log, log_size) };
+        instantiated(exec, graph, rc)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGraphExecDestroy`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CuResult {
+    guard("cuGraphExecDestroy", || {
+        // SAFETY: the caller's argument.
+        let rc = unsafe { real::cuGraphExecDestroy(exec) };
+        if rc.is_ok() {
+            graphs::destroyed(exec);
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGraphUpload`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CuResult {
+    guard("cuGraphUpload", || {
+        // SAFETY: the caller's arguments.
+        enforce::launch_graph("cuGraphUpload", exec, stream, || unsafe {
+            real::cuGraphUpload(exec, stream)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGraphUpload_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: Handle, stream: Handle) -> CuResult {
+    guard("cuGraphUpload", || {
+        // SAFETY: the caller's arguments.
+        enforce::launch_graph("cuGraphUpload", exec, stream, || unsafe {
+            real::cuGraphUpload_ptsz(exec, stream)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGraphLaunch`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CuResult {
+    guard("cuGraphLaunch", || {
+        // SAFETY: the caller's arguments.
+        enforce::launch_graph("cuGraphLaunch", exec, stream, || unsafe {
+            real::cuGraphLaunch(exec, stream)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuGraphLaunch_ptsz`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuResult {
+    guard("cuGraphLaunch", || {
+        // SAFETY: the caller's arguments.
+        enforce::launch_graph("cuGraphLaunch", exec, stream, || unsafe {
+            real::cuGraphLaunch_ptsz(exec, stream)
+        })
+    })
+}
+
+/// What the device's graphs give back is no longer charged.
+///
+/// # Safety
+/// As the driver's `cuDeviceGraphMemTrim`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: Device) -> CuResult {
+    guard("cuDeviceGraphMemTrim", || {
+        // SAFETY: the caller's argument.
+        let rc = unsafe { real::cuDeviceGraphMemTrim(device) };
+        if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
+            enforce::graph_memory_changed(device as usize);
+        }
+        rc
+    })
+}
