@@ -4,14 +4,16 @@
 //! program reaches it by (`dlsym`, `cuGetProcAddress`, direct linking), keeps exact
 //! accounting of the device memory the process holds, returns
 //! `CUDA_ERROR_OUT_OF_MEMORY` before a budget is crossed, and makes the process see its
-//! budget as the size of the card. See README.md for use and DESIGN notes.
+//! budget as the size of the card. See README.md for use and docs/design.md for the
+//! internals.
 //!
 //! Modules:
 //! - [`quantity`], [`config`]: environment → budgets (pure).
 //! - [`ledger`]: per-device reservations and the address table (pure, thread-safe).
 //! - `driver`, `nvml`: the real libraries, from our own handles.
 //! - `runtime`: the process-wide state and its lazy initialisation.
-//! - `enforce`, `pools`, `vmm`, `footprint`: what the hooks decide.
+//! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`: what the hooks decide.
+//! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
 //! - `report`: what the user is told.
 
