@@ -245,3 +245,42 @@ fn credit_a_thread_kept_is_not_spent_after_the_pools_were_trimmed() {
         run.num("phys", 0, "peak") / MI
     );
 }
+
+/// A stream-ordered allocation the driver refuses (here: from a pool that was destroyed)
+/// took credit that must come back in full; otherwise the budget shrinks for good and an
+/// allocation that fits is refused.
+#[test]
+fn a_stream_ordered_allocation_the_driver_refuses_gives_its_credit_back() {
+    let script = r#"
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+class Props(ctypes.Structure):
+    _fields_ = [("alloc_type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("max_size", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+pool = ctypes.c_void_p()
+assert cuda.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(Props(1, 0, 1, 0))) == 0
+assert cuda.cuMemPoolDestroy(pool) == 0
+p = ctypes.c_uint64()
+rcs = []
+for _ in range(3):
+    rcs.append(cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(900 << 20), pool, None))
+rcs.append(cuda.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(1000 << 20), None))
+print(*rcs)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[("CUDABUDGET_LIMIT", "1Gi"), ("CUDABUDGET_LOG", "error")],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "1 1 1 0",
+        "the driver's refusals pass through, and 1000 MiB still fit in 1 GiB\n{stderr}"
+    );
+}
