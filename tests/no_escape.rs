@@ -284,3 +284,81 @@ print(*rcs)
         "the driver's refusals pass through, and 1000 MiB still fit in 1 GiB\n{stderr}"
     );
 }
+
+/// The driver's refusal of a synchronous allocation (here the card itself is full)
+/// leaves nothing charged: the budget is whole afterwards.
+#[test]
+fn a_synchronous_allocation_the_driver_refuses_charges_nothing() {
+    let run = budget_run(
+        "gpa",
+        &["alloc:1536Mi", "info", "alloc:1Gi", "info"],
+        &[("CUDABUDGET_LIMIT", "2Gi"), ("FAKE_CUDA_MEM", "1073741824")],
+    );
+    assert_eq!(run.rc("alloc", 0), 2, "the card has 1 GiB\n{run:?}");
+    assert_eq!(run.num("info", 0, "free"), GI, "nothing charged\n{run:?}");
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert_eq!(run.num("info", 1, "free"), 0, "{run:?}");
+}
+
+/// A primary context retained twice is still there after one release; after the second
+/// it is gone with its memory, and the books start again from zero.
+#[test]
+fn a_primary_context_counts_as_gone_only_after_its_last_release() {
+    let script = r#"
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+rcs = [cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0),
+       cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)]
+assert cuda.cuCtxSetCurrent(ctx) == 0
+p = ctypes.c_uint64()
+rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 30)))
+rcs.append(cuda.cuDevicePrimaryCtxRelease_v2(0))
+# Still active: 1 GiB is still held, so another 1 GiB does not fit in 1.5 GiB.
+rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(1 << 30)))
+rcs.append(cuda.cuDevicePrimaryCtxRelease_v2(0))
+rcs.append(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0))
+assert cuda.cuCtxSetCurrent(ctx) == 0
+rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 30)))
+print(*rcs)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[("CUDABUDGET_LIMIT", "1536Mi"), ("CUDABUDGET_LOG", "error")],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "0 0 0 0 2 0 0 0", "{stderr}");
+}
+
+/// The context of every device is charged, device 1's too.
+#[test]
+fn the_context_on_a_second_device_is_charged_to_that_device() {
+    let script = r#"
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 1) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+p = ctypes.c_uint64()
+a = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(768 << 20))
+b = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20))
+print(a, b)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_CUDA_DEVICES", "2"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+        ],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "2 0",
+        "512 MiB of context + 768 MiB do not fit in 1 GiB; 256 MiB do\n{stderr}"
+    );
+}
