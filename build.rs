@@ -1,8 +1,8 @@
 //! Builds the test fixtures in `tests/fake_driver/` (a fake `libcuda.so.1`, a fake
 //! `libnvidia-ml.so.1`, the C test clients and a third-party `RTLD_NEXT` preload) into
 //! `$OUT_DIR/fake/` and exports their paths to every target of the package:
-//! `FAKE_DRIVER_DIR`, `FAKE_CLIENT`, `FAKE_CLIENT_LINKED`, `FAKE_THIRDPARTY_LIB`
-//! (and, for convenience, `FAKE_CUDA_LIB`, `FAKE_NVML_LIB`).
+//! `FAKE_DRIVER_DIR`, `FAKE_CLIENT`, `FAKE_CLIENT_LINKED`, `FAKE_THIRDPARTY_LIB`,
+//! `FAKE_PROP_CLIENT` (and, for convenience, `FAKE_CUDA_LIB`, `FAKE_NVML_LIB`).
 //! Nothing here is linked into the crate itself.
 
 use std::env;
@@ -75,6 +75,8 @@ fn main() {
         &["client.c"],
         &["-DLINKED", &libdir, "-lcuda", "-ldl", "-pthread"],
     );
+    // The executor of tests/property.rs.
+    let prop_client = build("prop_client", &["prop_client.c"], &["-ldl", "-pthread"]);
     let thirdparty = build(
         "libthirdparty.so",
         &["thirdparty.c"],
@@ -99,6 +101,7 @@ fn main() {
     export("FAKE_CLIENT", &client);
     export("FAKE_CLIENT_LINKED", &client_linked);
     export("FAKE_THIRDPARTY_LIB", &thirdparty);
+    export("FAKE_PROP_CLIENT", &prop_client);
     export("FAKE_DRIVER_BENCH", &driver_bench);
     export("FAKE_PAIR_LOOP", &pair_loop);
 }

@@ -17,43 +17,74 @@
 
 typedef unsigned long long u64;
 
-/* X(concrete name, base name for cuGetProcAddress) */
-#define CLIENT_FUNCS(X)                                          \
-    X(cuInit, "cuInit")                                          \
-    X(cuDeviceGet, "cuDeviceGet")                                \
-    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")      \
-    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease") \
-    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset")     \
-    X(cuCtxSetCurrent, "cuCtxSetCurrent")                        \
-    X(cuCtxGetDevice, "cuCtxGetDevice")                          \
-    X(cuMemAlloc_v2, "cuMemAlloc")                               \
-    X(cuMemAllocPitch_v2, "cuMemAllocPitch")                     \
-    X(cuMemAllocManaged, "cuMemAllocManaged")                    \
-    X(cuMemFree_v2, "cuMemFree")                                 \
-    X(cuMemGetInfo_v2, "cuMemGetInfo")                           \
-    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem")                   \
-    X(cuMemAllocAsync, "cuMemAllocAsync")                        \
-    X(cuMemFreeAsync, "cuMemFreeAsync")                          \
-    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")        \
-    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")    \
-    X(cuMemPoolCreate, "cuMemPoolCreate")                        \
-    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute")            \
-    X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute")            \
-    X(cuMemPoolTrimTo, "cuMemPoolTrimTo")                        \
-    X(cuStreamSynchronize, "cuStreamSynchronize")                \
-    X(cuMemCreate, "cuMemCreate")                                \
-    X(cuMemAddressReserve, "cuMemAddressReserve")                \
-    X(cuMemAddressFree, "cuMemAddressFree")                      \
-    X(cuMemMap, "cuMemMap")                                      \
-    X(cuMemUnmap, "cuMemUnmap")                                  \
-    X(cuMemRelease, "cuMemRelease")                              \
-    X(cuArrayCreate_v2, "cuArrayCreate")                         \
-    X(cuArray3DCreate_v2, "cuArray3DCreate")                     \
-    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate")          \
-    X(cuArrayDestroy, "cuArrayDestroy")                          \
-    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy")
+/* X(concrete name, base name for cuGetProcAddress, version): gpa modes ask for the base
+ * name at 13000 (gpa-legacy: 12000, or `version` where the variant the client calls is
+ * newer than that: cuCtxCreate_v4, cuStreamGetDevice). */
+#define CLIENT_FUNCS(X) \
+    X(cuInit, "cuInit", 0)                                                       \
+    X(cuDeviceGet, "cuDeviceGet", 0)                                             \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0)                   \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 0)              \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 0)                  \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", 0)                                     \
+    X(cuCtxGetCurrent, "cuCtxGetCurrent", 0)                                     \
+    X(cuCtxGetDevice, "cuCtxGetDevice", 0)                                       \
+    X(cuCtxCreate_v4, "cuCtxCreate", 12050)                                      \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 0)                                        \
+    X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 0)                                  \
+    X(cuCtxSynchronize, "cuCtxSynchronize", 0)                                   \
+    X(cuMemAlloc_v2, "cuMemAlloc", 0)                                            \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", 0)                                  \
+    X(cuMemAllocManaged, "cuMemAllocManaged", 0)                                 \
+    X(cuMemFree_v2, "cuMemFree", 0)                                              \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", 0)                                        \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 0)                                \
+    X(cuMemAllocAsync, "cuMemAllocAsync", 0)                                     \
+    X(cuMemFreeAsync, "cuMemFreeAsync", 0)                                       \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0)                     \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0)                 \
+    X(cuMemPoolCreate, "cuMemPoolCreate", 0)                                     \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0)                         \
+    X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 0)                         \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", 0)                                     \
+    X(cuStreamSynchronize, "cuStreamSynchronize", 0)                             \
+    X(cuStreamCreate, "cuStreamCreate", 0)                                       \
+    X(cuStreamDestroy_v2, "cuStreamDestroy", 0)                                  \
+    X(cuStreamGetCtx, "cuStreamGetCtx", 0)                                       \
+    X(cuStreamGetDevice, "cuStreamGetDevice", 12080)                             \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 0)                        \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 0)                               \
+    X(cuStreamIsCapturing, "cuStreamIsCapturing", 0)                             \
+    X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 0) \
+    X(cuGraphCreate, "cuGraphCreate", 0)                                         \
+    X(cuGraphDestroy, "cuGraphDestroy", 0)                                       \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0)                       \
+    X(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 0)                         \
+    X(cuGraphMemAllocNodeGetParams, "cuGraphMemAllocNodeGetParams", 0)           \
+    X(cuGraphGetNodes, "cuGraphGetNodes", 0)                                     \
+    X(cuGraphNodeGetType, "cuGraphNodeGetType", 0)                               \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiate", 0)                      \
+    X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 0)           \
+    X(cuGraphUpload, "cuGraphUpload", 0)                                         \
+    X(cuGraphLaunch, "cuGraphLaunch", 0)                                         \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", 0)                               \
+    X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", 0)           \
+    X(cuDeviceSetGraphMemAttribute, "cuDeviceSetGraphMemAttribute", 0)           \
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0)                           \
+    X(cuMemCreate, "cuMemCreate", 0)                                             \
+    X(cuMemAddressReserve, "cuMemAddressReserve", 0)                             \
+    X(cuMemAddressFree, "cuMemAddressFree", 0)                                   \
+    X(cuMemMap, "cuMemMap", 0)                                                   \
+    X(cuMemUnmap, "cuMemUnmap", 0)                                               \
+    X(cuMemRelease, "cuMemRelease", 0)                                           \
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 0)             \
+    X(cuArrayCreate_v2, "cuArrayCreate", 0)                                      \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", 0)                                  \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0)                       \
+    X(cuArrayDestroy, "cuArrayDestroy", 0)                                       \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0)
 
-#define FIELD(c, b) __typeof__(&c) c;
+#define FIELD(c, b, v) __typeof__(&c) c;
 static struct {
     CLIENT_FUNCS(FIELD)
 } api;
@@ -85,7 +116,7 @@ static void usage_error(const char *op, const char *why) {
 
 /* ---------- resolution ---------- */
 
-static void *resolve(const char *concrete, const char *base) {
+static void *resolve(const char *concrete, const char *base, int version) {
     void *p = NULL;
     int status = 0;
     switch (g_mode) {
@@ -96,7 +127,7 @@ static void *resolve(const char *concrete, const char *base) {
             p = NULL;
         break;
     case M_GPA_LEGACY:
-        if (g_gpa1(base, &p, 12000, 0) != CUDA_SUCCESS) p = NULL;
+        if (g_gpa1(base, &p, version > 12000 ? version : 12000, 0) != CUDA_SUCCESS) p = NULL;
         break;
     case M_DLSYM: p = dlsym(g_cuda, concrete); break;
     case M_LINKED: p = dlsym(RTLD_DEFAULT, concrete); break;
@@ -107,7 +138,7 @@ static void *resolve(const char *concrete, const char *base) {
 static void resolve_all(void) {
 #ifdef LINKED
     if (g_mode == M_LINKED) {
-#define DIRECT(c, b) api.c = &c;
+#define DIRECT(c, b, v) api.c = &c;
         CLIENT_FUNCS(DIRECT)
 #undef DIRECT
         return;
@@ -131,8 +162,8 @@ static void resolve_all(void) {
             exit(3);
         }
     }
-#define RESOLVE(c, b)                                          \
-    api.c = (__typeof__(api.c))resolve(#c, b);                 \
+#define RESOLVE(c, b, v)                                       \
+    api.c = (__typeof__(api.c))resolve(#c, b, v);              \
     if (!api.c) {                                              \
         out("resolve:%s rc=-1", g_mode == M_DLSYM ? #c : b);   \
         exit(3);                                               \
@@ -196,7 +227,7 @@ static void need_fields(struct op *op, int n) {
 
 /* ---------- slots ---------- */
 
-enum slot_kind { S_PTR, S_ASYNC, S_VMM, S_ARRAY, S_MIPMAP };
+enum slot_kind { S_PTR, S_ASYNC, S_VMM, S_ARRAY, S_MIPMAP, S_GRAPH };
 struct slot {
     enum slot_kind kind;
     u64 value;
@@ -207,6 +238,17 @@ static struct slot *g_slots;
 static size_t g_nslots, g_capslots;
 static CUmemoryPool g_pools[256];
 static size_t g_npools;
+/* Handles the new ops create, each in its own numbering (stream=<k>, graph=<g>, ...). */
+#define MAX_HANDLES 256
+static CUstream g_streams[MAX_HANDLES];
+static size_t g_nstreams;
+static CUgraph g_graphs[MAX_HANDLES];
+static size_t g_ngraphs;
+static CUgraphExec g_execs[MAX_HANDLES];
+static size_t g_nexecs;
+static CUcontext g_cctxs[MAX_HANDLES];
+static CUcontext g_prim[64]; /* primary contexts as `ctx:DEV` (and the start) retained them */
+static size_t g_ncctxs;
 
 static size_t add_slot(enum slot_kind kind, u64 value, u64 size) {
     if (g_nslots == g_capslots) {
@@ -227,6 +269,44 @@ static struct slot *slot_field(struct op *op, int i) {
     u64 k = num_field(op, i);
     if (k >= g_nslots) usage_error(op->text, "no such slot");
     return &g_slots[k];
+}
+
+static u64 index_field(struct op *op, int i, size_t n, const char *what) {
+    u64 k = num_field(op, i);
+    if (k >= n) usage_error(op->text, what);
+    return k;
+}
+
+/* A stream argument: a `stream` slot, or null / legacy / ptds. */
+static CUstream stream_field(struct op *op, int i) {
+    if (i < op->n && !strcmp(op->f[i], "null")) return NULL;
+    if (i < op->n && !strcmp(op->f[i], "legacy")) return CU_STREAM_LEGACY;
+    if (i < op->n && !strcmp(op->f[i], "ptds")) return CU_STREAM_PER_THREAD;
+    return g_streams[index_field(op, i, g_nstreams, "no such stream")];
+}
+
+static const char *const k_capmodes[] = {"global", "thread", "relaxed"};
+
+static int capmode_field(struct op *op, int i) {
+    for (int m = 0; m < 3; m++)
+        if (i < op->n && !strcmp(op->f[i], k_capmodes[m])) return m;
+    usage_error(op->text, "mode must be global, thread or relaxed");
+    return -1;
+}
+
+/* A context as the new ops print it: p<dev> (a primary context), c<k> (ctxcreate slot). */
+static void ctx_name(CUcontext c, char *buf, size_t len) {
+    for (size_t k = 0; k < g_ncctxs; k++)
+        if (g_cctxs[k] == c) {
+            snprintf(buf, len, "c%zu", k);
+            return;
+        }
+    for (int d = 0; d < 64; d++)
+        if (c && g_prim[d] == c) {
+            snprintf(buf, len, "p%d", d);
+            return;
+        }
+    snprintf(buf, len, c ? "?" : "none");
 }
 
 static void print_alloc(const char *name, int rc, enum slot_kind kind, u64 value, u64 size) {
@@ -440,7 +520,7 @@ static const char *base_name(const char *path) {
 
 static void op_sym(struct op *op) {
     if (op->n != 2) usage_error(op->text, "sym:NAME");
-    void *p = resolve(op->f[1], op->f[1]);
+    void *p = resolve(op->f[1], op->f[1], 0);
     Dl_info info;
     if (!p) {
         out("sym rc=-1 lib= name=");
@@ -477,6 +557,7 @@ static void run_op(const char *text) {
         if (rc == CUDA_SUCCESS) rc = api.cuDevicePrimaryCtxRetain(&c, dev);
         if (rc == CUDA_SUCCESS) rc = api.cuCtxSetCurrent(c);
         if (rc == CUDA_SUCCESS) g_ctx = c;
+        if (rc == CUDA_SUCCESS && dev >= 0 && dev < 64) g_prim[dev] = c;
         out("ctx rc=%d", rc);
     } else if (!strcmp(name, "ctxrelease") || !strcmp(name, "ctxreset")) {
         need_fields(op, 2);
@@ -687,6 +768,210 @@ static void run_op(const char *text) {
         if (threads == 0 || threads > 1024) usage_error(text, "THREADS must be 1..1024");
         struct race *r = run_threads(threads, 0, size, racehold_thread);
         out("racehold rc=0 ok=%llu held_max=%llu other=%llu", r->ok, r->ok * size, r->other);
+    } else if (!strcmp(name, "stream")) {
+        if (op->n != 1 && op->n != 2) usage_error(text, "stream or stream:FLAGS");
+        CUstream st = NULL;
+        rc = api.cuStreamCreate(&st, op->n == 2 ? (unsigned)num_field(op, 1) : 0);
+        if (rc == CUDA_SUCCESS && g_nstreams < MAX_HANDLES) {
+            g_streams[g_nstreams] = st;
+            out("stream rc=%d stream=%zu", rc, g_nstreams++);
+        } else {
+            out("stream rc=%d", rc);
+        }
+    } else if (!strcmp(name, "streaminfo")) {
+        need_fields(op, 2);
+        CUstream st = stream_field(op, 1);
+        CUdevice dev = -1;
+        CUcontext c = NULL;
+        char cn[32];
+        rc = api.cuStreamGetDevice(st, &dev);
+        int rc2 = api.cuStreamGetCtx(st, &c);
+        ctx_name(c, cn, sizeof cn);
+        out("streaminfo rc=%d dev=%d ctxrc=%d ctx=%s", rc, dev, rc2, cn);
+    } else if (!strcmp(name, "streamsync")) {
+        need_fields(op, 2);
+        out("streamsync rc=%d", api.cuStreamSynchronize(stream_field(op, 1)));
+    } else if (!strcmp(name, "streamdestroy")) {
+        need_fields(op, 2);
+        out("streamdestroy rc=%d", api.cuStreamDestroy_v2(stream_field(op, 1)));
+    } else if (!strcmp(name, "asyncon")) {
+        need_fields(op, 3);
+        CUstream st = stream_field(op, 1);
+        u64 size = num_field(op, 2);
+        CUdeviceptr p = 0;
+        rc = api.cuMemAllocAsync(&p, size, st);
+        print_alloc("asyncon", rc, S_ASYNC, p, size);
+    } else if (!strcmp(name, "poolasyncon")) {
+        need_fields(op, 4);
+        CUstream st = stream_field(op, 1);
+        u64 k = index_field(op, 2, g_npools, "no such pool"), size = num_field(op, 3);
+        CUdeviceptr p = 0;
+        rc = api.cuMemAllocFromPoolAsync(&p, size, g_pools[k], st);
+        print_alloc("poolasyncon", rc, S_ASYNC, p, size);
+    } else if (!strcmp(name, "freeasyncon")) {
+        need_fields(op, 3);
+        CUstream st = stream_field(op, 1);
+        out("freeasyncon rc=%d", api.cuMemFreeAsync(slot_field(op, 2)->value, st));
+    } else if (!strcmp(name, "capture")) {
+        need_fields(op, 3);
+        CUstream st = stream_field(op, 1);
+        out("capture rc=%d", api.cuStreamBeginCapture_v2(st, capmode_field(op, 2)));
+    } else if (!strcmp(name, "endcapture")) {
+        need_fields(op, 2);
+        CUgraph g = NULL;
+        rc = api.cuStreamEndCapture(stream_field(op, 1), &g);
+        if (rc == CUDA_SUCCESS && g && g_ngraphs < MAX_HANDLES) {
+            g_graphs[g_ngraphs] = g;
+            out("endcapture rc=%d graph=%zu", rc, g_ngraphs++);
+        } else {
+            out("endcapture rc=%d null=%d", rc, g == NULL);
+        }
+    } else if (!strcmp(name, "capturing")) {
+        need_fields(op, 2);
+        int st = -1;
+        rc = api.cuStreamIsCapturing(stream_field(op, 1), &st);
+        out("capturing rc=%d status=%d", rc, st);
+    } else if (!strcmp(name, "capmode")) {
+        need_fields(op, 2);
+        int m = capmode_field(op, 1);
+        rc = api.cuThreadExchangeStreamCaptureMode(&m);
+        out("capmode rc=%d old=%s", rc, m >= 0 && m < 3 ? k_capmodes[m] : "?");
+    } else if (!strcmp(name, "graph")) {
+        need_fields(op, 1);
+        CUgraph g = NULL;
+        rc = api.cuGraphCreate(&g, 0);
+        if (rc == CUDA_SUCCESS && g_ngraphs < MAX_HANDLES) {
+            g_graphs[g_ngraphs] = g;
+            out("graph rc=%d graph=%zu", rc, g_ngraphs++);
+        } else {
+            out("graph rc=%d", rc);
+        }
+    } else if (!strcmp(name, "memnode")) {
+        need_fields(op, 3);
+        CUgraph g = g_graphs[index_field(op, 1, g_ngraphs, "no such graph")];
+        u64 size = num_field(op, 2);
+        CUDA_MEM_ALLOC_NODE_PARAMS prm;
+        memset(&prm, 0, sizeof prm);
+        CUdevice dev = 0;
+        CUgraphNode node = NULL;
+        rc = current_device(&dev);
+        prm.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prm.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prm.poolProps.location.id = dev;
+        prm.bytesize = size;
+        if (rc == CUDA_SUCCESS) rc = api.cuGraphAddMemAllocNode(&node, g, NULL, 0, &prm);
+        print_alloc("memnode", rc, S_GRAPH, prm.dptr, size);
+    } else if (!strcmp(name, "freenode")) {
+        need_fields(op, 3);
+        CUgraph g = g_graphs[index_field(op, 1, g_ngraphs, "no such graph")];
+        CUgraphNode node = NULL;
+        out("freenode rc=%d", api.cuGraphAddMemFreeNode(&node, g, NULL, 0, slot_field(op, 2)->value));
+    } else if (!strcmp(name, "nodes")) {
+        need_fields(op, 2);
+        CUgraph g = g_graphs[index_field(op, 1, g_ngraphs, "no such graph")];
+        size_t n = 0;
+        u64 nalloc = 0, nfree = 0, bytes = 0;
+        rc = api.cuGraphGetNodes(g, NULL, &n);
+        CUgraphNode *nodes = calloc(n + 1, sizeof *nodes);
+        size_t got = n + 1; /* asks for one more than there is: the extra entry comes back NULL */
+        if (rc == CUDA_SUCCESS && nodes) rc = api.cuGraphGetNodes(g, nodes, &got);
+        for (size_t i = 0; rc == CUDA_SUCCESS && nodes && i < got; i++) {
+            int type = 0;
+            rc = api.cuGraphNodeGetType(nodes[i], &type);
+            if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+                CUDA_MEM_ALLOC_NODE_PARAMS prm;
+                nalloc++;
+                if (rc == CUDA_SUCCESS) rc = api.cuGraphMemAllocNodeGetParams(nodes[i], &prm);
+                if (rc == CUDA_SUCCESS) bytes += prm.bytesize;
+            } else if (type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+                nfree++;
+            }
+        }
+        out("nodes rc=%d count=%zu got=%zu tail_null=%d alloc=%llu free=%llu bytes=%llu", rc, n, got,
+            nodes ? nodes[n] == NULL : 0, nalloc, nfree, bytes);
+        free(nodes);
+    } else if (!strcmp(name, "instantiate") || !strcmp(name, "instparams")) {
+        int prm = name[4] == 'p';
+        if (prm) need_fields(op, 4);
+        else if (op->n != 2 && op->n != 3) usage_error(text, "instantiate:G[:FLAGS]");
+        CUgraph g = g_graphs[index_field(op, 1, g_ngraphs, "no such graph")];
+        u64 flags = op->n >= 3 ? num_field(op, 2) : 0;
+        CUgraphExec x = NULL;
+        if (prm) {
+            CUDA_GRAPH_INSTANTIATE_PARAMS ip = {flags, stream_field(op, 3), NULL, -1};
+            rc = api.cuGraphInstantiateWithParams(&x, g, &ip);
+        } else {
+            rc = api.cuGraphInstantiateWithFlags(&x, g, flags);
+        }
+        if (rc == CUDA_SUCCESS && g_nexecs < MAX_HANDLES) {
+            g_execs[g_nexecs] = x;
+            out("%s rc=%d exec=%zu", name, rc, g_nexecs++);
+        } else {
+            out("%s rc=%d", name, rc);
+        }
+    } else if (!strcmp(name, "upload") || !strcmp(name, "launch")) {
+        need_fields(op, 3);
+        CUgraphExec x = g_execs[index_field(op, 1, g_nexecs, "no such exec")];
+        CUstream st = stream_field(op, 2);
+        rc = name[0] == 'u' ? api.cuGraphUpload(x, st) : api.cuGraphLaunch(x, st);
+        out("%s rc=%d", name, rc);
+    } else if (!strcmp(name, "execdestroy")) {
+        need_fields(op, 2);
+        out("execdestroy rc=%d", api.cuGraphExecDestroy(g_execs[index_field(op, 1, g_nexecs, "no such exec")]));
+    } else if (!strcmp(name, "graphdestroy")) {
+        need_fields(op, 2);
+        out("graphdestroy rc=%d", api.cuGraphDestroy(g_graphs[index_field(op, 1, g_ngraphs, "no such graph")]));
+    } else if (!strcmp(name, "graphmem")) {
+        need_fields(op, 2);
+        int dev = (int)num_field(op, 1);
+        u64 v[4] = {0, 0, 0, 0};
+        rc = CUDA_SUCCESS;
+        for (int a = 0; a < 4 && rc == CUDA_SUCCESS; a++) rc = api.cuDeviceGetGraphMemAttribute(dev, a, &v[a]);
+        out("graphmem rc=%d used=%llu usedhigh=%llu reserved=%llu reservedhigh=%llu", rc, v[0], v[1], v[2], v[3]);
+    } else if (!strcmp(name, "graphtrim")) {
+        need_fields(op, 2);
+        out("graphtrim rc=%d", api.cuDeviceGraphMemTrim((int)num_field(op, 1)));
+    } else if (!strcmp(name, "graphreset")) {
+        need_fields(op, 2);
+        int dev = (int)num_field(op, 1);
+        u64 zero = 0;
+        rc = api.cuDeviceSetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &zero);
+        if (rc == CUDA_SUCCESS) rc = api.cuDeviceSetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero);
+        out("graphreset rc=%d", rc);
+    } else if (!strcmp(name, "retain")) {
+        need_fields(op, 2);
+        struct slot *s = slot_field(op, 1);
+        CUmemGenericAllocationHandle h = 0;
+        rc = api.cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)(s->va + s->size / 2));
+        out("retain rc=%d same=%d", rc, rc == CUDA_SUCCESS && h == s->value);
+    } else if (!strcmp(name, "ctxcreate")) {
+        need_fields(op, 2);
+        CUdevice dev;
+        CUcontext c = NULL;
+        rc = api.cuDeviceGet(&dev, (int)num_field(op, 1));
+        if (rc == CUDA_SUCCESS) rc = api.cuCtxCreate_v4(&c, NULL, 0, dev);
+        if (rc == CUDA_SUCCESS && g_ncctxs < MAX_HANDLES) {
+            g_cctxs[g_ncctxs] = c;
+            out("ctxcreate rc=%d ctx=%zu", rc, g_ncctxs++);
+        } else {
+            out("ctxcreate rc=%d", rc);
+        }
+    } else if (!strcmp(name, "ctxdestroy")) {
+        need_fields(op, 2);
+        out("ctxdestroy rc=%d", api.cuCtxDestroy_v2(g_cctxs[index_field(op, 1, g_ncctxs, "no such context")]));
+    } else if (!strcmp(name, "ctxset")) {
+        need_fields(op, 2);
+        out("ctxset rc=%d", api.cuCtxSetCurrent(g_cctxs[index_field(op, 1, g_ncctxs, "no such context")]));
+    } else if (!strcmp(name, "ctxpop")) {
+        need_fields(op, 1);
+        CUcontext c = NULL;
+        char cn[32];
+        rc = api.cuCtxPopCurrent_v2(&c);
+        ctx_name(c, cn, sizeof cn);
+        out("ctxpop rc=%d ctx=%s", rc, cn);
+    } else if (!strcmp(name, "ctxsync")) {
+        need_fields(op, 1);
+        out("ctxsync rc=%d", api.cuCtxSynchronize());
     } else if (!strcmp(name, "nvml")) {
         op_nvml(op);
     } else if (!strcmp(name, "sym")) {
@@ -712,7 +997,10 @@ static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "race",
-    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "sleep", "pagesize",
+    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "sleep", "pagesize", "stream", "streaminfo", "streamsync",
+    "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
+    "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
+    "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",
 };
 
 /* Unknown op names are refused before anything runs. */
@@ -755,6 +1043,7 @@ int main(int argc, char **argv) {
     int crc = api.cuDeviceGet(&dev, 0);
     if (crc == CUDA_SUCCESS) crc = api.cuDevicePrimaryCtxRetain(&g_ctx, dev);
     if (crc == CUDA_SUCCESS) crc = api.cuCtxSetCurrent(g_ctx);
+    g_prim[0] = g_ctx;
     out("init rc=%d ctx=%d", rc, crc);
 
     for (int i = 2; i < argc; i++) run_op(argv[i]);

@@ -20,6 +20,8 @@ typedef unsigned long long u64;
 #define POOL_CHUNK (32 * MIB)
 #define DEVPTR_BASE 0x7f0000000000ull
 #define VA_BASE 0x200000000000ull
+#define GVA_BASE 0x400000000000ull /* graph allocations (alloc nodes) */
+#define GVA_END 0x7e0000000000ull
 #define HANDLE_BASE 0x100000000ull
 #define CTX_STACK 32
 
@@ -31,6 +33,7 @@ static int g_inited;
 static int g_nphys;
 static u64 g_mem;
 static u64 g_ctx_bytes;
+static int g_free_refuses_async; /* FAKE_CUDA_FREE_REFUSES_ASYNC */
 static int g_nvis;
 static int g_vis[MAX_DEV]; /* ordinal -> physical index */
 static u64 g_used[MAX_DEV]; /* by physical index */
@@ -42,6 +45,7 @@ struct fake_ctx {
     int destroyed;
     int refcount; /* primary only */
     unsigned flags;
+    unsigned gen; /* primary: bumped each time the context goes away (streams die with it) */
 };
 static struct fake_ctx g_primary[MAX_DEV];
 static struct fake_ctx **g_ctxs; /* created (non-primary) contexts; never freed so stale handles stay safe */
@@ -58,8 +62,13 @@ static struct fake_pool *g_cur_pool[MAX_DEV];
 static struct fake_pool **g_pools; /* created pools; never freed */
 static size_t g_npools, g_cappools;
 
+/* Graph memory per ordinal: reserve charged to the device, bytes live in allocations. */
+static u64 g_graph_reserved[MAX_DEV], g_graph_used[MAX_DEV];
+static u64 g_graph_reserved_high[MAX_DEV], g_graph_used_high[MAX_DEV];
+
 static u64 g_dev_bump[MAX_DEV];
 static u64 g_va_bump = VA_BASE;
+static u64 g_gva_bump = GVA_BASE;
 static u64 g_handle_bump = HANDLE_BASE;
 
 static __thread struct fake_ctx *t_cur;
@@ -68,18 +77,29 @@ static __thread int t_depth;
 
 /* ---------- ptr/handle table ---------- */
 
-enum kind { K_DEV = 1, K_MANAGED, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP, K_STREAM };
+enum kind { K_DEV = 1, K_MANAGED, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP, K_STREAM, K_GVA, K_GRAPH, K_GNODE, K_EXEC };
+
+struct capture;
 
 struct entry {
     u64 key;
     struct entry *next;
     int kind;
     int device;
-    int released; /* VMM */
     int host;     /* VMM: host location, not device memory */
     u64 size;
+    u64 refs;     /* VMM: handle references (create + retains - releases); GVA: graphs/execs naming it */
     u64 mapcount; /* VMM */
     struct fake_pool *pool; /* K_ASYNC */
+    /* K_STREAM */
+    struct fake_ctx *ctx;
+    unsigned gen;
+    unsigned flags;
+    struct capture *cap;
+    /* K_GVA: live (allocated by a launch, not yet freed); obj = its alloc node while the graph exists.
+     * K_GRAPH, K_GNODE, K_EXEC: obj = the object. */
+    int live;
+    void *obj;
 };
 
 static struct entry **g_buckets;
@@ -203,6 +223,7 @@ static void load_config_locked(void) {
     g_nphys = n > MAX_DEV ? MAX_DEV : (int)n;
     g_mem = env_u64("FAKE_CUDA_MEM", 85899345920ull);
     g_ctx_bytes = env_u64("FAKE_CUDA_CTX_BYTES", 0);
+    g_free_refuses_async = env_u64("FAKE_CUDA_FREE_REFUSES_ASYNC", 0) != 0;
 
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     g_nvis = 0;
@@ -256,6 +277,7 @@ static void trim_device_pools(int dev) {
 /* Charges physical memory on ordinal dev. A synchronous allocation that does not fit
  * first trims the device's pools to their live bytes, as the real driver does. */
 static CUresult charge(int dev, u64 bytes, int may_trim) {
+    if (bytes > g_mem) return CUDA_ERROR_OUT_OF_MEMORY; /* can never fit: touch nothing */
     if (!fits(dev, bytes)) {
         if (may_trim) trim_device_pools(dev);
         if (!fits(dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -284,20 +306,34 @@ static void sync_device(int dev) {
     }
 }
 
-/* The primary context of dev went away, and with it every allocation made in it
- * (device, managed, stream-ordered, arrays; pools are emptied), as on the real driver. */
-static void drop_device_memory(int dev) {
+static int ctx_owned_kind(int kind) { return kind == K_DEV || kind == K_MANAGED || kind == K_ARRAY || kind == K_MIPMAP; }
+
+/* A context went away: the device, managed and array memory allocated in it goes too
+ * (CUDA 13's cuCtxDestroy: not VMM, not stream-ordered memory). */
+static void drop_context_memory(struct fake_ctx *ctx) {
     for (size_t i = 0; i < g_nbuckets; i++) {
         struct entry *e = g_buckets[i];
         while (e) {
             struct entry *next = e->next;
-            if (e->device == dev && (e->kind == K_DEV || e->kind == K_MANAGED || e->kind == K_ARRAY ||
-                                     e->kind == K_MIPMAP)) {
-                uncharge(dev, e->size);
-                tdel(e);
-            } else if (e->device == dev && e->kind == K_ASYNC) {
+            if (ctx_owned_kind(e->kind) && e->ctx == ctx) {
+                uncharge(e->device, e->size);
                 tdel(e);
             }
+            e = next;
+        }
+    }
+}
+
+/* The primary context of dev went away, and with it every allocation made in it (device,
+ * managed, arrays), and the device's stream-ordered memory (pools are emptied). Memory of
+ * contexts from cuCtxCreate stays. */
+static void drop_device_memory(int dev) {
+    drop_context_memory(&g_primary[dev]);
+    for (size_t i = 0; i < g_nbuckets; i++) {
+        struct entry *e = g_buckets[i];
+        while (e) {
+            struct entry *next = e->next;
+            if (e->device == dev && e->kind == K_ASYNC) tdel(e);
             e = next;
         }
     }
@@ -357,6 +393,308 @@ static void return_devptr(int dev, u64 p, u64 size) {
 static u64 next_handle(void) {
     g_handle_bump += 0x10;
     return g_handle_bump;
+}
+
+/* ---------- streams, stream capture, graphs: state and helpers ---------- */
+
+struct gnode {
+    u64 id; /* handle (K_GNODE key) */
+    struct fake_graph *graph;
+    int type; /* CU_GRAPH_NODE_TYPE_MEM_ALLOC / _MEM_FREE */
+    int device;
+    u64 size;  /* alloc: bytesize */
+    u64 dptr;  /* alloc: its VA; free: the pointer it frees */
+    int freed_in_graph; /* alloc: a free node of the same graph frees it */
+    CUmemPoolProps props;
+};
+
+struct fake_graph {
+    u64 id; /* handle (K_GRAPH key) */
+    int in_capture; /* being built by a capture: not yet visible through the graph API */
+    int nexecs;     /* live executable graphs instantiated from it */
+    struct gnode **nodes;
+    size_t n, cap;
+};
+
+struct xalloc {
+    u64 va, size;
+    int device, freed;
+};
+
+struct fake_exec {
+    u64 id; /* handle (K_EXEC key) */
+    u64 graph_id;
+    u64 flags;
+    struct xalloc *allocs;
+    size_t nallocs;
+    u64 *frees; /* pointers from outside the graph that its free nodes free */
+    size_t nfrees;
+};
+
+struct capture {
+    struct capture *next;
+    struct entry *stream;
+    int mode;
+    int invalidated;
+    u64 owner; /* thread id of the thread that began it */
+    struct fake_graph *graph;
+};
+
+static struct capture *g_caps; /* ongoing (active or invalidated, not yet ended) captures */
+static __thread int t_capmode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+static __thread u64 t_tid;
+static u64 g_tid_bump;
+
+static u64 my_tid(void) {
+    if (!t_tid) t_tid = ++g_tid_bump;
+    return t_tid;
+}
+
+static u64 rsize(u64 size) { return round_up(size, GRANULARITY); }
+
+static void note_graph_high(int dev) {
+    g_graph_used_high[dev] = max_u64(g_graph_used_high[dev], g_graph_used[dev]);
+    g_graph_reserved_high[dev] = max_u64(g_graph_reserved_high[dev], g_graph_reserved[dev]);
+}
+
+/* A graph VA entry goes when no graph or exec names it and it is not live. */
+static void gva_maybe_drop(struct entry *e) {
+    if (e->refs == 0 && !e->live) tdel(e);
+}
+
+static void gva_unref(u64 va) {
+    struct entry *e = tfind(va);
+    if (!e || e->kind != K_GVA) return;
+    if (e->refs) e->refs--;
+    gva_maybe_drop(e);
+}
+
+/* A live graph allocation is freed (by cuMemFree*, a free node, auto-free, or its device's
+ * primary context going away): the graph pool's use drops, its reserve stays. */
+static void gva_free_live(struct entry *e) {
+    u64 r = rsize(e->size);
+    g_graph_used[e->device] -= r > g_graph_used[e->device] ? g_graph_used[e->device] : r;
+    e->live = 0;
+    gva_maybe_drop(e);
+}
+
+static struct fake_graph *graph_new(int in_capture) {
+    struct fake_graph *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->id = next_handle();
+    g->in_capture = in_capture;
+    struct entry *e = tadd(g->id, K_GRAPH, 0, 0);
+    if (!e) {
+        free(g);
+        return NULL;
+    }
+    e->obj = g;
+    return g;
+}
+
+static void graph_free(struct fake_graph *g) {
+    for (size_t i = 0; i < g->n; i++) {
+        struct gnode *nd = g->nodes[i];
+        if (nd->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            struct entry *v = tfind(nd->dptr);
+            if (v && v->kind == K_GVA) {
+                v->obj = NULL;
+                if (v->refs) v->refs--;
+                gva_maybe_drop(v);
+            }
+        }
+        struct entry *ne = tfind(nd->id);
+        if (ne && ne->kind == K_GNODE) tdel(ne);
+        free(nd);
+    }
+    struct entry *ge = tfind(g->id);
+    if (ge && ge->kind == K_GRAPH) tdel(ge);
+    free(g->nodes);
+    free(g);
+}
+
+static struct gnode *graph_push(struct fake_graph *g, int type) {
+    if (g->n == g->cap) {
+        size_t n = g->cap ? g->cap * 2 : 8;
+        struct gnode **v = realloc(g->nodes, n * sizeof *v);
+        if (!v) return NULL;
+        g->nodes = v;
+        g->cap = n;
+    }
+    struct gnode *nd = calloc(1, sizeof *nd);
+    if (!nd) return NULL;
+    nd->id = next_handle();
+    struct entry *e = tadd(nd->id, K_GNODE, 0, 0);
+    if (!e) {
+        free(nd);
+        return NULL;
+    }
+    e->obj = nd;
+    nd->graph = g;
+    nd->type = type;
+    g->nodes[g->n++] = nd;
+    return nd;
+}
+
+/* An alloc node: a fresh VA of its own range, nothing physical until a launch. */
+static CUresult graph_add_alloc(struct fake_graph *g, int dev, u64 size, const CUmemPoolProps *props,
+                                struct gnode **out) {
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (size > g_mem) return CUDA_ERROR_OUT_OF_MEMORY;
+    u64 r = rsize(size);
+    if (g_gva_bump > GVA_END - r) return CUDA_ERROR_OUT_OF_MEMORY;
+    u64 va = g_gva_bump;
+    struct entry *v = tadd(va, K_GVA, dev, size);
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gnode *nd = graph_push(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+    if (!nd) {
+        tdel(v);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g_gva_bump += r;
+    v->refs = 1;
+    v->obj = nd;
+    nd->device = dev;
+    nd->size = size;
+    nd->dptr = va;
+    if (props) nd->props = *props;
+    nd->props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    nd->props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    nd->props.location.id = dev;
+    *out = nd;
+    return CUDA_SUCCESS;
+}
+
+/* A free node: of an allocation of this graph (then freed in the graph), or of any other
+ * known device pointer (freed when the graph is launched). */
+static CUresult graph_add_free(struct fake_graph *g, u64 ptr, struct gnode **out) {
+    struct entry *e = tfind(ptr);
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    struct gnode *own = NULL;
+    if (e->kind == K_GVA) {
+        struct gnode *a = e->obj;
+        if (a && a->graph == g) {
+            if (a->freed_in_graph) return CUDA_ERROR_INVALID_VALUE;
+            own = a;
+        }
+    } else if (e->kind != K_DEV && e->kind != K_MANAGED && e->kind != K_ASYNC) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct gnode *nd = graph_push(g, CU_GRAPH_NODE_TYPE_MEM_FREE);
+    if (!nd) return CUDA_ERROR_OUT_OF_MEMORY;
+    nd->dptr = ptr;
+    nd->device = e->device;
+    if (own) own->freed_in_graph = 1;
+    if (out) *out = nd;
+    return CUDA_SUCCESS;
+}
+
+static void capture_terminate(struct capture *c) {
+    for (struct capture **pp = &g_caps; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    if (c->stream) c->stream->cap = NULL;
+    if (c->graph) graph_free(c->graph);
+    free(c);
+}
+
+/* Potentially unsafe calls (see README) are prohibited while a capture says so: the
+ * calling thread's mode is not RELAXED and it began an ongoing non-RELAXED capture, or
+ * (its mode is GLOBAL and) another thread began an ongoing GLOBAL capture. Such a call
+ * fails with 900 and invalidates every capture that prohibited it. */
+static CUresult capture_unsafe_call(void) {
+    if (!g_caps || t_capmode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+    u64 me = my_tid();
+    int hit = 0;
+    for (struct capture *c = g_caps; c; c = c->next) {
+        int own = c->owner == me && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+        int other = c->owner != me && t_capmode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        if (own || other) {
+            c->invalidated = 1;
+            hit = 1;
+        }
+    }
+    return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* Work on the legacy NULL stream would wait for every blocking stream of its context:
+ * with one of them capturing, that is an implicit dependency (906), which invalidates it. */
+static CUresult legacy_stream_use(struct fake_ctx *ctx) {
+    int hit = 0;
+    for (struct capture *c = g_caps; c; c = c->next)
+        if (c->stream->ctx == ctx && !(c->stream->flags & CU_STREAM_NON_BLOCKING)) {
+            c->invalidated = 1;
+            hit = 1;
+        }
+    return hit ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
+
+static int stream_alive(struct entry *e) {
+    return e->ctx && !e->ctx->destroyed && e->gen == e->ctx->gen && (!e->ctx->primary || e->ctx->refcount > 0);
+}
+
+/* What a stream argument means: NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the
+ * current context's (NULL is the legacy stream unless the call is a _ptsz variant). */
+struct sref {
+    int dev;
+    struct fake_ctx *ctx;
+    struct entry *e; /* NULL for the special streams */
+    int legacy;
+};
+
+static CUresult stream_resolve(CUstream s, int ptsz, struct sref *r) {
+    u64 k = (u64)(uintptr_t)s;
+    r->e = NULL;
+    r->legacy = 0;
+    if (k <= 2) {
+        if (!ctx_usable(t_cur)) return CUDA_ERROR_INVALID_CONTEXT;
+        r->ctx = t_cur;
+        r->dev = t_cur->device;
+        r->legacy = k == 1 || (k == 0 && !ptsz);
+        return CUDA_SUCCESS;
+    }
+    struct entry *e = tfind(k);
+    if (!e || e->kind != K_STREAM || !stream_alive(e)) return CUDA_ERROR_INVALID_HANDLE;
+    r->e = e;
+    r->ctx = e->ctx;
+    r->dev = e->device;
+    return CUDA_SUCCESS;
+}
+
+/* Resolves the stream of a stream-ordered call; fails on the legacy stream while a
+ * blocking stream of its context captures. */
+static CUresult stream_for_work(CUstream s, int ptsz, struct sref *r) {
+    CUresult rc = stream_resolve(s, ptsz, r);
+    if (rc == CUDA_SUCCESS && r->legacy) rc = legacy_stream_use(r->ctx);
+    return rc;
+}
+
+/* The context ctx went away: its streams die, their captures end (graphs discarded). */
+static void drop_streams_of(struct fake_ctx *ctx) {
+    for (struct capture *c = g_caps, *next; c; c = next) {
+        next = c->next;
+        if (c->stream->ctx == ctx) capture_terminate(c);
+    }
+}
+
+/* The primary context of dev went away: graph memory of the device goes with it. */
+static void drop_graph_memory(int dev) {
+    for (size_t i = 0; i < g_nbuckets; i++) {
+        struct entry *e = g_buckets[i];
+        while (e) {
+            struct entry *next = e->next;
+            if (e->kind == K_GVA && e->device == dev && e->live) {
+                e->live = 0;
+                gva_maybe_drop(e);
+            }
+            e = next;
+        }
+    }
+    uncharge(dev, g_graph_reserved[dev]);
+    g_graph_reserved[dev] = 0;
+    g_graph_used[dev] = 0;
 }
 
 #define BEGIN                                  \
@@ -452,6 +790,15 @@ CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
 
 /* ---------- contexts ---------- */
 
+/* The primary context of dev is gone (released to 0 or reset): with it its memory, its
+ * graph memory, its streams and their captures. */
+static void drop_primary(int dev) {
+    drop_device_memory(dev);
+    drop_graph_memory(dev);
+    drop_streams_of(&g_primary[dev]);
+    g_primary[dev].gen++;
+}
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     BEGIN;
     if (!pctx) FAIL(CUDA_ERROR_INVALID_VALUE);
@@ -470,7 +817,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (c->refcount == 0) FAIL(CUDA_ERROR_INVALID_CONTEXT);
     if (--c->refcount == 0) {
         uncharge(dev, g_ctx_bytes);
-        drop_device_memory(dev);
+        drop_primary(dev);
     }
     END
 }
@@ -481,7 +828,7 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     struct fake_ctx *c = &g_primary[dev];
     if (c->refcount > 0) uncharge(dev, g_ctx_bytes);
     c->refcount = 0;
-    drop_device_memory(dev);
+    drop_primary(dev);
     END
 }
 
@@ -542,6 +889,8 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
     if (!ctx || ctx->primary || !ctx_known(ctx)) FAIL(CUDA_ERROR_INVALID_CONTEXT);
     ctx->destroyed = 1;
     uncharge(ctx->device, g_ctx_bytes);
+    drop_streams_of(ctx);
+    drop_context_memory(ctx);
     if (t_cur == ctx) t_cur = t_depth ? t_stack[--t_depth] : NULL;
     END
 }
@@ -584,6 +933,7 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
 
 CUresult cuCtxSynchronize(void) {
     BEGIN;
+    TRY(capture_unsafe_call());
     int dev;
     TRY(cur_device(&dev));
     sync_device(dev);
@@ -594,6 +944,7 @@ CUresult cuCtxSynchronize(void) {
 
 static CUresult sync_alloc(CUdeviceptr *dptr, u64 size, int kind) {
     BEGIN;
+    TRY(capture_unsafe_call());
     int dev;
     TRY(cur_device(&dev));
     if (!dptr || size == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
@@ -603,6 +954,7 @@ static CUresult sync_alloc(CUdeviceptr *dptr, u64 size, int kind) {
         uncharge(dev, size);
         FAIL(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    e->ctx = t_cur;
     *dptr = e->key;
     END
 }
@@ -616,7 +968,9 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
         pthread_mutex_unlock(&g_mu);
         return rc;
     }
-    u64 p = round_up(width, 512), bytes;
+    u64 p, bytes;
+    if (width > ~0ull - 511) return CUDA_ERROR_OUT_OF_MEMORY;
+    p = round_up(width, 512);
     if (__builtin_mul_overflow(p, (u64)height, &bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = sync_alloc(dptr, bytes, K_DEV);
     if (rc == CUDA_SUCCESS) *pitch = p;
@@ -642,9 +996,16 @@ static void pool_release_entry(struct entry *e) {
     tdel(e);
 }
 
-static CUresult free_any(CUdeviceptr dptr) {
+/* Frees a device, managed, stream-ordered or live graph allocation. sync: cuMemFree_v2
+ * (which refuses stream-ordered blocks under FAKE_CUDA_FREE_REFUSES_ASYNC). */
+static CUresult free_any(CUdeviceptr dptr, int sync) {
     struct entry *e = tfind(dptr);
     if (!e) return CUDA_ERROR_INVALID_VALUE;
+    if (e->kind == K_GVA) {
+        if (!e->live) return CUDA_ERROR_INVALID_VALUE;
+        gva_free_live(e);
+        return CUDA_SUCCESS;
+    }
     if (e->kind == K_DEV || e->kind == K_MANAGED) {
         uncharge(e->device, e->size);
         return_devptr(e->device, e->key, e->size);
@@ -652,6 +1013,7 @@ static CUresult free_any(CUdeviceptr dptr) {
         return CUDA_SUCCESS;
     }
     if (e->kind == K_ASYNC) {
+        if (sync && g_free_refuses_async) return CUDA_ERROR_INVALID_VALUE;
         pool_release_entry(e);
         return CUDA_SUCCESS;
     }
@@ -660,9 +1022,10 @@ static CUresult free_any(CUdeviceptr dptr) {
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
     BEGIN;
+    TRY(capture_unsafe_call());
     int dev;
     TRY(cur_device(&dev));
-    TRY(free_any(dptr));
+    TRY(free_any(dptr, 1));
     END
 }
 
@@ -703,42 +1066,154 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, uns
 }
 
 CUresult cuStreamCreate(CUstream *pstream, unsigned int flags) {
-    (void)flags;
     BEGIN;
     int dev;
     TRY(cur_device(&dev));
-    if (!pstream) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!pstream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING)) FAIL(CUDA_ERROR_INVALID_VALUE);
     struct entry *e = tadd(next_handle(), K_STREAM, dev, 0);
     if (!e) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    e->ctx = t_cur;
+    e->gen = t_cur->gen;
+    e->flags = flags;
     *pstream = (CUstream)(uintptr_t)e->key;
     END
 }
 
+/* Destroying a capturing stream ends its capture (the graph is discarded). */
 CUresult cuStreamDestroy_v2(CUstream stream) {
     BEGIN;
     struct entry *e = tfind((u64)(uintptr_t)stream);
-    if (!e || e->kind != K_STREAM) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!e || e->kind != K_STREAM) FAIL(CUDA_ERROR_INVALID_HANDLE);
+    int alive = stream_alive(e);
+    if (e->cap) capture_terminate(e->cap);
     tdel(e);
+    if (!alive) FAIL(CUDA_ERROR_INVALID_HANDLE);
     END
 }
 
-/* Synchronizing gives back pool memory above each pool's release threshold. */
-CUresult cuStreamSynchronize(CUstream stream) {
+/* Synchronizing gives back pool memory above each pool's release threshold. A capturing
+ * stream cannot be synchronized (900, and its capture is invalidated). */
+static CUresult stream_sync(CUstream stream, int ptsz) {
     BEGIN;
-    int dev;
-    u64 s = (u64)(uintptr_t)stream;
-    if (s <= 2) { /* NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
-        TRY(cur_device(&dev));
-    } else {
-        struct entry *e = tfind(s);
-        if (!e || e->kind != K_STREAM) FAIL(CUDA_ERROR_INVALID_VALUE);
-        dev = e->device;
+    struct sref r;
+    TRY(stream_for_work(stream, ptsz, &r));
+    if (r.e && r.e->cap) {
+        r.e->cap->invalidated = 1;
+        FAIL(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    sync_device(dev);
+    sync_device(r.dev);
     END
 }
 
-CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
+CUresult cuStreamSynchronize(CUstream stream) { return stream_sync(stream, 0); }
+
+CUresult cuStreamSynchronize_ptsz(CUstream stream) { return stream_sync(stream, 1); }
+
+static CUresult stream_get(CUstream stream, int ptsz, CUcontext *pctx, CUdevice *pdev) {
+    BEGIN;
+    if (!pctx && !pdev) FAIL(CUDA_ERROR_INVALID_VALUE);
+    struct sref r;
+    TRY(stream_resolve(stream, ptsz, &r));
+    if (pctx) *pctx = r.ctx;
+    if (pdev) *pdev = r.dev;
+    END
+}
+
+CUresult cuStreamGetCtx(CUstream stream, CUcontext *pctx) { return stream_get(stream, 0, pctx, NULL); }
+
+CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx) { return stream_get(stream, 1, pctx, NULL); }
+
+CUresult cuStreamGetDevice(CUstream stream, CUdevice *dev) { return stream_get(stream, 0, NULL, dev); }
+
+CUresult cuStreamGetDevice_ptsz(CUstream stream, CUdevice *dev) { return stream_get(stream, 1, NULL, dev); }
+
+/* ---------- stream capture ---------- */
+
+/* Captures only on created streams: the NULL/legacy stream cannot be captured (900, as on
+ * the real driver); the fake refuses the per-thread stream too. */
+static CUresult begin_capture(CUstream stream, int mode, int ptsz) {
+    BEGIN;
+    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED) FAIL(CUDA_ERROR_INVALID_VALUE);
+    struct sref r;
+    TRY(stream_resolve(stream, ptsz, &r));
+    if (!r.e) FAIL(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    if (r.e->cap) FAIL(CUDA_ERROR_ILLEGAL_STATE);
+    struct capture *c = calloc(1, sizeof *c);
+    if (!c) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    c->graph = graph_new(1);
+    if (!c->graph) {
+        free(c);
+        FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    c->stream = r.e;
+    c->mode = mode;
+    c->owner = my_tid();
+    c->next = g_caps;
+    g_caps = c;
+    r.e->cap = c;
+    END
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) { return begin_capture(stream, mode, 0); }
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode) { return begin_capture(stream, mode, 1); }
+
+static CUresult end_capture(CUstream stream, CUgraph *pgraph, int ptsz) {
+    BEGIN;
+    if (!pgraph) FAIL(CUDA_ERROR_INVALID_VALUE);
+    struct sref r;
+    TRY(stream_resolve(stream, ptsz, &r));
+    struct capture *c = r.e ? r.e->cap : NULL;
+    if (!c) FAIL(CUDA_ERROR_ILLEGAL_STATE);
+    if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->owner != my_tid())
+        FAIL(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    *pgraph = NULL;
+    if (c->invalidated) {
+        capture_terminate(c);
+        FAIL(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+    struct fake_graph *g = c->graph;
+    c->graph = NULL;
+    g->in_capture = 0;
+    capture_terminate(c);
+    *pgraph = (CUgraph)(uintptr_t)g->id;
+    END
+}
+
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *pgraph) { return end_capture(stream, pgraph, 0); }
+
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *pgraph) { return end_capture(stream, pgraph, 1); }
+
+/* The legacy stream answers 906 while a blocking stream of its context captures. */
+static CUresult is_capturing(CUstream stream, int *status, int ptsz) {
+    BEGIN;
+    if (!status) FAIL(CUDA_ERROR_INVALID_VALUE);
+    struct sref r;
+    TRY(stream_resolve(stream, ptsz, &r));
+    if (r.legacy) {
+        for (struct capture *c = g_caps; c; c = c->next)
+            if (c->stream->ctx == r.ctx && !(c->stream->flags & CU_STREAM_NON_BLOCKING))
+                FAIL(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    }
+    struct capture *c = r.e ? r.e->cap : NULL;
+    *status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+                 : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    END
+}
+
+CUresult cuStreamIsCapturing(CUstream stream, int *status) { return is_capturing(stream, status, 0); }
+
+CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status) { return is_capturing(stream, status, 1); }
+
+/* Thread-local, needs no context (works before cuInit too, as a plain exchange). */
+CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = t_capmode;
+    t_capmode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
 
 CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     (void)fname;
@@ -769,6 +1244,7 @@ CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllocationProp *
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags) {
     BEGIN;
+    TRY(capture_unsafe_call());
     if (!handle || flags != 0) FAIL(CUDA_ERROR_INVALID_VALUE);
     TRY(check_location(prop));
     if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) FAIL(CUDA_ERROR_NOT_SUPPORTED);
@@ -782,13 +1258,14 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         FAIL(CUDA_ERROR_OUT_OF_MEMORY);
     }
     e->host = host;
+    e->refs = 1;
     *handle = e->key;
     END
 }
 
-/* Physical memory goes back only when the handle is released and no mapping remains. */
+/* Physical memory goes back only when every reference is released and no mapping remains. */
 static void vmm_maybe_free(struct entry *e) {
-    if (e->released && e->mapcount == 0) {
+    if (e->refs == 0 && e->mapcount == 0) {
         if (!e->host) uncharge(e->device, e->size);
         tdel(e);
     }
@@ -797,8 +1274,8 @@ static void vmm_maybe_free(struct entry *e) {
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     BEGIN;
     struct entry *e = tfind(handle);
-    if (!e || e->kind != K_VMM || e->released) FAIL(CUDA_ERROR_INVALID_VALUE);
-    e->released = 1;
+    if (!e || e->kind != K_VMM || e->refs == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    e->refs--;
     vmm_maybe_free(e);
     END
 }
@@ -833,7 +1310,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   unsigned long long flags) {
     BEGIN;
     struct entry *e = tfind(handle);
-    if (!ptr || size == 0 || flags != 0 || !e || e->kind != K_VMM || e->released) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!ptr || size == 0 || flags != 0 || !e || e->kind != K_VMM || e->refs == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
     if (offset > e->size || size > e->size - offset) FAIL(CUDA_ERROR_INVALID_VALUE);
     if (g_nmaps == g_capmaps) {
         size_t n = g_capmaps ? g_capmaps * 2 : 64;
@@ -866,6 +1343,25 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
         }
     }
     if (!removed) FAIL(CUDA_ERROR_INVALID_VALUE);
+    END
+}
+
+/* The handle mapped at addr (anywhere inside a mapping), with one more reference. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    BEGIN;
+    if (!handle) FAIL(CUDA_ERROR_INVALID_VALUE);
+    u64 a = (u64)(uintptr_t)addr;
+    for (size_t i = 0; i < g_nmaps; i++) {
+        struct mapping m = g_maps[i];
+        if (a >= m.va && a - m.va < m.size) {
+            struct entry *e = tfind(m.handle);
+            if (!e || e->kind != K_VMM) break;
+            e->refs++;
+            *handle = m.handle;
+            goto out;
+        }
+    }
+    FAIL(CUDA_ERROR_INVALID_VALUE);
     END
 }
 
@@ -934,6 +1430,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
     BEGIN;
+    TRY(capture_unsafe_call());
     if (!pool_known(pool) || !value) FAIL(CUDA_ERROR_INVALID_VALUE);
     u64 v = *(u64 *)value;
     switch (attr) {
@@ -954,6 +1451,7 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
 
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
     BEGIN;
+    TRY(capture_unsafe_call());
     if (!pool_known(pool) || !value) FAIL(CUDA_ERROR_INVALID_VALUE);
     u64 *out = value;
     switch (attr) {
@@ -970,21 +1468,31 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_keep) {
     BEGIN;
+    TRY(capture_unsafe_call());
     if (!pool_known(pool)) FAIL(CUDA_ERROR_INVALID_VALUE);
     pool_shrink_to(pool, max_u64(round_up(pool->live, POOL_CHUNK), round_up(min_keep, POOL_CHUNK)));
     END
 }
 
-/* pool == NULL: the current pool of the current context's device. */
-static CUresult async_alloc(CUdeviceptr *dptr, u64 size, struct fake_pool *pool) {
+/* pool == NULL: the current pool of the stream's device. On a capturing stream nothing
+ * is allocated: an alloc node joins the capture's graph and its VA is returned. */
+static CUresult async_alloc(CUdeviceptr *dptr, u64 size, struct fake_pool *pool, CUstream stream, int ptsz) {
     BEGIN;
-    int dev;
-    TRY(cur_device(&dev));
+    struct sref r;
+    TRY(stream_for_work(stream, ptsz, &r));
     if (!dptr || size == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
-    if (!pool) pool = g_cur_pool[dev];
+    if (!pool) pool = g_cur_pool[r.dev];
     else if (!pool_known(pool)) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (r.e && r.e->cap) {
+        struct gnode *nd;
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        TRY(graph_add_alloc(r.e->cap->graph, pool->device, size, &props, &nd));
+        *dptr = nd->dptr;
+        goto out;
+    }
+    if (size > g_mem || size > ~0ull - pool->live) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
     u64 grown = 0;
-    if (size > ~0ull - pool->live) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
     if (pool->live + size > pool->reserve) {
         u64 want = round_up(pool->live + size, POOL_CHUNK);
         grown = want - pool->reserve;
@@ -1006,39 +1514,47 @@ static CUresult async_alloc(CUdeviceptr *dptr, u64 size, struct fake_pool *pool)
 }
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    (void)stream;
-    return async_alloc(dptr, bytes, NULL);
+    return async_alloc(dptr, bytes, NULL, stream, 0);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    return cuMemAllocAsync(dptr, bytes, stream);
+    return async_alloc(dptr, bytes, NULL, stream, 1);
 }
 
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream) {
-    (void)stream;
+static CUresult from_pool_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream, int ptsz) {
     if (!pool) {
         pthread_mutex_lock(&g_mu);
         CUresult rc = g_inited ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
         pthread_mutex_unlock(&g_mu);
         return rc;
     }
-    return async_alloc(dptr, bytes, pool);
+    return async_alloc(dptr, bytes, pool, stream, ptsz);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream) {
+    return from_pool_async(dptr, bytes, pool, stream, 0);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream) {
-    return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
+    return from_pool_async(dptr, bytes, pool, stream, 1);
 }
 
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-    (void)stream;
+/* On a capturing stream: a free node (see graph_add_free); else frees at once. */
+static CUresult free_async(CUdeviceptr dptr, CUstream stream, int ptsz) {
     BEGIN;
-    int dev;
-    TRY(cur_device(&dev));
-    TRY(free_any(dptr));
+    struct sref r;
+    TRY(stream_for_work(stream, ptsz, &r));
+    if (r.e && r.e->cap) {
+        TRY(graph_add_free(r.e->cap->graph, dptr, NULL));
+        goto out;
+    }
+    TRY(free_any(dptr, 0));
     END
 }
 
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) { return cuMemFreeAsync(dptr, stream); }
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) { return free_async(dptr, stream, 0); }
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) { return free_async(dptr, stream, 1); }
 
 /* ---------- arrays ---------- */
 
@@ -1081,6 +1597,7 @@ static CUresult array_create(u64 *out, u64 bytes, int kind) {
         uncharge(dev, bytes);
         FAIL(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    e->ctx = t_cur;
     *out = e->key;
     END
 }
@@ -1122,6 +1639,331 @@ static CUresult array_destroy(u64 key, int kind) {
 CUresult cuArrayDestroy(CUarray arr) { return array_destroy((u64)(uintptr_t)arr, K_ARRAY); }
 
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) { return array_destroy((u64)(uintptr_t)arr, K_MIPMAP); }
+
+/* ---------- graphs and graph memory ---------- */
+
+static struct fake_graph *graph_lookup(CUgraph graph) {
+    struct entry *e = tfind((u64)(uintptr_t)graph);
+    if (!e || e->kind != K_GRAPH) return NULL;
+    struct fake_graph *g = e->obj;
+    return g->in_capture ? NULL : g;
+}
+
+static struct gnode *node_lookup(CUgraphNode node) {
+    struct entry *e = tfind((u64)(uintptr_t)node);
+    return e && e->kind == K_GNODE ? e->obj : NULL;
+}
+
+static struct fake_exec *exec_lookup(CUgraphExec exec) {
+    struct entry *e = tfind((u64)(uintptr_t)exec);
+    return e && e->kind == K_EXEC ? e->obj : NULL;
+}
+
+static CUresult check_deps(struct fake_graph *g, const CUgraphNode *deps, size_t n) {
+    if (n && !deps) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < n; i++) {
+        struct gnode *d = node_lookup(deps[i]);
+        if (!d || d->graph != g) return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
+    BEGIN;
+    if (!graph || flags) FAIL(CUDA_ERROR_INVALID_VALUE);
+    struct fake_graph *g = graph_new(0);
+    if (!g) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    *graph = (CUgraph)(uintptr_t)g->id;
+    END
+}
+
+/* Allocations the graph made that are live stay live (and keep their VA). */
+CUresult cuGraphDestroy(CUgraph graph) {
+    BEGIN;
+    struct fake_graph *g = graph_lookup(graph);
+    if (!g) FAIL(CUDA_ERROR_INVALID_VALUE);
+    graph_free(g);
+    END
+}
+
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    BEGIN;
+    struct fake_graph *g = graph_lookup(graph);
+    if (!node || !g || !params) FAIL(CUDA_ERROR_INVALID_VALUE);
+    TRY(check_deps(g, deps, ndeps));
+    const CUmemPoolProps *p = &params->poolProps;
+    if (p->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || p->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!valid_dev(p->location.id)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    struct gnode *nd;
+    TRY(graph_add_alloc(g, p->location.id, params->bytesize, p, &nd));
+    params->dptr = nd->dptr;
+    *node = (CUgraphNode)(uintptr_t)nd->id;
+    END
+}
+
+CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                               CUdeviceptr dptr) {
+    BEGIN;
+    struct fake_graph *g = graph_lookup(graph);
+    if (!node || !g) FAIL(CUDA_ERROR_INVALID_VALUE);
+    TRY(check_deps(g, deps, ndeps));
+    struct gnode *nd;
+    TRY(graph_add_free(g, dptr, &nd));
+    *node = (CUgraphNode)(uintptr_t)nd->id;
+    END
+}
+
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    BEGIN;
+    struct gnode *nd = node_lookup(node);
+    if (!nd || !params || nd->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) FAIL(CUDA_ERROR_INVALID_VALUE);
+    memset(params, 0, sizeof *params);
+    params->poolProps = nd->props;
+    params->bytesize = nd->size;
+    params->dptr = nd->dptr;
+    END
+}
+
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr) {
+    BEGIN;
+    struct gnode *nd = node_lookup(node);
+    if (!nd || !dptr || nd->type != CU_GRAPH_NODE_TYPE_MEM_FREE) FAIL(CUDA_ERROR_INVALID_VALUE);
+    *dptr = nd->dptr;
+    END
+}
+
+/* nodes == NULL: *num = the count. Else fills min(*num, count) handles (the rest of the
+ * array NULL) and sets *num to the number written. */
+CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *num) {
+    BEGIN;
+    struct fake_graph *g = graph_lookup(graph);
+    if (!g || !num) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (!nodes) {
+        *num = g->n;
+        goto out;
+    }
+    size_t k = *num < g->n ? *num : g->n;
+    for (size_t i = 0; i < *num; i++) nodes[i] = i < k ? (CUgraphNode)(uintptr_t)g->nodes[i]->id : NULL;
+    *num = k;
+    END
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode node, int *type) {
+    BEGIN;
+    struct gnode *nd = node_lookup(node);
+    if (!nd || !type) FAIL(CUDA_ERROR_INVALID_VALUE);
+    *type = nd->type;
+    END
+}
+
+static CUresult exec_run(struct fake_exec *x, CUstream stream, int ptsz, int launch);
+
+/* A graph with memory nodes has at most one executable graph at a time. */
+static CUresult instantiate(CUgraphExec *exec, CUgraph graph, u64 flags) {
+    BEGIN;
+    struct fake_graph *g = graph_lookup(graph);
+    if (!exec || !g) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (flags & ~(u64)(CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+                       CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY))
+        FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (g->n && g->nexecs) FAIL(CUDA_ERROR_INVALID_VALUE);
+    struct fake_exec *x = calloc(1, sizeof *x);
+    if (!x) FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    x->allocs = calloc(g->n ? g->n : 1, sizeof *x->allocs);
+    x->frees = calloc(g->n ? g->n : 1, sizeof *x->frees);
+    struct entry *xe = x->allocs && x->frees ? tadd(next_handle(), K_EXEC, 0, 0) : NULL;
+    if (!xe) {
+        free(x->allocs);
+        free(x->frees);
+        free(x);
+        FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    xe->obj = x;
+    x->id = xe->key;
+    x->graph_id = g->id;
+    x->flags = flags;
+    for (size_t i = 0; i < g->n; i++) {
+        struct gnode *nd = g->nodes[i];
+        if (nd->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            x->allocs[x->nallocs++] = (struct xalloc){nd->dptr, nd->size, nd->device, nd->freed_in_graph};
+            struct entry *v = tfind(nd->dptr);
+            if (v && v->kind == K_GVA) v->refs++;
+        } else {
+            struct entry *t = tfind(nd->dptr);
+            struct gnode *a = t && t->kind == K_GVA ? t->obj : NULL;
+            if (!a || a->graph != g) x->frees[x->nfrees++] = nd->dptr;
+        }
+    }
+    g->nexecs++;
+    *exec = (CUgraphExec)(uintptr_t)x->id;
+    END
+}
+
+static CUresult instantiate_upload(CUgraphExec *exec, CUgraph graph, u64 flags, CUstream upload, int ptsz) {
+    CUresult rc = instantiate(exec, graph, flags);
+    if (rc != CUDA_SUCCESS || !(flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) return rc;
+    pthread_mutex_lock(&g_mu);
+    struct fake_exec *x = exec_lookup(*exec);
+    rc = x ? exec_run(x, upload, ptsz, 0) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&g_mu);
+    if (rc != CUDA_SUCCESS) {
+        cuGraphExecDestroy(*exec);
+        *exec = NULL;
+    }
+    return rc;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    if (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) return CUDA_ERROR_INVALID_VALUE; /* WithParams only */
+    return instantiate(exec, graph, flags);
+}
+
+static CUresult instantiate_params(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params,
+                                   int ptsz) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    params->hErrNode_out = NULL;
+    CUresult rc = instantiate_upload(exec, graph, params->flags, params->hUploadStream, ptsz);
+    params->result_out = rc == CUDA_SUCCESS ? 0 : 1;
+    return rc;
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    return instantiate_params(exec, graph, params, 0);
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    return instantiate_params(exec, graph, params, 1);
+}
+
+/* Upload (launch = 0) or launch. Footprint F per device = its alloc nodes, each rounded up
+ * to 2 MiB; the device's graph reserve grows to round_up(used + F, 32 MiB) if it is short
+ * (no pool trimming; 2 if that does not fit, and nothing happens). A launch then makes the
+ * allocations the graph does not free live and performs its free nodes of outside
+ * pointers. Relaunching while its allocations are live: 1 (unless AUTO_FREE_ON_LAUNCH,
+ * which frees them first). On a capturing stream: 801 (the fake does not nest graphs). */
+static CUresult exec_run(struct fake_exec *x, CUstream stream, int ptsz, int launch) {
+    struct sref r;
+    CUresult rc = stream_for_work(stream, ptsz, &r);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (r.e && r.e->cap) return CUDA_ERROR_NOT_SUPPORTED;
+    int autofree = (x->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
+    u64 used[MAX_DEV], need[MAX_DEV];
+    memcpy(used, g_graph_used, sizeof used);
+    memset(need, 0, sizeof need);
+    for (size_t i = 0; i < x->nallocs; i++) {
+        struct xalloc *a = &x->allocs[i];
+        struct entry *v = tfind(a->va);
+        if (launch && !a->freed && v && v->live) {
+            if (!autofree) return CUDA_ERROR_INVALID_VALUE;
+            used[a->device] -= rsize(a->size) > used[a->device] ? used[a->device] : rsize(a->size);
+        }
+        if (__builtin_add_overflow(need[a->device], rsize(a->size), &need[a->device])) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    u64 grow[MAX_DEV];
+    memset(grow, 0, sizeof grow);
+    for (int d = 0; d < g_nvis; d++) {
+        u64 want;
+        if (!need[d]) continue;
+        if (__builtin_add_overflow(used[d], need[d], &want) || want > g_mem) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (want <= g_graph_reserved[d]) continue;
+        grow[d] = round_up(want, POOL_CHUNK) - g_graph_reserved[d];
+        if (!fits(d, grow[d])) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int d = 0; d < g_nvis; d++)
+        if (grow[d]) {
+            charge(d, grow[d], 0);
+            g_graph_reserved[d] += grow[d];
+            note_graph_high(d);
+        }
+    if (!launch) return CUDA_SUCCESS;
+    for (size_t i = 0; i < x->nallocs; i++) {
+        struct xalloc *a = &x->allocs[i];
+        struct entry *v = tfind(a->va);
+        if (a->freed || !v || v->kind != K_GVA) continue;
+        if (v->live) gva_free_live(v); /* auto-free on launch */
+        v->live = 1;
+        g_graph_used[a->device] += rsize(a->size);
+        note_graph_high(a->device);
+    }
+    for (size_t i = 0; i < x->nfrees; i++) free_any(x->frees[i], 0);
+    return CUDA_SUCCESS;
+}
+
+static CUresult exec_call(CUgraphExec exec, CUstream stream, int ptsz, int launch) {
+    BEGIN;
+    struct fake_exec *x = exec_lookup(exec);
+    if (!x) FAIL(CUDA_ERROR_INVALID_VALUE);
+    TRY(exec_run(x, stream, ptsz, launch));
+    END
+}
+
+CUresult cuGraphUpload(CUgraphExec exec, CUstream stream) { return exec_call(exec, stream, 0, 0); }
+
+CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream) { return exec_call(exec, stream, 1, 0); }
+
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) { return exec_call(exec, stream, 0, 1); }
+
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) { return exec_call(exec, stream, 1, 1); }
+
+/* Live allocations of the exec stay live. */
+CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    BEGIN;
+    struct fake_exec *x = exec_lookup(exec);
+    if (!x) FAIL(CUDA_ERROR_INVALID_VALUE);
+    struct entry *ge = tfind(x->graph_id);
+    if (ge && ge->kind == K_GRAPH) {
+        struct fake_graph *g = ge->obj;
+        if (g->nexecs) g->nexecs--;
+    }
+    for (size_t i = 0; i < x->nallocs; i++) gva_unref(x->allocs[i].va);
+    tdel(tfind(x->id));
+    free(x->allocs);
+    free(x->frees);
+    free(x);
+    END
+}
+
+CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value) {
+    BEGIN;
+    TRY(capture_unsafe_call());
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    if (!value) FAIL(CUDA_ERROR_INVALID_VALUE);
+    u64 *out = value;
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *out = g_graph_used[dev]; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *out = g_graph_used_high[dev]; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *out = g_graph_reserved[dev]; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *out = g_graph_reserved_high[dev]; break;
+    default: FAIL(CUDA_ERROR_INVALID_VALUE);
+    }
+    END
+}
+
+/* Only the high-water marks can be set, and only to 0 (reset to the current value). */
+CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value) {
+    BEGIN;
+    TRY(capture_unsafe_call());
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    if (!value || *(u64 *)value != 0) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH) g_graph_used_high[dev] = g_graph_used[dev];
+    else if (attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) g_graph_reserved_high[dev] = g_graph_reserved[dev];
+    else FAIL(CUDA_ERROR_INVALID_VALUE);
+    END
+}
+
+CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    BEGIN;
+    TRY(capture_unsafe_call());
+    if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
+    u64 keep = round_up(g_graph_used[dev], POOL_CHUNK);
+    if (g_graph_reserved[dev] > keep) {
+        uncharge(dev, g_graph_reserved[dev] - keep);
+        g_graph_reserved[dev] = keep;
+    }
+    END
+}
 
 /* ---------- cuGetProcAddress ---------- */
 
@@ -1171,10 +2013,42 @@ static const struct proc g_procs[] = {
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
     PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
+    P("cuStreamGetCtx", 9020, cuStreamGetCtx),
+    PT("cuStreamGetCtx", 9020, cuStreamGetCtx_ptsz),
+    P("cuStreamGetDevice", 12080, cuStreamGetDevice),
+    PT("cuStreamGetDevice", 12080, cuStreamGetDevice_ptsz),
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
+    P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    PT("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
+    P("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode),
+    P("cuGraphCreate", 10000, cuGraphCreate),
+    P("cuGraphDestroy", 10000, cuGraphDestroy),
+    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    P("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),
+    P("cuGraphMemFreeNodeGetParams", 11040, cuGraphMemFreeNodeGetParams),
+    P("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    P("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams_ptsz),
+    P("cuGraphUpload", 11010, cuGraphUpload),
+    PT("cuGraphUpload", 11010, cuGraphUpload_ptsz),
+    P("cuGraphLaunch", 10000, cuGraphLaunch),
+    PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
+    P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
+    P("cuDeviceSetGraphMemAttribute", 11040, cuDeviceSetGraphMemAttribute),
+    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
     P("cuModuleLoad", 2000, cuModuleLoad),
     P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     P("cuMemCreate", 10020, cuMemCreate),
     P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     P("cuMemAddressReserve", 10020, cuMemAddressReserve),
     P("cuMemAddressFree", 10020, cuMemAddressFree),
     P("cuMemMap", 10020, cuMemMap),
@@ -1258,6 +2132,13 @@ unsigned long long fake_cuda_phys_used(int physical_index) {
     u64 v = physical_index >= 0 && physical_index < g_nphys ? g_used[physical_index] : 0;
     pthread_mutex_unlock(&g_mu);
     return v;
+}
+
+void fake_cuda_reset_peak(int ordinal) {
+    pthread_mutex_lock(&g_mu);
+    load_config_locked();
+    if (valid_dev(ordinal)) g_peak[g_vis[ordinal]] = g_used[g_vis[ordinal]];
+    pthread_mutex_unlock(&g_mu);
 }
 
 /* fork() while another thread holds the lock must not leave the child deadlocked. */

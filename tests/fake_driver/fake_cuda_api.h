@@ -19,6 +19,13 @@ typedef struct fake_array *CUarray;
 typedef struct fake_mipmap *CUmipmappedArray;
 typedef struct fake_module *CUmodule;
 typedef struct fake_function *CUfunction;
+typedef struct fake_graph *CUgraph;
+typedef struct fake_gnode *CUgraphNode;
+typedef struct fake_exec *CUgraphExec;
+
+/* Special stream handles. */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 enum {
     CUDA_SUCCESS = 0,
@@ -28,8 +35,14 @@ enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
 };
 
 typedef struct { char bytes[16]; } CUuuid;
@@ -51,6 +64,28 @@ typedef struct {
     unsigned short usage;
     unsigned char reserved[54];
 } CUmemPoolProps;
+
+typedef struct {
+    struct { int type; int id; } location;
+    int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
+
+/* CUDA_MEM_ALLOC_NODE_PARAMS (v1). */
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/* CUDA_GRAPH_INSTANTIATE_PARAMS. */
+typedef struct {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 typedef struct {
     size_t Width;
@@ -81,6 +116,24 @@ enum {
     CU_GET_PROC_ADDRESS_SUCCESS = 0,
     CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
     CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2,
+    CU_STREAM_NON_BLOCKING = 1,
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
+    CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1,
+    CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2,
+    CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH = 4,
+    CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8,
+    CU_MEM_ALLOCATION_TYPE_PINNED = 1,
 };
 
 #define FAKE_CUDA_FUNCS(X) \
@@ -122,10 +175,43 @@ enum {
     X(cuStreamDestroy_v2, (CUstream stream)) \
     X(cuStreamSynchronize, (CUstream stream)) \
     X(cuStreamSynchronize_ptsz, (CUstream stream)) \
+    X(cuStreamGetCtx, (CUstream stream, CUcontext *pctx)) \
+    X(cuStreamGetCtx_ptsz, (CUstream stream, CUcontext *pctx)) \
+    X(cuStreamGetDevice, (CUstream stream, CUdevice *dev)) \
+    X(cuStreamGetDevice_ptsz, (CUstream stream, CUdevice *dev)) \
+    X(cuStreamBeginCapture_v2, (CUstream stream, int mode)) \
+    X(cuStreamBeginCapture_v2_ptsz, (CUstream stream, int mode)) \
+    X(cuStreamEndCapture, (CUstream stream, CUgraph *graph)) \
+    X(cuStreamEndCapture_ptsz, (CUstream stream, CUgraph *graph)) \
+    X(cuStreamIsCapturing, (CUstream stream, int *status)) \
+    X(cuStreamIsCapturing_ptsz, (CUstream stream, int *status)) \
+    X(cuThreadExchangeStreamCaptureMode, (int *mode)) \
+    X(cuGraphCreate, (CUgraph *graph, unsigned int flags)) \
+    X(cuGraphDestroy, (CUgraph graph)) \
+    X(cuGraphAddMemAllocNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+                               CUDA_MEM_ALLOC_NODE_PARAMS *params)) \
+    X(cuGraphAddMemFreeNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+                              CUdeviceptr dptr)) \
+    X(cuGraphMemAllocNodeGetParams, (CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params)) \
+    X(cuGraphMemFreeNodeGetParams, (CUgraphNode node, CUdeviceptr *dptr)) \
+    X(cuGraphGetNodes, (CUgraph graph, CUgraphNode *nodes, size_t *num)) \
+    X(cuGraphNodeGetType, (CUgraphNode node, int *type)) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *exec, CUgraph graph, unsigned long long flags)) \
+    X(cuGraphInstantiateWithParams, (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)) \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)) \
+    X(cuGraphUpload, (CUgraphExec exec, CUstream stream)) \
+    X(cuGraphUpload_ptsz, (CUgraphExec exec, CUstream stream)) \
+    X(cuGraphLaunch, (CUgraphExec exec, CUstream stream)) \
+    X(cuGraphLaunch_ptsz, (CUgraphExec exec, CUstream stream)) \
+    X(cuGraphExecDestroy, (CUgraphExec exec)) \
+    X(cuDeviceGetGraphMemAttribute, (CUdevice dev, int attr, void *value)) \
+    X(cuDeviceSetGraphMemAttribute, (CUdevice dev, int attr, void *value)) \
+    X(cuDeviceGraphMemTrim, (CUdevice dev)) \
     X(cuModuleLoad, (CUmodule *module, const char *fname)) \
     X(cuMemGetAllocationGranularity, (size_t *gran, const CUmemAllocationProp *prop, int option)) \
     X(cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)) \
     X(cuMemRelease, (CUmemGenericAllocationHandle handle)) \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr)) \
     X(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)) \
     X(cuMemAddressFree, (CUdeviceptr ptr, size_t size)) \
     X(cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) \
@@ -162,5 +248,6 @@ FAKE_CUDA_FUNCS(FAKE_DECLARE)
 FAKE_EXPORT unsigned long long fake_cuda_used(int ordinal);
 FAKE_EXPORT unsigned long long fake_cuda_peak(int ordinal);
 FAKE_EXPORT unsigned long long fake_cuda_phys_used(int physical_index);
+FAKE_EXPORT void fake_cuda_reset_peak(int ordinal);
 
 #endif

@@ -26,6 +26,32 @@ pub fn thirdparty_lib() -> &'static str {
     env!("FAKE_THIRDPARTY_LIB")
 }
 
+/// The executor of the property test (`tests/fake_driver/prop_client.c`).
+pub fn prop_client_bin() -> &'static str {
+    env!("FAKE_PROP_CLIENT")
+}
+
+/// A command for any fixture binary, set up as [`client_command`] sets up a client: the
+/// scrubbed variables removed, `LD_LIBRARY_PATH` = the fake driver dir, `LD_PRELOAD` =
+/// `preload` when given, then `envs`.
+pub fn fixture_command(bin: &str, envs: &[(&str, &str)], preload: Option<&Path>) -> Command {
+    let mut cmd = Command::new(bin);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(is_scrubbed) {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd.env("LD_LIBRARY_PATH", fake_dir());
+    if let Some(p) = preload {
+        assert_preloadable(p);
+        cmd.env("LD_PRELOAD", p);
+    }
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
 /// The client binary for a mode: `client_linked` for "linked", `client` otherwise.
 pub fn client_bin(mode: &str) -> &'static str {
     if mode == "linked" {
