@@ -362,3 +362,113 @@ print(a, b)
         "512 MiB of context + 768 MiB do not fit in 1 GiB; 256 MiB do\n{stderr}"
     );
 }
+
+/// Stream-ordered memory lives on the stream's device, whatever context is current: a
+/// device-1 stream used while device 0 is current is charged to device 1.
+#[test]
+fn stream_ordered_memory_is_charged_to_the_streams_device() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "ctx:1",
+            "stream",
+            "ctx:0",
+            "streaminfo:0",
+            "asyncon:0:768Mi",
+            "async:768Mi",
+            "asyncon:0:512Mi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi"), ("FAKE_CUDA_DEVICES", "2")],
+    );
+    assert_eq!(run.field("streaminfo", 0, "dev"), "1", "{run:?}");
+    assert_eq!(run.rc("asyncon", 0), 0, "{run:?}");
+    assert_eq!(
+        run.rc("async", 0),
+        0,
+        "device 0 holds nothing yet: 768 MiB fit\n{run:?}"
+    );
+    assert_eq!(run.rc("asyncon", 1), 2, "device 1 is full\n{run:?}");
+}
+
+/// A capture in global mode with stream-ordered allocations and frees inside works as
+/// natively: the library's own pool queries once invalidated it (900 at the allocation,
+/// 901 at the end of the capture).
+#[test]
+fn a_global_capture_of_stream_ordered_memory_works_under_the_library() {
+    let ops = [
+        "stream",
+        "async:64Mi",
+        "freeasync:0",
+        "capture:0:global",
+        "asyncon:0:256Mi",
+        "freeasyncon:0:1",
+        "asyncon:0:128Mi",
+        "capturing:0",
+        "endcapture:0",
+        "instantiate:0",
+        "launch:0:0",
+        "streamsync:0",
+        "launch:0:0",
+        "streamsync:0",
+    ];
+    let native = util::client("gpa", &ops, &[("CUDABUDGET_LIMIT", "1Gi")], false);
+    let run = budget_run("gpa", &ops, &[("CUDABUDGET_LIMIT", "1Gi")]);
+    for op in [
+        "asyncon",
+        "freeasyncon",
+        "endcapture",
+        "instantiate",
+        "launch",
+    ] {
+        for nth in 0..run.lines_of(op).len() {
+            assert_eq!(
+                run.rc(op, nth),
+                native.rc(op, nth),
+                "{op} #{nth} as natively\n{run:?}\nnative: {native:?}"
+            );
+        }
+    }
+    assert_eq!(run.rc("endcapture", 0), 0, "{run:?}");
+    assert_eq!(run.num("capturing", 0, "status"), 1, "{run:?}");
+}
+
+/// Graph memory counts: a graph whose memory node fits runs, and its reserve is charged;
+/// one that would cross the budget is refused at upload and launch with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, and the device never holds more than the budget.
+#[test]
+fn graph_memory_is_charged_and_a_graph_past_the_budget_is_refused() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "graph",
+            "memnode:0:512Mi",
+            "instantiate:0",
+            "launch:0:null",
+            "alloc:600Mi",
+            "graph",
+            "memnode:1:1536Mi",
+            "instantiate:1",
+            "upload:1:null",
+            "launch:1:null",
+            "graphmem:0",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.rc("instantiate", 0), 0, "{run:?}");
+    assert_eq!(
+        run.rc("launch", 0),
+        0,
+        "512 MiB of graph memory fit\n{run:?}"
+    );
+    assert_eq!(
+        run.rc("alloc", 0),
+        2,
+        "the graph's 512 MiB are charged: 600 MiB more do not fit\n{run:?}"
+    );
+    assert_eq!(run.rc("instantiate", 1), 0, "{run:?}");
+    assert_eq!(run.rc("upload", 0), 2, "{run:?}");
+    assert_eq!(run.rc("launch", 1), 2, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= GI, "{run:?}");
+}
