@@ -181,7 +181,12 @@ impl DeviceLedger {
     /// The pools' charge went down (a trim, or the driver's figure was lower than ours):
     /// credit that threads kept for themselves stops being spendable as it is.
     pub fn retire_credit(&self) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        // The low half wraps on its own: it never carries into the books' count.
+        let _ = self
+            .epoch
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |e| {
+                Some((e & !0xffff_ffff) | (e.wrapping_add(1) & 0xffff_ffff))
+            });
     }
 
     pub fn note_denial(&self) -> u64 {
@@ -982,6 +987,8 @@ mod tests {
                 },
             );
         }
+        // 64 slots for 200 keys: at least the rest went to the overflow map.
+        assert!(t.overflow_len.load(Ordering::Relaxed) >= 200 - 64);
         for (i, &k) in keys.iter().enumerate() {
             assert_eq!(t.remove(k).map(|e| e.bytes), Some(i as u64 + 1));
         }
@@ -1249,5 +1256,350 @@ mod tests {
         }
         let bank = p.collect();
         assert_eq!(bank.credit(), 10_000);
+    }
+
+    #[test]
+    fn every_ordinal_up_to_the_highest_has_books_and_none_beyond() {
+        static L: Ledger = Ledger::new();
+        let top = crate::config::MAX_ORDINAL as usize;
+        assert!(L.device(top).is_some());
+        assert!(L.device(top + 1).is_none());
+        assert_eq!(L.devices().count(), top + 1);
+    }
+
+    #[test]
+    fn denials_count_from_zero_and_each_note_returns_the_new_count() {
+        let d = device(100);
+        assert_eq!(d.denials(), 0);
+        assert_eq!(d.note_denial(), 1);
+        assert_eq!(d.note_denial(), 2);
+        assert_eq!(d.denials(), 2);
+    }
+
+    #[test]
+    fn a_growing_overhead_charges_only_its_growth() {
+        let d = device(1000);
+        d.set_overhead(100);
+        d.set_overhead(300);
+        assert_eq!(d.used(), 300);
+        assert_eq!(d.peak(), 300);
+        assert_eq!(d.overhead(), 300);
+    }
+
+    #[test]
+    fn only_clearing_the_books_starts_new_books() {
+        let d = device(1000);
+        let first = d.epoch();
+        assert_eq!(d.books_epoch(), 0);
+        assert!(d.same_books(first));
+        // The pools shrank: kept credit must be checked, but the books are the same.
+        d.retire_credit();
+        let retired = d.epoch();
+        assert_ne!(retired, first);
+        assert_eq!(d.books_epoch(), 0);
+        assert!(d.same_books(first));
+        assert!(d.same_books(retired));
+        // The device's memory went with its context: credit from before is void.
+        d.clear();
+        assert_ne!(d.epoch(), retired);
+        assert_eq!(d.books_epoch(), 1);
+        assert!(!d.same_books(first));
+        assert!(!d.same_books(retired));
+        assert!(d.same_books(d.epoch()));
+        d.retire_credit();
+        assert!(d.same_books(d.epoch()));
+        d.clear();
+        assert_eq!(d.books_epoch(), 2);
+    }
+
+    #[test]
+    fn clearing_forgets_what_the_device_held_but_keeps_budget_and_statistics() {
+        let d = device(1000);
+        d.reserve(100).unwrap().commit();
+        d.set_overhead(50);
+        {
+            let mut bank = d.pool.collect();
+            bank.set_charge(300);
+            bank.lend(3);
+        }
+        d.note_denial();
+        d.clear();
+        assert_eq!(d.used(), 0);
+        assert_eq!(d.overhead(), 0);
+        assert_eq!(d.pool.charge(), 0);
+        assert!(!d.pool.take(3, 1), "credit lent before the clear is void");
+        assert_eq!(d.pool.collect().credit(), -1, "and so is the bank's");
+        assert_eq!(d.budget(), 1000);
+        assert_eq!(d.peak(), 150);
+        assert_eq!(d.denials(), 1);
+    }
+
+    #[test]
+    fn a_stream_ordered_request_may_be_held_only_within_the_budget_and_below_take_max() {
+        assert!(PoolCredit::may_hold(0, 0));
+        assert!(PoolCredit::may_hold(100, 100));
+        assert!(!PoolCredit::may_hold(101, 100));
+        assert!(PoolCredit::may_hold(TAKE_MAX - 1, UNBUDGETED));
+        assert!(!PoolCredit::may_hold(TAKE_MAX, UNBUDGETED));
+        assert!(!PoolCredit::may_hold(u64::MAX, UNBUDGETED));
+    }
+
+    #[test]
+    fn each_shard_spends_and_gets_back_its_own_credit() {
+        for s in 0..POOL_SHARDS {
+            let other = (s + 1) % POOL_SHARDS;
+            let p = PoolCredit::new();
+            {
+                let mut bank = p.collect();
+                bank.set_charge(1000);
+                bank.lend(s);
+                assert_eq!(bank.credit(), 0, "all of it lent");
+            }
+            assert!(p.take(s, 600), "shard {s} spends what was lent to it");
+            p.give(s, 600);
+            assert!(p.take(s, 1000), "shard {s} got its free back");
+            assert!(!p.take(other, 1), "shard {other} has none of it");
+            assert_eq!(p.collect().credit(), -1);
+        }
+    }
+
+    #[test]
+    fn a_refund_puts_the_bytes_back_into_the_bank() {
+        let p = PoolCredit::new();
+        assert!(!p.take(0, 100));
+        {
+            let mut bank = p.collect();
+            assert_eq!(bank.credit(), -100);
+            // The driver refused the allocation: its debt is paid back.
+            bank.refund(100);
+            assert_eq!(bank.credit(), 0);
+        }
+        assert_eq!(p.collect().credit(), 0);
+    }
+
+    /// 1000 addresses as allocators hand them out: 2 MiB segments, 512-byte blocks in
+    /// them, and a few large strides.
+    fn spread_keys() -> Vec<u64> {
+        let segments = (0..400u64).map(|i| 0x7f3a_0000_0000 + (i << 21));
+        let blocks = (0..400u64).map(|i| 0x7f40_0020_0000 + (i << 9));
+        let large = (0..200u64).map(|i| 0x7e00_0000_0000 + i * 0x1234_5000);
+        segments.chain(blocks).chain(large).collect()
+    }
+
+    #[test]
+    fn addresses_spread_over_the_table_and_never_need_the_overflow() {
+        let t: AddrTable<4096> = AddrTable::new();
+        let keys = spread_keys();
+        for (i, &k) in keys.iter().enumerate() {
+            t.insert(
+                k,
+                Entry {
+                    bytes: i as u64,
+                    device: 2,
+                    kind: Kind::Direct,
+                },
+            );
+        }
+        assert_eq!(
+            t.overflow_len.load(Ordering::Relaxed),
+            0,
+            "every address found a slot in its window"
+        );
+        for (i, &k) in keys.iter().enumerate() {
+            assert_eq!(t.remove(k).map(|e| e.bytes), Some(i as u64));
+        }
+    }
+
+    #[test]
+    fn addresses_zero_and_all_ones_are_never_recorded_and_take_no_slot() {
+        let t: AddrTable<WINDOW> = AddrTable::new();
+        let e = |bytes| Entry {
+            bytes,
+            device: 0,
+            kind: Kind::Direct,
+        };
+        t.insert(EMPTY, e(1));
+        t.insert(BUSY, e(2));
+        assert_eq!(t.remove(EMPTY), None);
+        assert_eq!(t.remove(BUSY), None);
+        // Every slot is still free: a table's worth of addresses fits in the slots.
+        for k in 1..=WINDOW as u64 {
+            t.insert(k << 21, e(k));
+        }
+        assert_eq!(t.overflow_len.load(Ordering::Relaxed), 0);
+        for k in 1..=WINDOW as u64 {
+            assert_eq!(t.remove(k << 21), Some(e(k)));
+        }
+    }
+
+    #[test]
+    fn a_purge_leaves_a_slot_being_filled_to_its_inserter() {
+        let t: AddrTable<WINDOW> = AddrTable::new();
+        let e = |bytes, device| Entry {
+            bytes,
+            device,
+            kind: Kind::Direct,
+        };
+        // Another device's blocks fill every slot but one.
+        for k in 1..WINDOW as u64 {
+            t.insert(k << 21, e(k, 1));
+        }
+        // A thread has claimed the last slot for a block of device 0 and written its
+        // value, but not yet its key.
+        let slot = t
+            .slots
+            .iter()
+            .find(|s| s.key.load(Ordering::Relaxed) == EMPTY)
+            .unwrap();
+        slot.key.store(BUSY, Ordering::Relaxed);
+        slot.value.store(e(7, 0).pack(), Ordering::Relaxed);
+        t.purge_device(0);
+        // Meanwhile nobody else may take that slot.
+        t.insert(0x40 << 21, e(99, 1));
+        assert_eq!(
+            t.overflow_len.load(Ordering::Relaxed),
+            1,
+            "the slot being filled was not given away"
+        );
+        // The inserter publishes its key: its block is found.
+        slot.key.store(0x41 << 21, Ordering::Release);
+        assert_eq!(t.remove(0x41 << 21), Some(e(7, 0)));
+        assert_eq!(t.remove(0x40 << 21), Some(e(99, 1)));
+        for k in 1..WINDOW as u64 {
+            assert_eq!(t.remove(k << 21), Some(e(k, 1)));
+        }
+    }
+
+    #[test]
+    fn purging_a_device_drops_its_entries_in_the_overflow_too() {
+        let t: AddrTable<WINDOW> = AddrTable::new();
+        let keys: Vec<u64> = (1..=3 * WINDOW as u64).map(|k| k << 21).collect();
+        let e = |k: u64, i: usize| Entry {
+            bytes: k,
+            device: i % 2,
+            kind: Kind::Direct,
+        };
+        for (i, &k) in keys.iter().enumerate() {
+            t.insert(k, e(k, i));
+        }
+        assert!(t.overflow_len.load(Ordering::Relaxed) > 0);
+        t.purge_device(0);
+        for (i, &k) in keys.iter().enumerate() {
+            let want = (i % 2 == 1).then_some(e(k, i));
+            assert_eq!(t.remove(k), want, "{k:#x}");
+        }
+        assert_eq!(t.overflow_len.load(Ordering::Relaxed), 0);
+    }
+
+    /// Puts the lanes back as they were, even when the test fails.
+    struct LanesAsBefore(u32);
+
+    impl Drop for LanesAsBefore {
+        fn drop(&mut self) {
+            LANES_TAKEN.store(self.0, Ordering::Release);
+        }
+    }
+
+    #[test]
+    fn after_a_fork_every_lane_but_the_forking_threads_is_free() {
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _restore = LanesAsBefore(LANES_TAKEN.load(Ordering::Acquire));
+        let held: Vec<usize> = (0..3).map(|_| claim_lane()).collect();
+        let own = held[1];
+        // The child has only the forking thread: the others' lanes are free again.
+        lanes_after_fork(own);
+        assert!(lane_free());
+        let given: Vec<usize> = std::iter::from_fn(|| Some(claim_lane()))
+            .take_while(|&lane| lane != 0)
+            .collect();
+        let expected: Vec<usize> = (1..LANES).filter(|&lane| lane != own).collect();
+        assert_eq!(given, expected, "lowest first, never the forking thread's");
+        assert!(!lane_free(), "every lane is taken");
+        release_lane(given[0]);
+        assert!(lane_free());
+        assert_eq!(claim_lane(), given[0]);
+        // A thread without a lane forks: every lane is free in the child.
+        for own in [0, LANES] {
+            lanes_after_fork(own);
+            assert_eq!(claim_lane(), 1);
+            assert_eq!(claim_lane(), 2);
+        }
+    }
+
+    #[test]
+    fn a_threads_lane_holds_a_thousand_spread_blocks() {
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        static T: LaneTable<4096> = LaneTable::new();
+        let lane = claim_lane();
+        let keys = spread_keys();
+        for (i, &k) in keys.iter().enumerate() {
+            assert!(T.insert(k, pooled(i as u64), lane), "no room for {k:#x}");
+        }
+        for (i, &k) in keys.iter().enumerate() {
+            assert_eq!(T.remove(k, lane), Some(pooled(i as u64)));
+        }
+        release_lane(lane);
+    }
+
+    #[test]
+    fn lanes_never_record_or_find_addresses_zero_and_all_ones() {
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        static T: LaneTable<64> = LaneTable::new();
+        static M: PointerMap = PointerMap::new();
+        let lane = claim_lane();
+        for key in [EMPTY, BUSY] {
+            assert!(!T.insert(key, pooled(1), lane));
+            assert_eq!(T.remove(key, lane), None);
+            assert_eq!(T.remove(key, 0), None);
+            assert!(!M.insert_own(key, pooled(1), lane));
+            assert_eq!(M.remove_own(key, lane), None);
+            assert_eq!(M.remove_pooled(key, lane), None);
+            assert_eq!(Table::remove(&M, key), None);
+        }
+        release_lane(lane);
+    }
+
+    #[test]
+    fn a_block_recorded_in_its_threads_lane_is_found_there() {
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        static M: PointerMap = PointerMap::new();
+        let lane = claim_lane();
+        let other = claim_lane();
+        let key = 0x7f00_0000_0000;
+        assert!(M.insert_own(key, pooled(5), lane));
+        assert_eq!(M.remove_own(key, other), None, "not in another lane");
+        assert_eq!(M.remove_own(key, lane), Some(pooled(5)));
+        assert_eq!(M.remove_own(key, lane), None);
+        assert!(!M.insert_own(key, pooled(5), 0), "lane 0 is no lane");
+        // A block left in the lane by its thread is found by another's.
+        assert!(M.insert_own(key, pooled(6), lane));
+        assert_eq!(M.remove_pooled(key, other), Some(pooled(6)));
+        release_lane(lane);
+        release_lane(other);
+    }
+
+    #[test]
+    fn purging_a_device_drops_its_blocks_from_the_lanes_and_the_shared_table() {
+        let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        static M: PointerMap = PointerMap::new();
+        let lane = claim_lane();
+        let e = |device| Entry {
+            bytes: 64,
+            device,
+            kind: Kind::Pooled,
+        };
+        let device_of = |k: u64| 4 + (k % 2) as usize;
+        let shared = |k: u64| (k << 21) | 0x1000_0000_0000;
+        for k in 1..=40u64 {
+            M.insert_in_lane(k << 21, e(device_of(k)), lane);
+            Table::insert(&M, shared(k), e(device_of(k)));
+        }
+        M.purge_device(4);
+        for k in 1..=40u64 {
+            let want = (device_of(k) == 5).then_some(e(5));
+            assert_eq!(M.remove_pooled(k << 21, lane), want, "lane, {k}");
+            assert_eq!(Table::remove(&M, shared(k)), want, "shared, {k}");
+        }
+        release_lane(lane);
     }
 }

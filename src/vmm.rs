@@ -191,4 +191,20 @@ mod tests {
         assert_eq!(v.released(1), Some((0, 10)));
         assert_eq!(v.released(1), None);
     }
+
+    #[test]
+    fn purging_a_device_forgets_its_handles_and_their_mappings_only() {
+        let mut v = Vmm::new();
+        v.created(1, 100, 0);
+        v.mapped(0x1000, 100, 1);
+        v.created(2, 200, 1);
+        v.mapped(0x9000, 200, 2);
+        v.purge_device(0);
+        // Device 0's memory went with its context: nothing of it comes back later.
+        assert!(v.unmapped(0x1000, 100).is_empty());
+        assert_eq!(v.released(1), None);
+        // Device 1's handle is still held and mapped.
+        assert_eq!(v.released(2), None, "still mapped");
+        assert_eq!(v.unmapped(0x9000, 200), vec![(1, 200)]);
+    }
 }
