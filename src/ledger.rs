@@ -1602,4 +1602,15 @@ mod tests {
         }
         release_lane(lane);
     }
+
+    #[test]
+    fn retiring_credit_never_carries_into_the_books_epoch() {
+        let d = device(100);
+        d.epoch.store((7 << 32) | 0xffff_ffff, Ordering::Relaxed);
+        let before = d.epoch();
+        d.retire_credit();
+        assert_eq!(d.books_epoch(), 7);
+        assert!(d.same_books(before));
+        assert_ne!(d.epoch(), before, "the credit given before is retired");
+    }
 }
