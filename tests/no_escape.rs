@@ -472,3 +472,112 @@ fn graph_memory_is_charged_and_a_graph_past_the_budget_is_refused() {
     assert_eq!(run.rc("launch", 1), 2, "{run:?}");
     assert!(run.num("phys", 0, "peak") <= GI, "{run:?}");
 }
+
+/// The card is shared: what other processes hold is not free for this one, whatever
+/// its budget says. The views never show more free memory than the card really has.
+#[test]
+fn the_views_never_show_more_free_memory_than_the_card_has() {
+    let run = budget_run(
+        "gpa",
+        &["info", "alloc:1Gi", "info", "nvml:0"],
+        &[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("FAKE_CUDA_MEM", "10737418240"),
+            ("FAKE_CUDA_OTHER_USED", "7516192768"),
+        ],
+    );
+    assert_eq!(run.num("info", 0, "total"), 8 * GI, "{run:?}");
+    assert_eq!(
+        run.num("info", 0, "free"),
+        3 * GI,
+        "10 - 7 GiB are free\n{run:?}"
+    );
+    assert_eq!(run.num("info", 1, "free"), 2 * GI, "{run:?}");
+    let line = run.line("nvml", 0).to_string();
+    assert!(run.num("nvml", 0, "free") <= 2 * GI, "{line}");
+    assert!(
+        run.num("nvml", 0, "free") + run.num("nvml", 0, "used") <= run.num("nvml", 0, "total"),
+        "{line}"
+    );
+}
+
+/// Memory no allocation call names (a module's globals) is found by the footprint's
+/// reconciliation against NVML within a second, and counts against the budget.
+#[test]
+fn memory_outside_the_hooks_is_reconciled_into_the_books() {
+    let script = r#"
+import ctypes, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+p = ctypes.c_uint64()
+rcs = [cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20))]
+rcs.append(cuda.cuModuleLoad(ctypes.byref(ctypes.c_void_p()), b"kernels.cubin"))
+time.sleep(1.2)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+rcs.append(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)))
+rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(512 << 20)))
+print(*rcs, free.value >> 20)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_CUDA_MODULE_BYTES", "536870912"),
+        ],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "0 0 0 2 256",
+        "256 MiB + the module's 512 MiB leave 256 MiB: 512 MiB more are refused\n{stderr}"
+    );
+}
+
+/// Pools the program created are the process's too: trimmed before a denial, and
+/// charged to their own device whatever context is current.
+#[test]
+fn created_pools_are_trimmed_before_a_denial_and_charged_to_their_device() {
+    let script = r#"
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 1) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+class Props(ctypes.Structure):
+    _fields_ = [("alloc_type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("max_size", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+pool0, pool1 = ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuMemPoolCreate(ctypes.byref(pool0), ctypes.byref(Props(1, 0, 1, 0))) == 0
+assert cuda.cuMemPoolCreate(ctypes.byref(pool1), ctypes.byref(Props(1, 0, 1, 1))) == 0
+maxed = ctypes.c_uint64(1 << 62)
+assert cuda.cuMemPoolSetAttribute(pool0, 4, ctypes.byref(maxed)) == 0
+p = ctypes.c_uint64()
+rcs = [cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(768 << 20), pool0, None)]
+rcs.append(cuda.cuMemFreeAsync(p, None))
+assert cuda.cuCtxSynchronize() == 0
+# pool0 keeps its 768 MiB (threshold at max): a trim must give them back for this.
+rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(768 << 20)))
+# Device 1's pool, with device 0 current: device 1 pays.
+rcs.append(cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(768 << 20), pool1, None))
+rcs.append(cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(512 << 20), pool1, None))
+print(*rcs)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_CUDA_DEVICES", "2"),
+        ],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "0 0 0 0 2", "{stderr}");
+}

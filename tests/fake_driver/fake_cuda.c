@@ -33,6 +33,8 @@ static int g_inited;
 static int g_nphys;
 static u64 g_mem;
 static u64 g_ctx_bytes;
+static u64 g_other;       /* bytes other processes hold on every physical device */
+static u64 g_module_bytes; /* what a cuModuleLoad costs on the device */
 static int g_free_refuses_async; /* FAKE_CUDA_FREE_REFUSES_ASYNC */
 static int g_nvis;
 static int g_vis[MAX_DEV]; /* ordinal -> physical index */
@@ -223,6 +225,8 @@ static void load_config_locked(void) {
     g_nphys = n > MAX_DEV ? MAX_DEV : (int)n;
     g_mem = env_u64("FAKE_CUDA_MEM", 85899345920ull);
     g_ctx_bytes = env_u64("FAKE_CUDA_CTX_BYTES", 0);
+    g_other = env_u64("FAKE_CUDA_OTHER_USED", 0);
+    g_module_bytes = env_u64("FAKE_CUDA_MODULE_BYTES", 0);
     g_free_refuses_async = env_u64("FAKE_CUDA_FREE_REFUSES_ASYNC", 0) != 0;
 
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
@@ -265,7 +269,10 @@ static void uncharge(int dev, u64 bytes) {
     g_used[p] -= bytes > g_used[p] ? g_used[p] : bytes;
 }
 
-static int fits(int dev, u64 bytes) { return bytes <= g_mem - g_used[g_vis[dev]]; }
+static int fits(int dev, u64 bytes) {
+    u64 held = g_used[g_vis[dev]] + g_other;
+    return held <= g_mem && bytes <= g_mem - held;
+}
 
 static void trim_device_pools(int dev) {
     struct fake_pool *d = &g_default_pool[dev];
@@ -1035,6 +1042,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     TRY(cur_device(&dev));
     if (!free_bytes || !total_bytes) FAIL(CUDA_ERROR_INVALID_VALUE);
     u64 used = g_used[g_vis[dev]];
+    used += g_other;
     *free_bytes = used > g_mem ? 0 : g_mem - used;
     *total_bytes = g_mem;
     END
@@ -1215,10 +1223,15 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
     return CUDA_SUCCESS;
 }
 
+/* A module's globals are device memory that no allocation call names: it costs
+ * FAKE_CUDA_MODULE_BYTES on the current device, for good. */
 CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     (void)fname;
     BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
     if (!module) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (g_module_bytes) TRY(charge(dev, g_module_bytes, 1));
     *module = (CUmodule)(uintptr_t)0x1000;
     END
 }

@@ -83,6 +83,12 @@ static int inited(void) {
 static int valid(nvmlDevice_t d) { return d && d >= &g_devices[0] && d < &g_devices[g_count]; }
 
 /* libcuda may be loaded RTLD_LOCAL (cudart does that), so look it up by name first. */
+/* What other processes hold on every device (FAKE_CUDA_OTHER_USED, as in libcuda). */
+static unsigned long long other_used(void) {
+    const char *s = getenv("FAKE_CUDA_OTHER_USED");
+    return s ? strtoull(s, NULL, 10) : 0;
+}
+
 static unsigned long long phys_used(unsigned p) {
     typedef unsigned long long (*used_fn)(int);
     unsigned long long v = 0;
@@ -192,7 +198,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     if (!inited()) return NVML_ERROR_UNINITIALIZED;
     if (!valid(device) || !memory) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned long long used = phys_used(device->index);
+    unsigned long long used = phys_used(device->index) + other_used();
     memory->total = g_mem;
     memory->used = used;
     memory->free = used > g_mem ? 0 : g_mem - used;
@@ -202,7 +208,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     if (!inited()) return NVML_ERROR_UNINITIALIZED;
     if (!valid(device) || !memory) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned long long used = phys_used(device->index);
+    unsigned long long used = phys_used(device->index) + other_used();
     memory->total = g_mem;
     memory->reserved = 0;
     memory->used = used;
