@@ -22,7 +22,8 @@ use crate::driver::{
     CuResult, Handle, STREAM_CAPTURE_MODE_RELAXED, STREAM_CAPTURE_STATUS_NONE, real,
 };
 
-/// Captures begun and not yet ended, in this process.
+/// Captures begun and not yet ended, in this process (low 16 bits), and the other
+/// reasons for the full path ([`detour`], from bit 16).
 static ACTIVE: AtomicU32 = AtomicU32::new(0);
 
 /// Whether any capture may be active: one relaxed load.
@@ -48,6 +49,19 @@ pub fn ended(rc: CuResult) -> CuResult {
         });
     }
     rc
+}
+
+/// Something else that must send stream-ordered calls down the full path began
+/// (`true`) or ended: a pool the program created was made a device's current pool.
+pub fn detour(on: bool) {
+    const DETOUR: u32 = 1 << 16;
+    if on {
+        ACTIVE.fetch_add(DETOUR, Ordering::AcqRel);
+    } else {
+        let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+            Some(n.saturating_sub(DETOUR))
+        });
+    }
 }
 
 /// In the child of `fork()`: no capture came along.

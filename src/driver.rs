@@ -203,6 +203,7 @@ driver_table! {
     cuMemPoolGetAttribute(pool: Handle, attr: c_int, value: *mut c_void);
     cuDeviceGetDefaultMemPool(pool: *mut Handle, device: Device);
     cuDeviceGetMemPool(pool: *mut Handle, device: Device);
+    cuDeviceSetMemPool(device: Device, pool: Handle);
     cuStreamGetDevice(stream: Handle, device: *mut Device);
     cuStreamIsCapturing(stream: Handle, status: *mut c_int);
     cuThreadExchangeStreamCaptureMode(mode: *mut c_int);

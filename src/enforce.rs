@@ -105,15 +105,9 @@ pub fn launch_graph(
             continue;
         };
         footprint::settle_before_admission(device);
-        let Some((used, reserved)) = graphs::read(device) else {
-            continue;
-        };
-        let growth = used.saturating_add(bytes).saturating_sub(reserved);
-        if growth == 0 {
-            continue;
-        }
-        match admit(call, device, d, growth) {
-            Ok(reservation) => admitted.push((device, d, reservation)),
+        match admit_graph(call, device, d, bytes) {
+            Ok(Some(reservation)) => admitted.push((device, d, reservation)),
+            Ok(None) => {}
             // What was admitted on other devices is rolled back with `admitted`.
             Err(rc) => return rc,
         }
@@ -125,6 +119,97 @@ pub fn launch_graph(
         drop(reservation);
     }
     rc
+}
+
+/// A stream-ordered allocation from a pool the program created: the growth it could
+/// cause the pool (what the pool uses plus `bytes`, less its reserve, in the driver's
+/// 32 MiB steps) is admitted first, and the pool's own reserve is charged after.
+#[cold]
+fn alloc_from_created(
+    call: &str,
+    device: usize,
+    d: &DeviceLedger,
+    pool: Handle,
+    bytes: u64,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    footprint::settle_before_admission(device);
+    let growth = || {
+        let Some((reserved, used)) = pools::figures(pool) else {
+            // The driver cannot say: the worst case.
+            return bytes.div_ceil(POOL_STEP).saturating_mul(POOL_STEP);
+        };
+        let growth = used.saturating_add(bytes).saturating_sub(reserved);
+        growth.div_ceil(POOL_STEP).saturating_mul(POOL_STEP)
+    };
+    let admitted = match admit_by(call, device, d, growth) {
+        Ok(admitted) => admitted,
+        Err(rc) => return rc,
+    };
+    let rc = real();
+    pools::settle_created(pool, d);
+    drop(admitted);
+    rc
+}
+
+/// A pool the program created is gone: what it still holds (blocks not yet freed keep
+/// its reserve with the driver) stays charged; a pool with nothing live gives it all
+/// back. `live` is what it used just before.
+pub fn created_pool_destroyed(device: usize, charged: u64, live: Option<u64>) {
+    if live == Some(0)
+        && let Some(d) = runtime::budgeted(device)
+    {
+        d.release(charged);
+    }
+}
+
+/// Admits the growth `growth()` says an operation could cause; before a denial the pools
+/// and the graph memory are trimmed and the growth worked out again (the trim lowers the
+/// reserves, so the growth may be larger than before). `None`: nothing to admit.
+fn admit_by<'d>(
+    call: &str,
+    device: usize,
+    d: &'d DeviceLedger,
+    growth: impl Fn() -> u64,
+) -> Result<Option<Reservation<'d>>, CuResult> {
+    let first = growth();
+    if first == 0 {
+        return Ok(None);
+    }
+    if let Ok(r) = d.reserve(first) {
+        return Ok(Some(r));
+    }
+    trim_pools(device, d, &mut d.pool.collect());
+    graphs::trim(device, d);
+    footprint::reconcile_now(device, d);
+    let again = growth();
+    if again == 0 {
+        return Ok(None);
+    }
+    d.reserve(again).map(Some).map_err(|denial| {
+        d.note_denial();
+        report::denial(call, device, &denial);
+        CuResult::OUT_OF_MEMORY
+    })
+}
+
+/// The growth of the device's graph memory that a launch of `bytes` of memory nodes
+/// could cause, in the driver's 32 MiB steps: what the graphs use plus `bytes`, less
+/// what is reserved. `None` when the driver cannot say.
+fn graph_growth(device: usize, bytes: u64) -> Option<u64> {
+    let (used, reserved) = graphs::read(device)?;
+    let growth = used.saturating_add(bytes).saturating_sub(reserved);
+    Some(growth.div_ceil(POOL_STEP).saturating_mul(POOL_STEP))
+}
+
+/// Admits the graph-memory growth a launch of `bytes` of memory nodes could cause.
+fn admit_graph<'d>(
+    call: &str,
+    device: usize,
+    d: &'d DeviceLedger,
+    bytes: u64,
+) -> Result<Option<Reservation<'d>>, CuResult> {
+    admit_by(call, device, d, || graph_growth(device, bytes).unwrap_or(0))
 }
 
 /// The program trimmed a device's graph memory: charge what is left.
@@ -612,7 +697,7 @@ fn alloc_async_fast<F: FnOnce() -> CuResult>(
 #[inline(never)]
 fn alloc_async_rest(rc: CuResult, dptr: *mut DevicePtr, bytes: u64, lane: usize) -> CuResult {
     if let Some(d) = runtime::ledger().device(0) {
-        record_pooled(rc, dptr, bytes, 0, d, lane);
+        record_pooled(rc, dptr, bytes, 0, d, lane, Paid::Thread);
     }
     rc
 }
@@ -651,6 +736,14 @@ pub fn alloc_pooled(
         // graph's memory is reserved (crate::graphs), neither charged nor refused here.
         return real();
     }
+    // A pool the program created pays for itself, never from the credit of another.
+    let created = match pool {
+        Some(pool) => pools::created(pool).map(|_| pool),
+        None => pools::current_created(device),
+    };
+    if let Some(pool) = created {
+        return alloc_from_created(call, device, d, pool, bytes, real);
+    }
     if !ledger::PoolCredit::may_hold(bytes, d.budget()) {
         // No pool growth could ever admit it: refused before any credit moves, so a
         // failure cannot give back credit that was never taken.
@@ -661,8 +754,20 @@ pub fn alloc_pooled(
         return grow_pools(call, device, d, bytes, dptr, lane, real);
     }
     let rc = real();
-    record_pooled(rc, dptr, bytes, device, d, lane);
+    let paid = if private { Paid::Thread } else { Paid::Shard };
+    record_pooled(rc, dptr, bytes, device, d, lane, paid);
     rc
+}
+
+/// Where a stream-ordered allocation's credit came from: an allocation that fails gives
+/// it back there, so that a debt left in the shards is never repaid into a thread's own
+/// credit (which the fast path spends without looking at the shards or the bank).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Paid {
+    Thread,
+    Shard,
+    /// From the bank, under its lock: the caller repays a failure there itself.
+    Bank,
 }
 
 #[inline]
@@ -673,6 +778,7 @@ fn record_pooled(
     device: usize,
     d: &DeviceLedger,
     lane: usize,
+    paid: Paid,
 ) {
     if rc.is_ok() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote the address.
@@ -684,7 +790,11 @@ fn record_pooled(
         };
         runtime::pointers().insert_in_lane(ptr, entry, lane);
     } else {
-        give_pooled(device, d, bytes);
+        match paid {
+            Paid::Thread => give_pooled(device, d, bytes),
+            Paid::Shard => d.pool.give(runtime::shard(), bytes),
+            Paid::Bank => {}
+        }
     }
 }
 
@@ -706,6 +816,7 @@ fn grow_pools(
     }
     let shard = runtime::shard();
     let mut bank = d.pool.collect();
+    let charge_before = d.pool.charge();
     if bank.credit() < 0 {
         // The pools must grow by the deficit: admit that first.
         let growth = bank.credit().unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP;
@@ -718,14 +829,22 @@ fn grow_pools(
         }
     }
     let rc = real();
-    // The driver's own figure replaces our estimate of the reserve.
-    if let Some(reserve) = pools::reserve(device) {
-        settle_charge(d, &mut bank, reserve);
+    // The driver's own figure replaces our estimate of the reserve. When the driver
+    // cannot say and refused the allocation, the pools did not grow: the growth admitted
+    // for it goes.
+    match pools::reserve(device) {
+        Some(reserve) => settle_charge(d, &mut bank, reserve),
+        None if !rc.is_ok() => settle_charge(d, &mut bank, charge_before),
+        None => {}
+    }
+    if !rc.is_ok() {
+        // The debt was gathered into the bank: it is repaid there.
+        bank.refund(bytes);
     }
     // Lent only now: from a bank that the driver's figure has corrected.
     bank.lend(shard);
     drop(bank);
-    record_pooled(rc, dptr, bytes, device, d, lane);
+    record_pooled(rc, dptr, bytes, device, d, lane, Paid::Bank);
     rc
 }
 
@@ -765,15 +884,35 @@ fn admit_growth(
     }
 }
 
+/// The program trimmed `pool`, one of the device's pools (`cuMemPoolTrimTo`): its
+/// charge becomes the driver's figure.
+pub fn pool_trimmed(device: usize, pool: Handle) {
+    let Some(d) = runtime::budgeted(device) else {
+        return;
+    };
+    if pools::created(pool).is_some() {
+        pools::settle_created(pool, d);
+        return;
+    }
+    let mut bank = d.pool.collect();
+    if let Some(reserve) = pools::reserve(device) {
+        settle_charge(d, &mut bank, reserve);
+    }
+}
+
 /// Gives back what the process's pools hold but do not use, and charges the device the
 /// reserve that is left.
 pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
-    if d.pool.charge() == 0 {
+    let created = pools::created_of(device);
+    if d.pool.charge() == 0 && created.is_empty() {
         return;
     }
     pools::trim(device);
     if let Some(reserve) = pools::reserve(device) {
         settle_charge(d, bank, reserve);
+    }
+    for pool in created {
+        pools::settle_created(pool, d);
     }
 }
 

@@ -297,8 +297,17 @@ pub fn context_gone(device: usize) {
     if let Some(d) = runtime::ledger().device(device) {
         runtime::pointers().purge_device(device);
         runtime::arrays().purge_device(device);
-        vmm::lock().purge_device(device);
+        // Memory from cuMemCreate belongs to the process, not to a context: it outlives
+        // the teardown and stays charged.
+        let vmm = vmm::lock();
         d.clear();
+        d.charge(vmm.bytes_on(device));
+        drop(vmm);
+        // The pools the program created are charged again from the driver's figures.
+        for pool in crate::pools::created_of(device) {
+            crate::pools::set_charged(pool, 0);
+            crate::pools::settle_created(pool, d);
+        }
     }
 }
 

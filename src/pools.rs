@@ -2,24 +2,49 @@
 //! device's current pool, and every pool from `cuMemPoolCreate`. Their reserve is what
 //! stream-ordered allocations really cost the device.
 //!
-//! Nothing here is on the hot path except [`device_of`], and that only in a process that
-//! sees more than one device.
+//! The device's *default* pool is paid for through the pool credit (see
+//! [`crate::ledger::PoolCredit`]): its reserve is [`reserve`]. A pool the program created
+//! is paid for on its own ([`created`], [`figures`], [`set_charged`]): one pool's free
+//! reserve must never pay for another pool's growth, since the driver would grow the
+//! other pool regardless.
+//!
+//! Nothing here is on the hot path except [`place_of`], and that only in a process that
+//! sees more than one device or uses host pools.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::driver::{Handle, MEMPOOL_ATTR_RESERVED_MEM_CURRENT, real};
+use crate::ledger::{DeviceLedger, MAX_DEVICES};
 
 const SLOTS: usize = 64;
 
-/// Pools and their devices: `(pool, device + 1)`, 0 = free slot.
-static POOLS: [(AtomicU64, AtomicU64); SLOTS] =
-    [const { (AtomicU64::new(0), AtomicU64::new(0)) }; SLOTS];
+/// One known pool: its handle (0 = free slot), where it lives (`device + 1`, [`HOST`],
+/// with [`CREATED`] set for a pool from `cuMemPoolCreate`) and what it is charged.
+struct Slot {
+    pool: AtomicU64,
+    place: AtomicU64,
+    charged: AtomicU64,
+}
+
+static POOLS: [Slot; SLOTS] = [const {
+    Slot {
+        pool: AtomicU64::new(0),
+        place: AtomicU64::new(0),
+        charged: AtomicU64::new(0),
+    }
+}; SLOTS];
 
 /// The place stored for a pool whose memory is not device memory.
 const HOST: u64 = u64::MAX;
+/// Set in the place of a pool the program created.
+const CREATED: u64 = 1 << 40;
 /// Pools registered with [`HOST`]: while there are none, a single-device process needs
 /// no lookup at all.
 static HOST_POOLS: AtomicU64 = AtomicU64::new(0);
+
+/// The pool the program made current on each device (`cuDeviceSetMemPool`), when it is
+/// one it created (0 otherwise): `cuMemAllocAsync` then allocates from that pool.
+static CURRENT_CREATED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// Where a pool's memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,9 +56,14 @@ pub enum Place {
     Unknown,
 }
 
-/// Remembers that `pool` lives on `device`.
+/// Remembers that `pool` (a device's default or current pool) lives on `device`.
 pub fn register(pool: Handle, device: usize) {
     remember(pool, device as u64 + 1);
+}
+
+/// Remembers a pool the program created on `device`.
+pub fn register_created(pool: Handle, device: usize) {
+    remember(pool, (device as u64 + 1) | CREATED);
 }
 
 /// Remembers that `pool` holds host memory.
@@ -48,36 +78,48 @@ fn remember(pool: Handle, place: u64) -> bool {
     if key == 0 || find(key).is_some() {
         return false;
     }
-    for (p, d) in &POOLS {
-        if p.compare_exchange(0, key, Ordering::AcqRel, Ordering::Relaxed)
+    for slot in &POOLS {
+        if slot
+            .pool
+            .compare_exchange(0, key, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            d.store(place, Ordering::Release);
+            slot.charged.store(0, Ordering::Release);
+            slot.place.store(place, Ordering::Release);
             return true;
         }
     }
     false
 }
 
-/// Forgets a destroyed pool.
-pub fn unregister(pool: Handle) {
-    let key = pool as u64;
-    for (p, d) in &POOLS {
-        if p.load(Ordering::Acquire) == key && key != 0 {
-            if d.swap(0, Ordering::AcqRel) == HOST {
-                HOST_POOLS.fetch_sub(1, Ordering::AcqRel);
-            }
-            p.store(0, Ordering::Release);
-        }
+/// Forgets a destroyed pool; for a pool the program created, returns its device and
+/// what it was charged.
+pub fn unregister(pool: Handle) -> Option<(usize, u64)> {
+    let slot = slot_of(pool as u64)?;
+    let place = slot.place.swap(0, Ordering::AcqRel);
+    let charged = slot.charged.swap(0, Ordering::AcqRel);
+    slot.pool.store(0, Ordering::Release);
+    if place == HOST {
+        HOST_POOLS.fetch_sub(1, Ordering::AcqRel);
+        return None;
     }
+    for current in &CURRENT_CREATED {
+        let _ = current.compare_exchange(pool as u64, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    (place & CREATED != 0).then(|| (((place & !CREATED) - 1) as usize, charged))
+}
+
+fn slot_of(key: u64) -> Option<&'static Slot> {
+    if key == 0 {
+        return None;
+    }
+    POOLS
+        .iter()
+        .find(|s| s.pool.load(Ordering::Acquire) == key && s.place.load(Ordering::Acquire) != 0)
 }
 
 fn find(key: u64) -> Option<u64> {
-    POOLS.iter().find_map(|(p, d)| {
-        (p.load(Ordering::Acquire) == key)
-            .then(|| d.load(Ordering::Acquire))
-            .filter(|&d| d != 0)
-    })
+    slot_of(key).map(|s| s.place.load(Ordering::Acquire))
 }
 
 /// Where `pool` allocates.
@@ -89,14 +131,92 @@ pub fn place_of(pool: Handle) -> Place {
     }
     match find(pool as u64) {
         Some(HOST) => Place::Host,
-        Some(d) => Place::Device(d as usize - 1),
+        Some(place) => Place::Device(((place & !CREATED) - 1) as usize),
         None if single => Place::Device(0),
         None => Place::Unknown,
     }
 }
 
-/// Every pool of `device` we know of, the default and current ones included.
-fn pools_of(device: usize) -> Vec<Handle> {
+/// The device of `pool` when the program created it.
+pub fn created(pool: Handle) -> Option<usize> {
+    find(pool as u64)
+        .filter(|&place| place != HOST && place & CREATED != 0)
+        .map(|place| ((place & !CREATED) - 1) as usize)
+}
+
+/// The program made `pool` the current pool of `device`.
+pub fn made_current(device: usize, pool: Handle) {
+    let Some(current) = CURRENT_CREATED.get(device) else {
+        return;
+    };
+    let mine = created(pool).is_some_and(|d| d == device);
+    let was = current.swap(if mine { pool as u64 } else { 0 }, Ordering::AcqRel);
+    // While any device's current pool is one the program created, stream-ordered calls
+    // take the full path (which looks at it).
+    match (was != 0, mine) {
+        (false, true) => crate::capture::detour(true),
+        (true, false) => crate::capture::detour(false),
+        _ => {}
+    }
+}
+
+/// The pool `cuMemAllocAsync` allocates from on `device` when it is one the program
+/// created.
+pub fn current_created(device: usize) -> Option<Handle> {
+    let pool = CURRENT_CREATED.get(device)?.load(Ordering::Acquire);
+    (pool != 0).then_some(pool as Handle)
+}
+
+/// The pools the program created on `device`.
+pub fn created_of(device: usize) -> Vec<Handle> {
+    POOLS
+        .iter()
+        .filter(|s| s.place.load(Ordering::Acquire) == (device as u64 + 1) | CREATED)
+        .map(|s| s.pool.load(Ordering::Acquire) as Handle)
+        .filter(|p| !p.is_null())
+        .collect()
+}
+
+/// Sets what a created pool is charged; returns what it was.
+pub fn set_charged(pool: Handle, bytes: u64) -> u64 {
+    slot_of(pool as u64).map_or(0, |s| s.charged.swap(bytes, Ordering::AcqRel))
+}
+
+/// Charges a pool the program created what it holds now, by the driver's figure.
+pub fn settle_created(pool: Handle, d: &DeviceLedger) {
+    if let Some((reserved, _)) = figures(pool) {
+        let before = set_charged(pool, reserved);
+        if reserved >= before {
+            d.charge(reserved - before);
+        } else {
+            d.release(before - reserved);
+        }
+    }
+}
+
+/// A pool's reserve and the part of it in use, by the driver: `(reserved, used)`.
+pub fn figures(pool: Handle) -> Option<(u64, u64)> {
+    let attribute = |attr| {
+        let mut bytes = 0u64;
+        // SAFETY: both attributes are a cuuint64_t written to `bytes`.
+        let rc =
+            unsafe { real::cuMemPoolGetAttribute(pool, attr, (&mut bytes as *mut u64).cast()) };
+        rc.is_ok().then_some(bytes)
+    };
+    crate::capture::relaxed(|| {
+        Some((
+            attribute(MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            attribute(MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        ))
+    })
+}
+
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
+const MEMPOOL_ATTR_USED_MEM_CURRENT: std::ffi::c_int = 7;
+
+/// The pools of `device` paid for through the pool credit: the default pool, and the
+/// current pool when it is not one the program created.
+fn credit_pools_of(device: usize) -> Vec<Handle> {
     let mut pools = Vec::new();
     let mut pool: Handle = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; the device ordinal is the device handle.
@@ -108,54 +228,48 @@ fn pools_of(device: usize) -> Vec<Handle> {
     // SAFETY: as above.
     if unsafe { real::cuDeviceGetMemPool(&mut current, device as i32) }.is_ok()
         && !pools.contains(&current)
+        && created(current).is_none()
     {
         register(current, device);
         pools.push(current);
     }
-    for (p, d) in &POOLS {
-        let key = p.load(Ordering::Acquire);
-        if key != 0 && d.load(Ordering::Acquire) == device as u64 + 1 {
-            let handle = key as Handle;
-            if !pools.contains(&handle) {
-                pools.push(handle);
-            }
-        }
-    }
     pools
 }
 
-/// What the device's pools hold from the device, by the driver's count; `None` when the
-/// driver cannot say.
+/// What the device's credit-paid pools hold from the device, by the driver's count;
+/// `None` when the driver cannot say.
 pub fn reserve(device: usize) -> Option<u64> {
-    crate::capture::relaxed(|| reserve_now(device))
-}
-
-fn reserve_now(device: usize) -> Option<u64> {
-    let mut total = 0u64;
-    for pool in pools_of(device) {
-        let mut bytes = 0u64;
-        // SAFETY: RESERVED_MEM_CURRENT is a cuuint64_t written to `bytes`.
-        let rc = unsafe {
-            real::cuMemPoolGetAttribute(
-                pool,
-                MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                (&mut bytes as *mut u64).cast(),
-            )
-        };
-        if !rc.is_ok() {
-            return None;
+    crate::capture::relaxed(|| {
+        let mut total = 0u64;
+        for pool in credit_pools_of(device) {
+            total = total.saturating_add(figures(pool)?.0);
         }
-        total = total.saturating_add(bytes);
-    }
-    Some(total)
+        Some(total)
+    })
 }
 
-/// Asks every pool of `device` to give back what it holds but does not use.
+/// Asks every pool of `device` (the created ones too) to give back what it holds but
+/// does not use.
 pub fn trim(device: usize) {
     crate::capture::relaxed(|| {
-        for pool in pools_of(device) {
+        let mut pools = credit_pools_of(device);
+        pools.extend(created_of(device));
+        for pool in pools {
             // SAFETY: a pool handle the driver gave out.
             let _ = unsafe { real::cuMemPoolTrimTo(pool, 0) };
         }
     });
+}
+
+/// In the child of `fork()`: the parent's pools are not the child's.
+pub fn after_fork() {
+    for slot in &POOLS {
+        slot.pool.store(0, Ordering::Release);
+        slot.place.store(0, Ordering::Release);
+        slot.charged.store(0, Ordering::Release);
+    }
+    HOST_POOLS.store(0, Ordering::Release);
+    for current in &CURRENT_CREATED {
+        current.store(0, Ordering::Release);
+    }
 }

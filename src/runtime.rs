@@ -151,6 +151,7 @@ fn install_fork_handler() {
         }
         crate::nvml::after_fork();
         crate::capture::after_fork();
+        crate::pools::after_fork();
         crate::enforce::after_fork();
     }
     // SAFETY: registers a plain extern "C" function that only stores to memory.

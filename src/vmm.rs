@@ -94,11 +94,12 @@ impl Vmm {
         None
     }
 
-    /// Forgets every handle of `device` (its context is gone).
-    pub fn purge_device(&mut self, device: usize) {
-        self.handles.retain(|_, p| p.device != device);
-        let handles = &self.handles;
-        self.mappings.retain(|_, (_, h)| handles.contains_key(h));
+    /// What the handles of `device` hold (they outlive its contexts).
+    pub fn bytes_on(&self, device: usize) -> u64 {
+        self.handles
+            .values()
+            .filter(|p| p.device == device)
+            .fold(0u64, |total, p| total.saturating_add(p.bytes))
     }
 }
 
@@ -193,18 +194,22 @@ mod tests {
     }
 
     #[test]
-    fn purging_a_device_forgets_its_handles_and_their_mappings_only() {
+    fn each_device_holds_the_bytes_of_its_live_handles() {
         let mut v = Vmm::new();
         v.created(1, 100, 0);
         v.mapped(0x1000, 100, 1);
         v.created(2, 200, 1);
-        v.mapped(0x9000, 200, 2);
-        v.purge_device(0);
-        // Device 0's memory went with its context: nothing of it comes back later.
-        assert!(v.unmapped(0x1000, 100).is_empty());
-        assert_eq!(v.released(1), None);
-        // Device 1's handle is still held and mapped.
-        assert_eq!(v.released(2), None, "still mapped");
-        assert_eq!(v.unmapped(0x9000, 200), vec![(1, 200)]);
+        v.created(3, 50, 0);
+        assert_eq!(v.bytes_on(0), 150);
+        assert_eq!(v.bytes_on(1), 200);
+        assert_eq!(v.released(3), Some((0, 50)));
+        assert_eq!(
+            v.bytes_on(0),
+            100,
+            "a released, unmapped handle holds nothing"
+        );
+        assert_eq!(v.released(1), None, "still mapped");
+        assert_eq!(v.bytes_on(0), 100);
+        assert_eq!(v.bytes_on(5), 0);
     }
 }

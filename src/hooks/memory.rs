@@ -357,9 +357,32 @@ pub unsafe extern "C" fn cuMemPoolCreate(
             // SAFETY: the driver accepted `props` and wrote the pool.
             let (location, handle) = unsafe { ((*props).location, *pool) };
             if location.kind == MEM_LOCATION_TYPE_DEVICE && location.id >= 0 {
-                pools::register(handle, location.id as usize);
+                pools::register_created(handle, location.id as usize);
             } else {
                 pools::register_host(handle);
+            }
+        }
+        rc
+    })
+}
+
+/// What the pool gives back is no longer charged.
+///
+/// # Safety
+/// As the driver's `cuMemPoolTrimTo`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult {
+    guard("cuMemPoolTrimTo", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuMemPoolTrimTo(pool, keep) };
+        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
+            let device = match pools::place_of(pool) {
+                pools::Place::Device(device) => Some(device),
+                pools::Place::Unknown => runtime::current_device(),
+                pools::Place::Host => None,
+            };
+            if let Some(device) = device {
+                enforce::pool_trimmed(device, pool);
             }
         }
         rc
@@ -371,10 +394,35 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
     guard("cuMemPoolDestroy", || {
+        // What the pool still has in use keeps its reserve with the driver after this.
+        let live = pools::created(pool)
+            .and_then(|_| pools::figures(pool))
+            .map(|(_, used)| used);
         // SAFETY: the caller's argument.
         let rc = unsafe { real::cuMemPoolDestroy(pool) };
-        if rc.is_ok() {
-            pools::unregister(pool);
+        if rc.is_ok()
+            && let Some((device, charged)) = pools::unregister(pool)
+        {
+            enforce::created_pool_destroyed(device, charged, live);
+        }
+        rc
+    })
+}
+
+/// Remembers which pool `cuMemAllocAsync` allocates from on the device.
+///
+/// # Safety
+/// As the driver's `cuDeviceSetMemPool`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuDeviceSetMemPool(
+    device: crate::driver::Device,
+    pool: Handle,
+) -> CuResult {
+    guard("cuDeviceSetMemPool", || {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real::cuDeviceSetMemPool(device, pool) };
+        if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
+            pools::made_current(device as usize, pool);
         }
         rc
     })

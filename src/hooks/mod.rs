@@ -69,6 +69,8 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         Sym::cuMemFreeAsync_ptsz => cuMemFreeAsync_ptsz as *const (),
         Sym::cuMemPoolCreate => cuMemPoolCreate as *const (),
         Sym::cuMemPoolDestroy => cuMemPoolDestroy as *const (),
+        Sym::cuMemPoolTrimTo => cuMemPoolTrimTo as *const (),
+        Sym::cuDeviceSetMemPool => cuDeviceSetMemPool as *const (),
         Sym::cuArrayCreate_v2 => cuArrayCreate_v2 as *const (),
         Sym::cuArray3DCreate_v2 => cuArray3DCreate_v2 as *const (),
         Sym::cuMipmappedArrayCreate => cuMipmappedArrayCreate as *const (),
@@ -98,7 +100,6 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         | Sym::cuCtxGetDevice
         | Sym::cuDevicePrimaryCtxGetState
         | Sym::cuMemGetAllocationGranularity
-        | Sym::cuMemPoolTrimTo
         | Sym::cuMemPoolGetAttribute
         | Sym::cuDeviceGetDefaultMemPool
         | Sym::cuDeviceGetMemPool
