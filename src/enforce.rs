@@ -81,6 +81,19 @@ fn deny(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> CuResult {
     CuResult::OUT_OF_MEMORY
 }
 
+/// Held while a growth that the driver's own figures decide (a created pool's, graph
+/// memory's) is admitted, made and charged.
+static GROWTH: crate::lock::Lock<()> = crate::lock::Lock::new(());
+
+/// In the child of `fork()`: the growth lock is free again.
+///
+/// # Safety
+/// Only from an at-fork child handler.
+pub unsafe fn reset_in_child() {
+    // SAFETY: the caller's guarantee.
+    unsafe { GROWTH.reset_in_child(()) };
+}
+
 /// An upload or launch of an executable graph. One whose memory nodes could make the
 /// device's graph memory grow is admitted first (by the growth it could cause: what the
 /// graphs use now plus its footprint, less what is reserved), and the driver's figure
@@ -99,6 +112,9 @@ pub fn launch_graph(
         // Launched into a capture: a node of that graph, nothing runs now.
         return real();
     }
+    // One at a time, as for pools the program created: two launches that each see room
+    // in the graph reserve would otherwise both pass.
+    let _one_at_a_time = GROWTH.lock();
     let mut admitted = Vec::new();
     for (device, bytes) in footprint {
         let Some(d) = runtime::budgeted(device) else {
@@ -134,6 +150,9 @@ fn alloc_from_created(
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     footprint::settle_before_admission(device);
+    // One at a time: two allocations that each see room for one in the pool's reserve
+    // would otherwise both pass, and the driver grow the pool for the second.
+    let _one_at_a_time = GROWTH.lock();
     let growth = || {
         let Some((reserved, used)) = pools::figures(pool) else {
             // The driver cannot say: the worst case.
@@ -881,6 +900,15 @@ fn admit_growth(
             report::denial(call, device, &denial);
             Err(CuResult::OUT_OF_MEMORY)
         }
+    }
+}
+
+/// The device's credit-paid pools are charged the driver's figure (after the books
+/// were cleared: what survives the context stays charged).
+pub fn pools_trimmed_to_driver(device: usize, d: &DeviceLedger) {
+    let mut bank = d.pool.collect();
+    if let Some(reserve) = pools::reserve(device) {
+        settle_charge(d, &mut bank, reserve);
     }
 }
 

@@ -308,6 +308,9 @@ pub fn context_gone(device: usize) {
             crate::pools::set_charged(pool, 0);
             crate::pools::settle_created(pool, d);
         }
+        // So is what the device's own pools still hold, by the driver's figure (memory
+        // that outlives the context: the driver's answer, not our assumption).
+        crate::enforce::pools_trimmed_to_driver(device, d);
     }
 }
 

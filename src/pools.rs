@@ -129,12 +129,21 @@ pub fn place_of(pool: Handle) -> Place {
     if single && HOST_POOLS.load(Ordering::Acquire) == 0 {
         return Place::Device(0);
     }
-    match find(pool as u64) {
-        Some(HOST) => Place::Host,
-        Some(place) => Place::Device(((place & !CREATED) - 1) as usize),
-        None if single => Place::Device(0),
-        None => Place::Unknown,
+    let placed = |place: u64| match place {
+        HOST => Place::Host,
+        place => Place::Device(((place & !CREATED) - 1) as usize),
+    };
+    if let Some(place) = find(pool as u64) {
+        return placed(place);
     }
+    if single {
+        return Place::Device(0);
+    }
+    // A device's default or current pool that we have not met yet: ask each device.
+    for device in 0..crate::runtime::visible_devices().min(MAX_DEVICES) {
+        let _ = credit_pools_of(device);
+    }
+    find(pool as u64).map_or(Place::Unknown, placed)
 }
 
 /// The device of `pool` when the program created it.

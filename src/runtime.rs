@@ -147,6 +147,7 @@ fn install_fork_handler() {
             ARRAYS.reset_in_child();
             crate::vmm::reset_in_child();
             crate::graphs::reset_in_child();
+            crate::enforce::reset_in_child();
             crate::footprint::after_fork();
         }
         crate::nvml::after_fork();

@@ -22,6 +22,7 @@ enum {
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12,
 };
 
 struct fake_nvml_device {
@@ -115,6 +116,10 @@ static void delay_ms(const char *var) {
 }
 
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
+    /* FAKE_NVML_ABSENT=1: a machine whose NVML cannot start (as in a container that
+     * mounts libcuda but no NVML driver): every initialisation fails. */
+    const char *absent = getenv("FAKE_NVML_ABSENT");
+    if (absent && *absent == '1') return NVML_ERROR_LIBRARY_NOT_FOUND;
     delay_ms("FAKE_NVML_INIT_DELAY_MS");
     pthread_mutex_lock(&g_mu);
     load_locked();
