@@ -581,3 +581,34 @@ print(*rcs)
     assert!(ok, "{stdout}\n{stderr}");
     assert_eq!(stdout.trim(), "0 0 0 0 2", "{stderr}");
 }
+
+/// `cuMemAllocPitch`: the driver picks the pitch. The reservation assumes 512-byte rows;
+/// a wider pitch is charged in full after the call, a narrower one gives the difference
+/// back.
+#[test]
+fn a_pitched_allocation_is_charged_by_the_pitch_the_driver_chose() {
+    // 2048-byte rows for 1000 bytes of width: 256 MiB reserved, 512 MiB allocated.
+    let run = budget_run(
+        "gpa",
+        &["pitch:1000:262144", "alloc:600Mi", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_PITCH_ALIGN", "2048"),
+        ],
+    );
+    assert_eq!(run.rc("pitch", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 2, "512 + 600 MiB do not fit\n{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 512 * MI, "{run:?}");
+    // 256-byte rows for 200 bytes: 1 GiB reserved, 512 MiB allocated.
+    let run = budget_run(
+        "gpa",
+        &["pitch:200:2097152", "alloc:512Mi", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_PITCH_ALIGN", "256"),
+        ],
+    );
+    assert_eq!(run.rc("pitch", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "the difference came back\n{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 0, "{run:?}");
+}

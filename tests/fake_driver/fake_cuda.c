@@ -976,8 +976,15 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
         return rc;
     }
     u64 p, bytes;
-    if (width > ~0ull - 511) return CUDA_ERROR_OUT_OF_MEMORY;
-    p = round_up(width, 512);
+    /* The row alignment the driver picks (FAKE_CUDA_PITCH_ALIGN, default 512; read here:
+     * the environment is fixed for the process). */
+    static u64 align;
+    if (!align) {
+        u64 a = env_u64("FAKE_CUDA_PITCH_ALIGN", 512);
+        align = a ? a : 512;
+    }
+    if (width > ~0ull - (align - 1)) return CUDA_ERROR_OUT_OF_MEMORY;
+    p = round_up(width, align);
     if (__builtin_mul_overflow(p, (u64)height, &bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = sync_alloc(dptr, bytes, K_DEV);
     if (rc == CUDA_SUCCESS) *pitch = p;
