@@ -909,6 +909,8 @@ pub fn pools_trimmed_to_driver(device: usize, d: &DeviceLedger) {
     let mut bank = d.pool.collect();
     if let Some(reserve) = pools::reserve(device) {
         settle_charge(d, &mut bank, reserve);
+        // Blocks that survived are in use: their part of the reserve is no credit.
+        bank.debit(pools::in_use(device).unwrap_or(reserve));
     }
 }
 

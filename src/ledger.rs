@@ -368,6 +368,13 @@ impl BankGuard<'_> {
         *self.bank = self.bank.saturating_add(clamp_i64(bytes));
     }
 
+    /// Takes `bytes` out of the bank: blocks in use that the books no longer record
+    /// (they outlived a context), which the reserve charged to the pools does not leave
+    /// free.
+    pub fn debit(&mut self, bytes: u64) {
+        *self.bank = self.bank.saturating_sub(clamp_i64(bytes));
+    }
+
     /// Hands part of the bank to `shard`, so that its next allocations stay lock-free.
     pub fn lend(&mut self, shard: usize) {
         let amount = (*self.bank).min(POOL_REFILL);

@@ -257,6 +257,17 @@ pub fn reserve(device: usize) -> Option<u64> {
     })
 }
 
+/// What the device's credit-paid pools have in use (blocks not freed), by the driver.
+pub fn in_use(device: usize) -> Option<u64> {
+    crate::capture::relaxed(|| {
+        let mut total = 0u64;
+        for pool in credit_pools_of(device) {
+            total = total.saturating_add(figures(pool)?.1);
+        }
+        Some(total)
+    })
+}
+
 /// Asks every pool of `device` (the created ones too) to give back what it holds but
 /// does not use.
 pub fn trim(device: usize) {
