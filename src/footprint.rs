@@ -311,6 +311,8 @@ pub fn context_gone(device: usize) {
         // So is what the device's own pools still hold, by the driver's figure (memory
         // that outlives the context: the driver's answer, not our assumption).
         crate::enforce::pools_trimmed_to_driver(device, d);
+        // And what the device's graphs still hold.
+        crate::graphs::settle(device, d);
     }
 }
 
