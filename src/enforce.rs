@@ -903,15 +903,28 @@ fn admit_growth(
     }
 }
 
-/// The device's credit-paid pools are charged the driver's figure (after the books
-/// were cleared: what survives the context stays charged).
-pub fn pools_trimmed_to_driver(device: usize, d: &DeviceLedger) {
+/// A context on `device` is gone. When it was the device's last, the books are cleared
+/// ([`footprint::context_gone`]) and what survives it by the driver's figures is charged
+/// again: the pools the program created, the device's own pools (whose blocks still in
+/// use are no credit) and its graph memory.
+pub fn context_gone(device: usize) {
+    if !footprint::context_gone(device) {
+        return;
+    }
+    let Some(d) = runtime::ledger().device(device) else {
+        return;
+    };
+    for pool in pools::created_of(device) {
+        pools::set_charged(pool, 0);
+        pools::settle_created(pool, d);
+    }
     let mut bank = d.pool.collect();
     if let Some(reserve) = pools::reserve(device) {
         settle_charge(d, &mut bank, reserve);
-        // Blocks that survived are in use: their part of the reserve is no credit.
         bank.debit(pools::in_use(device).unwrap_or(reserve));
     }
+    drop(bank);
+    graphs::settle(device, d);
 }
 
 /// The program trimmed `pool`, one of the device's pools (`cuMemPoolTrimTo`): its

@@ -278,10 +278,13 @@ fn charge_context(device: usize) {
     );
 }
 
-/// A context on `device` is gone; when it was the last, so is all its memory.
-pub fn context_gone(device: usize) {
+/// A context on `device` is gone; when it was the last, so is all its memory, and the
+/// books are cleared (memory from `cuMemCreate`, which outlives contexts, stays
+/// charged). Returns whether they were: the pools' and graphs' survivors are charged
+/// again by the caller ([`crate::enforce::context_gone`]).
+pub fn context_gone(device: usize) -> bool {
     let Some(count) = CONTEXTS.get(device) else {
-        return;
+        return false;
     };
     let left = count
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
@@ -290,30 +293,21 @@ pub fn context_gone(device: usize) {
         .unwrap_or(0)
         .saturating_sub(1);
     if left != 0 {
-        return;
+        return false;
     }
     BEFORE[device].store(UNKNOWN, Ordering::Release);
     let _ = CHARGE[device].compare_exchange(PENDING, SETTLED, Ordering::AcqRel, Ordering::Relaxed);
-    if let Some(d) = runtime::ledger().device(device) {
-        runtime::pointers().purge_device(device);
-        runtime::arrays().purge_device(device);
-        // Memory from cuMemCreate belongs to the process, not to a context: it outlives
-        // the teardown and stays charged.
-        let vmm = vmm::lock();
-        d.clear();
-        d.charge(vmm.bytes_on(device));
-        drop(vmm);
-        // The pools the program created are charged again from the driver's figures.
-        for pool in crate::pools::created_of(device) {
-            crate::pools::set_charged(pool, 0);
-            crate::pools::settle_created(pool, d);
-        }
-        // So is what the device's own pools still hold, by the driver's figure (memory
-        // that outlives the context: the driver's answer, not our assumption).
-        crate::enforce::pools_trimmed_to_driver(device, d);
-        // And what the device's graphs still hold.
-        crate::graphs::settle(device, d);
-    }
+    let Some(d) = runtime::ledger().device(device) else {
+        return false;
+    };
+    runtime::pointers().purge_device(device);
+    runtime::arrays().purge_device(device);
+    // Memory from cuMemCreate belongs to the process, not to a context: it outlives the
+    // teardown and stays charged.
+    let vmm = vmm::lock();
+    d.clear();
+    d.charge(vmm.bytes_on(device));
+    true
 }
 
 /// Re-reads the footprint if the routine interval has passed.

@@ -39,9 +39,28 @@ fn an_impossible_stream_ordered_request_leaves_the_budget_whole() {
 }
 
 /// Runs a Python `ctypes` program against the fake driver under the library.
+/// What most scripts start with, after `import ctypes`: the driver initialised, device
+/// 0's primary context retained and current (`{PRIMARY}` in a script stands for it).
+const PRIMARY: &str = r#"cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0"#;
+
+/// `CUmemPoolProps` as `Props(alloc_type, handle_types, location_type, location_id)`
+/// (`{POOL_PROPS}` in a script).
+const POOL_PROPS: &str = r#"class Props(ctypes.Structure):
+    _fields_ = [("alloc_type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("max_size", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]"#;
+
 fn python(script: &str, envs: &[(&str, &str)]) -> (bool, String, String) {
+    let script = script
+        .replace("{PRIMARY}", PRIMARY)
+        .replace("{POOL_PROPS}", POOL_PROPS);
     let out = std::process::Command::new("timeout")
-        .args(["60", "python3", "-c", script])
+        .args(["60", "python3", "-c", &script])
         .env("LD_LIBRARY_PATH", util::fake_dir())
         .env("LD_PRELOAD", util::lib_path())
         .envs(envs.iter().copied())
@@ -62,11 +81,7 @@ fn a_fork_while_another_thread_is_being_denied_never_hangs_the_child() {
     let script = r#"
 import ctypes, os, threading, time, warnings
 warnings.simplefilter("ignore")
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-ctx = ctypes.c_void_p()
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
+{PRIMARY}
 held = ctypes.c_uint64()
 assert cuda.cuMemAllocAsync(ctypes.byref(held), ctypes.c_size_t(800 << 20), None) == 0
 stop = False
@@ -157,11 +172,7 @@ print(first, reset, second, info, free.value >> 20)
 fn a_free_the_driver_refuses_keeps_the_record_for_the_correct_free() {
     let script = r#"
 import ctypes
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-ctx = ctypes.c_void_p()
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
+{PRIMARY}
 class Desc(ctypes.Structure):
     _fields_ = [("w", ctypes.c_size_t), ("h", ctypes.c_size_t), ("d", ctypes.c_size_t),
                 ("fmt", ctypes.c_int), ("ch", ctypes.c_uint), ("flags", ctypes.c_uint)]
@@ -253,16 +264,8 @@ fn credit_a_thread_kept_is_not_spent_after_the_pools_were_trimmed() {
 fn a_stream_ordered_allocation_the_driver_refuses_gives_its_credit_back() {
     let script = r#"
 import ctypes
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-ctx = ctypes.c_void_p()
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-class Props(ctypes.Structure):
-    _fields_ = [("alloc_type", ctypes.c_int), ("handle_types", ctypes.c_int),
-                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
-                ("win32", ctypes.c_void_p), ("max_size", ctypes.c_size_t),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+{PRIMARY}
+{POOL_PROPS}
 pool = ctypes.c_void_p()
 assert cuda.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(Props(1, 0, 1, 0))) == 0
 assert cuda.cuMemPoolDestroy(pool) == 0
@@ -507,11 +510,7 @@ fn the_views_never_show_more_free_memory_than_the_card_has() {
 fn memory_outside_the_hooks_is_reconciled_into_the_books() {
     let script = r#"
 import ctypes, time
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-ctx = ctypes.c_void_p()
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
+{PRIMARY}
 p = ctypes.c_uint64()
 rcs = [cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20))]
 rcs.append(cuda.cuModuleLoad(ctypes.byref(ctypes.c_void_p()), b"kernels.cubin"))
@@ -549,11 +548,7 @@ ctx = ctypes.c_void_p()
 assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 1) == 0
 assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
 assert cuda.cuCtxSetCurrent(ctx) == 0
-class Props(ctypes.Structure):
-    _fields_ = [("alloc_type", ctypes.c_int), ("handle_types", ctypes.c_int),
-                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
-                ("win32", ctypes.c_void_p), ("max_size", ctypes.c_size_t),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+{POOL_PROPS}
 pool0, pool1 = ctypes.c_void_p(), ctypes.c_void_p()
 assert cuda.cuMemPoolCreate(ctypes.byref(pool0), ctypes.byref(Props(1, 0, 1, 0))) == 0
 assert cuda.cuMemPoolCreate(ctypes.byref(pool1), ctypes.byref(Props(1, 0, 1, 1))) == 0

@@ -127,7 +127,7 @@ fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuRe
     let counted = books.primary.get(device as usize).copied().unwrap_or(false);
     if rc.is_ok() && counted && !primary_active(device) {
         books.primary[device as usize] = false;
-        footprint::context_gone(device as usize);
+        crate::enforce::context_gone(device as usize);
     }
     rc
 }
@@ -266,7 +266,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
                     .map(|i| created.swap_remove(i).1)
             };
             if let Some(device) = device {
-                footprint::context_gone(device);
+                crate::enforce::context_gone(device);
             }
         }
         rc
