@@ -94,9 +94,10 @@ pub struct MemAllocNodeParams {
 
 const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
 
-/// `CU_GRAPH_NODE_TYPE_GRAPH` (a child graph) and `_MEM_ALLOC`.
+/// `CU_GRAPH_NODE_TYPE_GRAPH` (a child graph), `_MEM_ALLOC` and `_MEM_FREE`.
 pub const GRAPH_NODE_TYPE_GRAPH: c_int = 4;
 pub const GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+pub const GRAPH_NODE_TYPE_MEM_FREE: c_int = 11;
 /// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`, `_RESERVED_MEM_CURRENT`.
 pub const GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
 pub const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
@@ -216,6 +217,7 @@ driver_table! {
     cuGraphGetNodes(graph: Handle, nodes: *mut Handle, count: *mut usize);
     cuGraphNodeGetType(node: Handle, kind: *mut c_int);
     cuGraphMemAllocNodeGetParams(node: Handle, params: *mut MemAllocNodeParams);
+    cuGraphMemFreeNodeGetParams(node: Handle, dptr: *mut DevicePtr);
     cuGraphChildGraphNodeGetGraph(node: Handle, graph: *mut Handle);
     cuGraphInstantiateWithFlags(exec: *mut Handle, graph: Handle, flags: u64);
     cuGraphInstantiateWithParams(exec: *mut Handle, graph: Handle, params: *mut c_void);

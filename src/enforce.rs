@@ -55,7 +55,7 @@ pub fn admit<'d>(
     if let Ok(r) = d.reserve(bytes) {
         return Ok(r);
     }
-    trim_pools(device, d, &mut d.pool.collect());
+    trim_pools(device, d, &mut collect_all(d));
     graphs::trim(device, d);
     footprint::reconcile_now(device, d);
     d.reserve(bytes).map_err(|denial| {
@@ -94,18 +94,20 @@ pub unsafe fn reset_in_child() {
     unsafe { GROWTH.reset_in_child(()) };
 }
 
-/// An upload or launch of an executable graph. One whose memory nodes could make the
-/// device's graph memory grow is admitted first (by the growth it could cause: what the
-/// graphs use now plus its footprint, less what is reserved), and the driver's figure
-/// replaces the estimate after. Natively it would succeed; past the budget it returns
-/// `CUDA_ERROR_OUT_OF_MEMORY` and runs nothing, as under MPS with a memory limit.
+/// An upload or launch (`launch`) of an executable graph. One whose memory nodes could
+/// make the device's graph memory grow is admitted first (by the growth it could cause:
+/// what the graphs use now plus its footprint, less what is reserved), and the driver's
+/// figure replaces the estimate after. Natively it would succeed; past the budget it
+/// returns `CUDA_ERROR_OUT_OF_MEMORY` and runs nothing, as under MPS with a memory limit.
+/// A launch that succeeds frees the outside blocks of the graph's free nodes.
 pub fn launch_graph(
     call: &str,
+    launch: bool,
     exec: Handle,
     stream: Handle,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let Some(footprint) = graphs::footprint(exec) else {
+    let Some(graphs::ExecMemory { footprint, frees }) = graphs::memory(exec) else {
         return real();
     };
     if runtime::mode() != Mode::Budgeted || capture::capturing(stream) {
@@ -134,7 +136,20 @@ pub fn launch_graph(
         graphs::settle(device, d);
         drop(reservation);
     }
+    if launch && rc.is_ok() {
+        for ptr in frees {
+            freed_elsewhere(ptr);
+        }
+    }
     rc
+}
+
+/// The driver freed `ptr` without a free call the library saw (a graph's free node):
+/// its record goes, and its charge with it.
+fn freed_elsewhere(ptr: DevicePtr) {
+    if let Some(entry) = runtime::pointers().remove(ptr) {
+        release(entry);
+    }
 }
 
 /// A stream-ordered allocation from a pool the program created: the growth it could
@@ -198,7 +213,7 @@ fn admit_by<'d>(
     if let Ok(r) = d.reserve(first) {
         return Ok(Some(r));
     }
-    trim_pools(device, d, &mut d.pool.collect());
+    trim_pools(device, d, &mut collect_all(d));
     graphs::trim(device, d);
     footprint::reconcile_now(device, d);
     let again = growth();
@@ -829,17 +844,15 @@ fn grow_pools(
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     footprint::settle_before_admission(device);
-    // What this thread kept for itself counts too.
-    if let Some(p) = private() {
-        p.flush();
-    }
     let shard = runtime::shard();
-    let mut bank = d.pool.collect();
+    let mut bank = collect_all(d);
+    // The request's shard was dry: it is debited here, under the lock.
+    bank.debit(bytes);
     let charge_before = d.pool.charge();
     if bank.credit() < 0 {
         // The pools must grow by the deficit: admit that first.
         let growth = bank.credit().unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP;
-        match admit_growth(call, device, d, &mut bank, growth) {
+        match admit_growth(call, device, d, &mut bank, bytes, growth) {
             Ok(()) => {}
             Err(rc) => {
                 bank.refund(bytes);
@@ -848,6 +861,10 @@ fn grow_pools(
         }
     }
     let rc = real();
+    if !rc.is_ok() {
+        // The debt was gathered into the bank: it is repaid there.
+        bank.refund(bytes);
+    }
     // The driver's own figure replaces our estimate of the reserve. When the driver
     // cannot say and refused the allocation, the pools did not grow: the growth admitted
     // for it goes.
@@ -856,10 +873,6 @@ fn grow_pools(
         None if !rc.is_ok() => settle_charge(d, &mut bank, charge_before),
         None => {}
     }
-    if !rc.is_ok() {
-        // The debt was gathered into the bank: it is repaid there.
-        bank.refund(bytes);
-    }
     // Lent only now: from a bank that the driver's figure has corrected.
     bank.lend(shard);
     drop(bank);
@@ -867,12 +880,14 @@ fn grow_pools(
     rc
 }
 
-/// Charges `growth` of pool reserve to `d`, trimming and re-reading before a denial.
+/// Charges `growth` of pool reserve to `d` for a request of `bytes` (whose debt is in
+/// `bank`), trimming and re-reading before a denial.
 fn admit_growth(
     call: &str,
     device: usize,
     d: &DeviceLedger,
     bank: &mut BankGuard<'_>,
+    bytes: u64,
     growth: u64,
 ) -> Result<(), CuResult> {
     let charge = d.pool.charge();
@@ -881,7 +896,11 @@ fn admit_growth(
         bank.set_charge(charge + growth);
         return Ok(());
     }
+    // The trim covers only others' deficits: this request is not taken out of the
+    // pools while they are trimmed, and is admitted below like any growth.
+    bank.refund(bytes);
     trim_pools(device, d, bank);
+    bank.debit(bytes);
     graphs::trim(device, d);
     footprint::reconcile_now(device, d);
     if bank.credit() >= 0 {
@@ -937,7 +956,7 @@ pub fn pool_trimmed(device: usize, pool: Handle) {
         pools::settle_created(pool, d);
         return;
     }
-    let mut bank = d.pool.collect();
+    let mut bank = collect_all(d);
     if let Some(reserve) = pools::reserve(device) {
         settle_charge(d, &mut bank, reserve);
     }
@@ -959,15 +978,46 @@ pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
     }
 }
 
-/// The pools' charge becomes the driver's figure `reserve`. When it goes down, credit
-/// that threads kept for themselves may stand for memory the pools gave back: it is
-/// retired, and goes through the bank before it is spent.
+/// The pools' charge becomes the driver's figure `reserve`, or more: a bank that would
+/// then be in deficit means the books hold more in use than the pools reserve — another
+/// thread's allocation that took its credit before a trim and has yet to reach the
+/// driver (which will grow the pool for it), or credit threads kept for themselves. That
+/// part stays charged, in the driver's 32 MiB steps, until the next settlement, so that
+/// no growth ever happens uncharged. When the charge goes down, the credit threads kept
+/// may stand for memory the pools gave back: it is retired, and goes through the bank
+/// before it is spent.
 fn settle_charge(d: &DeviceLedger, bank: &mut BankGuard<'_>, reserve: u64) {
-    let delta = bank.set_charge(reserve);
+    let change = clamp_i64(reserve).saturating_sub(clamp_i64(d.pool.charge()));
+    // Requests on their way to the bank are admitted there: not covered here.
+    let credit = bank
+        .credit()
+        .saturating_add(change)
+        .saturating_add(bank.pending());
+    let cover = if credit < 0 {
+        credit
+            .unsigned_abs()
+            .div_ceil(POOL_STEP)
+            .saturating_mul(POOL_STEP)
+    } else {
+        0
+    };
+    let delta = bank.set_charge(reserve.saturating_add(cover));
     if delta < 0 {
         d.retire_credit();
     }
     apply(d, delta);
+}
+
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Locks `d`'s pool bank with everything gathered in it, this thread's own credit too.
+fn collect_all(d: &DeviceLedger) -> BankGuard<'_> {
+    if let Some(p) = private() {
+        p.flush();
+    }
+    d.pool.collect()
 }
 
 fn apply(d: &DeviceLedger, delta: i64) {

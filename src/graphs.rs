@@ -9,6 +9,12 @@
 //! the launch could cause — what the graphs use now plus the footprint, less what is
 //! reserved — is admitted against the budget; after it, the driver's figure replaces the
 //! estimate. Graphs without memory nodes, the vast majority, cost one load per launch.
+//!
+//! A graph's free nodes may also free blocks from outside it (a `cuMemFreeAsync`
+//! captured into it, or `cuGraphAddMemFreeNode` of such a block). Those frees happen when
+//! the graph is launched, so that is when the library forgets the blocks: their charge
+//! goes back as a stream-ordered free's would, and an address the driver hands out again
+//! later finds no stale record.
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
@@ -16,8 +22,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::capture;
 use crate::driver::{
-    GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, GRAPH_MEM_ATTR_USED_MEM_CURRENT, GRAPH_NODE_TYPE_GRAPH,
-    GRAPH_NODE_TYPE_MEM_ALLOC, Handle, MemAllocNodeParams, real,
+    DevicePtr, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+    GRAPH_NODE_TYPE_GRAPH, GRAPH_NODE_TYPE_MEM_ALLOC, GRAPH_NODE_TYPE_MEM_FREE, Handle,
+    MemAllocNodeParams, real,
 };
 use crate::ledger::{DeviceLedger, MAX_DEVICES};
 use crate::lock::Lock;
@@ -30,8 +37,23 @@ const MAX_DEPTH: u32 = 8;
 /// Memory nodes of one executable graph: `(device, bytes)` per device.
 pub type Footprint = Vec<(usize, u64)>;
 
-/// Executable graphs that have memory nodes, by handle.
-static EXECS: Lock<BTreeMap<usize, Footprint>> = Lock::new(BTreeMap::new());
+/// What one executable graph does with device memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecMemory {
+    /// Its memory nodes, per device.
+    pub footprint: Footprint,
+    /// Blocks from outside the graph that its free nodes free at each launch.
+    pub frees: Vec<DevicePtr>,
+}
+
+impl ExecMemory {
+    fn is_empty(&self) -> bool {
+        self.footprint.is_empty() && self.frees.is_empty()
+    }
+}
+
+/// Executable graphs that have memory nodes or free nodes, by handle.
+static EXECS: Lock<BTreeMap<usize, ExecMemory>> = Lock::new(BTreeMap::new());
 /// How many there are: while none, a launch looks at nothing else.
 static WITH_MEMORY: AtomicUsize = AtomicUsize::new(0);
 
@@ -42,14 +64,19 @@ static CHARGED_BOOKS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; M
 /// Held while a device's charge is re-read and applied.
 static SETTLING: Lock<()> = Lock::new(());
 
-/// Adds up the memory nodes of `graph` (and of its child graphs), per device.
-pub fn footprint_of(graph: Handle) -> Footprint {
-    let mut footprint = Footprint::new();
-    capture::relaxed(|| add_nodes(graph, 0, &mut footprint));
-    footprint
+/// Adds up the memory nodes of `graph` (and of its child graphs), per device, and lists
+/// what its free nodes free that its memory nodes did not allocate.
+pub fn memory_of(graph: Handle) -> ExecMemory {
+    let mut memory = ExecMemory::default();
+    let mut own = Vec::new();
+    capture::relaxed(|| add_nodes(graph, 0, &mut memory, &mut own));
+    memory.frees.retain(|ptr| !own.contains(ptr));
+    memory.frees.sort_unstable();
+    memory.frees.dedup();
+    memory
 }
 
-fn add_nodes(graph: Handle, depth: u32, footprint: &mut Footprint) {
+fn add_nodes(graph: Handle, depth: u32, memory: &mut ExecMemory, own: &mut Vec<DevicePtr>) {
     let mut count = 0usize;
     // SAFETY: a graph handle from the driver; NULL nodes asks for the count.
     if !unsafe { real::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.is_ok()
@@ -77,13 +104,24 @@ fn add_nodes(graph: Handle, depth: u32, footprint: &mut Footprint) {
                 && params.pool.location.id >= 0
             {
                 let bytes = (params.bytes as u64).div_ceil(NODE_GRANULARITY) * NODE_GRANULARITY;
-                add(footprint, params.pool.location.id as usize, bytes);
+                add(
+                    &mut memory.footprint,
+                    params.pool.location.id as usize,
+                    bytes,
+                );
+                own.push(params.dptr);
+            }
+        } else if kind == GRAPH_NODE_TYPE_MEM_FREE {
+            let mut ptr: DevicePtr = 0;
+            // SAFETY: a memory-free node; the driver writes the address it frees.
+            if unsafe { real::cuGraphMemFreeNodeGetParams(node, &mut ptr) }.is_ok() && ptr != 0 {
+                memory.frees.push(ptr);
             }
         } else if kind == GRAPH_NODE_TYPE_GRAPH && depth < MAX_DEPTH {
             let mut child: Handle = std::ptr::null_mut();
             // SAFETY: a child-graph node; the driver writes the graph it embeds.
             if unsafe { real::cuGraphChildGraphNodeGetGraph(node, &mut child) }.is_ok() {
-                add_nodes(child, depth + 1, footprint);
+                add_nodes(child, depth + 1, memory, own);
             }
         }
     }
@@ -96,13 +134,13 @@ fn add(footprint: &mut Footprint, device: usize, bytes: u64) {
     }
 }
 
-/// `exec` was instantiated with this footprint.
-pub fn instantiated(exec: Handle, footprint: Footprint) {
-    if footprint.is_empty() || exec.is_null() {
+/// `exec` was instantiated with this memory.
+pub fn instantiated(exec: Handle, memory: ExecMemory) {
+    if memory.is_empty() || exec.is_null() {
         return;
     }
     let mut execs = EXECS.lock();
-    if execs.insert(exec as usize, footprint).is_none() {
+    if execs.insert(exec as usize, memory).is_none() {
         WITH_MEMORY.store(execs.len(), Ordering::Release);
     }
 }
@@ -118,9 +156,9 @@ pub fn destroyed(exec: Handle) {
     }
 }
 
-/// The footprint of `exec`, if it has memory nodes.
+/// What `exec` does with memory, if it has memory or free nodes.
 #[inline]
-pub fn footprint(exec: Handle) -> Option<Footprint> {
+pub fn memory(exec: Handle) -> Option<ExecMemory> {
     if WITH_MEMORY.load(Ordering::Acquire) == 0 {
         return None;
     }

@@ -254,12 +254,13 @@ struct Shard(AtomicI64);
 /// The stream-ordered pools' charge on one device, split so that allocations and frees
 /// that fit in what is already charged touch only their thread's shard.
 ///
-/// Invariant: `charge == Σ shards + bank + live`, where `live` is what the process's
-/// stream-ordered allocations hold now. An allocation takes its size from its shard; a
-/// free puts it back (the pool keeps the memory, so the charge stays). When a shard runs
-/// dry, [`PoolCredit::collect`] gathers every shard into the bank under the lock: a
-/// negative total is the growth the pools need, which the caller must admit against the
-/// budget before the driver grows the pool.
+/// Invariant: `charge == Σ shards + bank + live (+ what threads keep for themselves)`,
+/// where `live` is what the process's stream-ordered allocations hold now. An allocation
+/// takes its size from its shard; a free puts it back (the pool keeps the memory, so the
+/// charge stays). When a shard runs dry the take leaves nothing owed, and the caller
+/// goes to the bank: [`PoolCredit::collect`] gathers every shard into it under the lock,
+/// the caller debits its request there, and a negative total is the growth the pools
+/// need, which the caller must admit against the budget before the driver grows the pool.
 pub struct PoolCredit {
     shards: [Shard; POOL_SHARDS],
     charge: AtomicU64,
@@ -283,15 +284,22 @@ impl PoolCredit {
     }
 
     /// Takes `bytes` from `shard`; false when the shard had too little, in which case
-    /// the debt stays recorded there and the caller must go through [`Self::collect`].
-    /// `bytes` must pass [`Self::may_hold`].
+    /// nothing is owed there and the caller must go through [`Self::collect`] and
+    /// [`BankGuard::debit`]. `bytes` must pass [`Self::may_hold`].
+    ///
+    /// A failed take is undone at once, so a shard is negative only for that moment: a
+    /// [`Self::collect`] that sees it counts it as pending ([`BankGuard::pending`]), a
+    /// request that will be admitted against the budget, not memory in use.
     pub fn take(&self, shard: usize, bytes: u64) -> bool {
         debug_assert!(bytes < TAKE_MAX);
         let bytes = clamp_i64(bytes.min(TAKE_MAX));
-        let before = self.shards[shard % POOL_SHARDS]
-            .0
-            .fetch_sub(bytes, Ordering::AcqRel);
-        before >= bytes
+        let shard = &self.shards[shard % POOL_SHARDS].0;
+        let before = shard.fetch_sub(bytes, Ordering::AcqRel);
+        if before >= bytes {
+            return true;
+        }
+        shard.fetch_add(bytes, Ordering::AcqRel);
+        false
     }
 
     /// Puts `bytes` back into `shard` (a stream-ordered free, or a failed allocation).
@@ -310,10 +318,19 @@ impl PoolCredit {
     /// left after every allocation so far; negative: the pools must grow by that much.
     pub fn collect(&self) -> BankGuard<'_> {
         let mut bank = self.bank.lock();
+        let mut pending: i64 = 0;
         for shard in &self.shards {
-            *bank = bank.saturating_add(shard.0.swap(0, Ordering::AcqRel));
+            let value = shard.0.swap(0, Ordering::AcqRel);
+            *bank = bank.saturating_add(value);
+            if value < 0 {
+                pending = pending.saturating_add(value.saturating_neg());
+            }
         }
-        BankGuard { credit: self, bank }
+        BankGuard {
+            credit: self,
+            bank,
+            pending,
+        }
     }
 
     fn clear(&self) {
@@ -344,12 +361,20 @@ impl PoolCredit {
 pub struct BankGuard<'a> {
     credit: &'a PoolCredit,
     bank: Guard<'a, i64>,
+    pending: i64,
 }
 
 impl BankGuard<'_> {
     /// Credit left (negative: a deficit).
     pub fn credit(&self) -> i64 {
         *self.bank
+    }
+
+    /// The part of the deficit that is other threads' failed takes caught before they
+    /// were undone: requests on their way to the bank, to be admitted there, not
+    /// allocations the driver is making.
+    pub fn pending(&self) -> i64 {
+        self.pending
     }
 
     /// The pools' charge now equals `reserve` (the driver's figure, or our estimate of
@@ -368,9 +393,9 @@ impl BankGuard<'_> {
         *self.bank = self.bank.saturating_add(clamp_i64(bytes));
     }
 
-    /// Takes `bytes` out of the bank: blocks in use that the books no longer record
-    /// (they outlived a context), which the reserve charged to the pools does not leave
-    /// free.
+    /// Takes `bytes` out of the bank: a request that found its shard dry, or blocks in
+    /// use that the books no longer record (they outlived a context), which the reserve
+    /// charged to the pools does not leave free.
     pub fn debit(&mut self, bytes: u64) {
         *self.bank = self.bank.saturating_sub(clamp_i64(bytes));
     }
@@ -1197,11 +1222,15 @@ mod tests {
     }
 
     #[test]
-    fn pool_credit_is_taken_from_the_shard_and_a_dry_shard_reports_the_deficit() {
+    fn pool_credit_is_taken_from_the_shard_and_a_dry_shard_owes_nothing() {
         let p = PoolCredit::new();
-        // Nothing charged yet: the first allocation finds no credit.
+        // Nothing charged yet: the first allocation finds no credit, and owes nothing
+        // until it debits the bank itself.
         assert!(!p.take(0, 100));
         let mut bank = p.collect();
+        assert_eq!(bank.credit(), 0);
+        assert_eq!(bank.pending(), 0);
+        bank.debit(100);
         assert_eq!(bank.credit(), -100);
         // The caller grows the pool by 32 units and charges them.
         assert_eq!(bank.set_charge(132), 132);
@@ -1209,9 +1238,29 @@ mod tests {
         bank.lend(0);
         drop(bank);
         assert!(p.take(0, 30));
-        assert!(!p.take(0, 30)); // 2 left, 28 owed
+        assert!(!p.take(0, 30)); // 2 left, nothing owed
         let bank = p.collect();
-        assert_eq!(bank.credit(), -28);
+        assert_eq!(bank.credit(), 2);
+    }
+
+    #[test]
+    fn a_take_caught_before_it_was_undone_is_pending_not_in_use() {
+        let p = PoolCredit::new();
+        {
+            let mut bank = p.collect();
+            bank.set_charge(100);
+            bank.lend(0);
+        }
+        // Another thread's failed take of 300, seen between its subtraction and its undo.
+        p.shards[1].0.fetch_sub(300, Ordering::AcqRel);
+        let bank = p.collect();
+        assert_eq!(bank.credit(), -200);
+        assert_eq!(bank.pending(), 300);
+        drop(bank);
+        // Its undo puts the 300 back; the total is what was charged.
+        p.give(1, 300);
+        let bank = p.collect();
+        assert_eq!((bank.credit(), bank.pending()), (100, 0));
     }
 
     #[test]
@@ -1225,6 +1274,7 @@ mod tests {
         assert!(!p.take(1, 1000));
         {
             let mut bank = p.collect();
+            bank.debit(1000);
             assert_eq!(bank.credit(), 0);
             bank.lend(1);
         }
@@ -1247,6 +1297,7 @@ mod tests {
                     for _ in 0..10_000 {
                         if !p.take(t, 10) {
                             let mut bank = p.collect();
+                            bank.debit(10);
                             if bank.credit() < 0 {
                                 bank.refund(10);
                                 continue;
@@ -1335,7 +1386,7 @@ mod tests {
         assert_eq!(d.overhead(), 0);
         assert_eq!(d.pool.charge(), 0);
         assert!(!d.pool.take(3, 1), "credit lent before the clear is void");
-        assert_eq!(d.pool.collect().credit(), -1, "and so is the bank's");
+        assert_eq!(d.pool.collect().credit(), 0, "and so is the bank's");
         assert_eq!(d.budget(), 1000);
         assert_eq!(d.peak(), 150);
         assert_eq!(d.denials(), 1);
@@ -1366,7 +1417,7 @@ mod tests {
             p.give(s, 600);
             assert!(p.take(s, 1000), "shard {s} got its free back");
             assert!(!p.take(other, 1), "shard {other} has none of it");
-            assert_eq!(p.collect().credit(), -1);
+            assert_eq!(p.collect().credit(), 0, "and owes nothing for trying");
         }
     }
 
@@ -1376,6 +1427,7 @@ mod tests {
         assert!(!p.take(0, 100));
         {
             let mut bank = p.collect();
+            bank.debit(100);
             assert_eq!(bank.credit(), -100);
             // The driver refused the allocation: its debt is paid back.
             bank.refund(100);

@@ -86,11 +86,11 @@ pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Han
     })
 }
 
-/// Remembers the memory nodes of a graph just instantiated into `exec`.
+/// Remembers the memory and free nodes of a graph just instantiated into `exec`.
 fn instantiated(exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
     if rc.is_ok() && !exec.is_null() && runtime::mode() == Mode::Budgeted {
         // SAFETY: the driver wrote the new executable graph.
-        graphs::instantiated(unsafe { *exec }, graphs::footprint_of(graph));
+        graphs::instantiated(unsafe { *exec }, graphs::memory_of(graph));
     }
     rc
 }
@@ -177,7 +177,7 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CuResult {
 pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphUpload", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphUpload", exec, stream, || unsafe {
+        enforce::launch_graph("cuGraphUpload", false, exec, stream, || unsafe {
             real::cuGraphUpload(exec, stream)
         })
     })
@@ -189,7 +189,7 @@ pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CuResult
 pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphUpload", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphUpload", exec, stream, || unsafe {
+        enforce::launch_graph("cuGraphUpload", false, exec, stream, || unsafe {
             real::cuGraphUpload_ptsz(exec, stream)
         })
     })
@@ -201,7 +201,7 @@ pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: Handle, stream: Handle) -> CuR
 pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphLaunch", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphLaunch", exec, stream, || unsafe {
+        enforce::launch_graph("cuGraphLaunch", true, exec, stream, || unsafe {
             real::cuGraphLaunch(exec, stream)
         })
     })
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CuResult
 pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphLaunch", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphLaunch", exec, stream, || unsafe {
+        enforce::launch_graph("cuGraphLaunch", true, exec, stream, || unsafe {
             real::cuGraphLaunch_ptsz(exec, stream)
         })
     })

@@ -109,6 +109,7 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         | Sym::cuGraphGetNodes
         | Sym::cuGraphNodeGetType
         | Sym::cuGraphMemAllocNodeGetParams
+        | Sym::cuGraphMemFreeNodeGetParams
         | Sym::cuGraphChildGraphNodeGetGraph
         | Sym::cuDeviceGetGraphMemAttribute => return None,
     };

@@ -29,6 +29,7 @@ typedef unsigned long long u64;
     X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 0)                  \
     X(cuCtxSetCurrent, "cuCtxSetCurrent", 0)                                     \
     X(cuCtxGetDevice, "cuCtxGetDevice", 0)                                       \
+    X(cuCtxGetCurrent, "cuCtxGetCurrent", 0)                                     \
     X(cuCtxCreate_v4, "cuCtxCreate", 12050)                                      \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 0)                                        \
     X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 0)                                  \
@@ -324,6 +325,7 @@ static CUmemoryPool pool_arg(u64 l, int *rc) {
 }
 
 static void put_ptr(u64 p, u64 v) {
+    if (getenv("PROP_TRACE")) fprintf(stderr, "trace put slot %llu = %#llx\n", p, v);
     slot_put(&g_p[p % NP], v);
     reg_add(R_PTR, v);
 }
@@ -719,7 +721,26 @@ static int run_op(int t, size_t idx, const struct op *o) {
     return rc;
 }
 
+/* PROP_TRACE=1: after every op, one stderr line per device with what the fake holds and
+ * what cuMemGetInfo says is free (a debugging aid; it makes calls of its own). */
+static int g_trace = -1;
+
+static void trace(int t, size_t idx) {
+    if (g_trace < 0) g_trace = getenv("PROP_TRACE") != NULL;
+    if (!g_trace) return;
+    for (int d = 0; d < g_case.ndev; d++) {
+        size_t f = 0, tot = 0;
+        CUcontext cur = NULL;
+        api.cuCtxGetCurrent(&cur);
+        api.cuCtxSetCurrent(g_prim[d]);
+        int rc = api.cuMemGetInfo_v2(&f, &tot);
+        api.cuCtxSetCurrent(cur);
+        fprintf(stderr, "trace t%d op%zu dev%d fake=%llu free=%zu rc=%d\n", t, idx, d, fake_used(d), f, rc);
+    }
+}
+
 static void sample(int t, size_t idx) {
+    trace(t, idx);
     if (!g_case.has_budget) return;
     for (int d = 0; d < g_case.ndev; d++) {
         u64 u = fake_used(d);
@@ -802,7 +823,9 @@ static void cleanup(void) {
     dedup(&g_reg[R_PTR]);
     for (size_t i = 0; i < g_reg[R_PTR].n; i++) {
         CUdeviceptr p = g_reg[R_PTR].v[i];
-        if (api.cuMemFree_v2(p) != CUDA_SUCCESS) api.cuMemFreeAsync(p, NULL);
+        int frc = api.cuMemFree_v2(p), arc = -1;
+        if (frc != CUDA_SUCCESS) arc = api.cuMemFreeAsync(p, NULL);
+        if (getenv("PROP_TRACE")) fprintf(stderr, "trace cleanup free %#llx: %d %d\n", p, frc, arc);
     }
     for (size_t i = 0; i < g_reg[R_MAP_VA].n; i++) {
         api.cuMemUnmap(g_reg[R_MAP_VA].v[i], g_reg[R_MAP_SIZE].v[i]);
