@@ -55,9 +55,7 @@ pub fn admit<'d>(
     if let Ok(r) = d.reserve(bytes) {
         return Ok(r);
     }
-    trim_pools(device, d, &mut collect_all(d));
-    graphs::trim(device, d);
-    footprint::reconcile_now(device, d);
+    make_room(device, d, &mut collect_all(d));
     d.reserve(bytes).map_err(|denial| {
         d.note_denial();
         report::denial(call, device, &denial);
@@ -82,8 +80,55 @@ fn deny(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> CuResult {
 }
 
 /// Held while a growth that the driver's own figures decide (a created pool's, graph
-/// memory's) is admitted, made and charged.
+/// memory's) is admitted, made and charged, and while those figures are lowered (a
+/// trim): a trim between a growth's admission and the driver's call would make the
+/// driver grow by more than was admitted.
 static GROWTH: crate::lock::Lock<()> = crate::lock::Lock::new(());
+
+thread_local! {
+    /// Whether this thread holds [`GROWTH`] (it is not re-entrant).
+    static HOLDS_GROWTH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// [`GROWTH`], held.
+struct Growth {
+    _guard: crate::lock::Guard<'static, ()>,
+}
+
+impl Drop for Growth {
+    fn drop(&mut self) {
+        let _ = HOLDS_GROWTH.try_with(|h| h.set(false));
+    }
+}
+
+fn growth_lock() -> Growth {
+    let guard = GROWTH.lock();
+    let _ = HOLDS_GROWTH.try_with(|h| h.set(true));
+    Growth { _guard: guard }
+}
+
+/// Runs `trim` (of created pools or graph memory) under [`GROWTH`], or not at all while
+/// another thread holds it: a trim before a denial is only an attempt to make room, and
+/// waiting here could deadlock (the caller may hold the pool bank, which a growth takes).
+fn trim_quietly(trim: impl FnOnce()) {
+    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(false) {
+        trim();
+    } else if let Some(_guard) = GROWTH.try_lock() {
+        let _ = HOLDS_GROWTH.try_with(|h| h.set(true));
+        trim();
+        let _ = HOLDS_GROWTH.try_with(|h| h.set(false));
+    }
+}
+
+/// A trim the program asked for (`cuMemPoolTrimTo` of a pool it created,
+/// `cuDeviceGraphMemTrim`): made between growths, never during one.
+pub fn program_trim(real: impl FnOnce() -> CuResult) -> CuResult {
+    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(true) {
+        return real();
+    }
+    let _growth = growth_lock();
+    real()
+}
 
 /// In the child of `fork()`: the growth lock is free again.
 ///
@@ -116,7 +161,7 @@ pub fn launch_graph(
     }
     // One at a time, as for pools the program created: two launches that each see room
     // in the graph reserve would otherwise both pass.
-    let _one_at_a_time = GROWTH.lock();
+    let _one_at_a_time = growth_lock();
     let mut admitted = Vec::new();
     for (device, bytes) in footprint {
         let Some(d) = runtime::budgeted(device) else {
@@ -167,7 +212,7 @@ fn alloc_from_created(
     footprint::settle_before_admission(device);
     // One at a time: two allocations that each see room for one in the pool's reserve
     // would otherwise both pass, and the driver grow the pool for the second.
-    let _one_at_a_time = GROWTH.lock();
+    let _one_at_a_time = growth_lock();
     let growth = || {
         let Some((reserved, used)) = pools::figures(pool) else {
             // The driver cannot say: the worst case.
@@ -213,9 +258,7 @@ fn admit_by<'d>(
     if let Ok(r) = d.reserve(first) {
         return Ok(Some(r));
     }
-    trim_pools(device, d, &mut collect_all(d));
-    graphs::trim(device, d);
-    footprint::reconcile_now(device, d);
+    make_room(device, d, &mut collect_all(d));
     let again = growth();
     if again == 0 {
         return Ok(None);
@@ -369,14 +412,17 @@ fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<C
     if capture::any() {
         return Err(real);
     }
+    let mark = ledger::clears();
     let Some(entry) = runtime::pointers().remove_own(ptr, p.lane.get()) else {
         return Err(real);
     };
     let rc = real();
-    if rc.is_ok() && p.give_fast(&entry) {
+    // A clear that starts after this check moves the device's epoch when it ends, which
+    // voids credit given under the old one.
+    if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(&entry) {
         return Ok(rc);
     }
-    Ok(free_async_rest(p, ptr, entry, rc))
+    Ok(free_async_rest(p, ptr, entry, rc, mark))
 }
 
 /// A stream-ordered free that is not [`free_async_fast`]'s: mode not `Budgeted`, a block
@@ -396,23 +442,30 @@ fn free_async_slow(ptr: DevicePtr, stream: Handle, real: impl FnOnce() -> CuResu
         // The thread's locals are gone (it is exiting): the plain path.
         return free_from(pointers, ptr, real);
     };
+    let mark = ledger::clears();
     let Some(entry) = pointers.remove_pooled(ptr, p.lane.get()) else {
         return real();
     };
     let rc = real();
-    free_async_rest(p, ptr, entry, rc)
+    free_async_rest(p, ptr, entry, rc, mark)
 }
 
-/// The books after the driver's answer to a free whose entry was removed.
+/// The books after the driver's answer to a stream-ordered free whose entry was removed
+/// after `mark` (see [`settle_free`]).
 #[inline(never)]
-fn free_async_rest(p: &PrivateCredit, ptr: DevicePtr, entry: Entry, rc: CuResult) -> CuResult {
-    if !rc.is_ok() {
-        restore(runtime::pointers(), ptr, entry);
-    } else if let (Kind::Pooled, Some(d)) = (entry.kind, runtime::ledger().device(entry.device)) {
-        p.give(entry.device, d, entry.bytes);
-    } else {
-        release(entry);
-    }
+fn free_async_rest(
+    p: &PrivateCredit,
+    ptr: DevicePtr,
+    entry: Entry,
+    rc: CuResult,
+    mark: u64,
+) -> CuResult {
+    settle_free(runtime::pointers(), ptr, entry, rc, mark, |entry| {
+        match (entry.kind, runtime::ledger().device(entry.device)) {
+            (Kind::Pooled, Some(d)) => p.give(entry.device, d, entry.bytes),
+            _ => release(entry),
+        }
+    });
     rc
 }
 
@@ -436,16 +489,36 @@ fn free_from(table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> C
     }
     // Removed before the driver frees it: once freed, the driver may hand the same
     // address to another thread, whose insert must not find ours.
+    let mark = ledger::clears();
     let Some(entry) = table.remove(key) else {
         return real();
     };
     let rc = real();
+    settle_free(table, key, entry, rc, mark, release);
+    rc
+}
+
+/// The books after the driver's answer to a free whose entry was removed after `mark`:
+/// `give` gives the charge back when the free succeeded, the entry goes back when the
+/// driver refused it — unless a device's books were cleared meanwhile, which took the
+/// entry's charge with them (the books then keep at most more than the process holds).
+#[inline(never)]
+fn settle_free(
+    table: &impl Table,
+    key: u64,
+    entry: Entry,
+    rc: CuResult,
+    mark: u64,
+    give: impl FnOnce(Entry),
+) {
+    if !ledger::no_clear_since(mark) {
+        return;
+    }
     if rc.is_ok() {
-        release(entry);
+        give(entry);
     } else {
         restore(table, key, entry);
     }
-    rc
 }
 
 fn release(entry: Entry) {
@@ -899,10 +972,8 @@ fn admit_growth(
     // The trim covers only others' deficits: this request is not taken out of the
     // pools while they are trimmed, and is admitted below like any growth.
     bank.refund(bytes);
-    trim_pools(device, d, bank);
+    make_room(device, d, bank);
     bank.debit(bytes);
-    graphs::trim(device, d);
-    footprint::reconcile_now(device, d);
     if bank.credit() >= 0 {
         return Ok(());
     }
@@ -962,19 +1033,31 @@ pub fn pool_trimmed(device: usize, pool: Handle) {
     }
 }
 
+/// Before a denial: the pools and the graph memory give back what they hold but do not
+/// use, and the footprint is read again.
+fn make_room(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
+    trim_pools(device, d, bank);
+    trim_quietly(|| graphs::trim(device, d));
+    footprint::reconcile_now(device, d);
+}
+
 /// Gives back what the process's pools hold but do not use, and charges the device the
 /// reserve that is left.
 pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
+    if d.pool.charge() != 0 {
+        pools::trim_credit_pools(device);
+        if let Some(reserve) = pools::reserve(device) {
+            settle_charge(d, bank, reserve);
+        }
+    }
     let created = pools::created_of(device);
-    if d.pool.charge() == 0 && created.is_empty() {
-        return;
-    }
-    pools::trim(device);
-    if let Some(reserve) = pools::reserve(device) {
-        settle_charge(d, bank, reserve);
-    }
-    for pool in created {
-        pools::settle_created(pool, d);
+    if !created.is_empty() {
+        trim_quietly(|| {
+            pools::trim_created(device);
+            for pool in created {
+                pools::settle_created(pool, d);
+            }
+        });
     }
 }
 

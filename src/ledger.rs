@@ -118,6 +118,7 @@ impl DeviceLedger {
                         device: self,
                         bytes,
                         committed: false,
+                        epoch: self.epoch(),
                     });
                 }
                 Err(now) => used = now,
@@ -195,11 +196,18 @@ impl DeviceLedger {
 
     /// Forgets everything the device held (its last context is gone, and its memory
     /// with it). The budget and the statistics stay.
+    ///
+    /// The epoch changes after the books are zeroed: a reservation made under the old
+    /// epoch may have been wiped, so its commit charges it again (at worst twice: never
+    /// less than held).
     pub fn clear(&self) {
-        self.epoch.fetch_add(1 << 32, Ordering::AcqRel);
+        CLEARING.fetch_add(1, Ordering::SeqCst);
+        CLEARS.fetch_add(1, Ordering::SeqCst);
         self.used.store(0, Ordering::Release);
         self.overhead.store(0, Ordering::Release);
         self.pool.clear();
+        self.epoch.fetch_add(1 << 32, Ordering::AcqRel);
+        CLEARING.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// As [`Self::clear`], in the child of `fork()`: takes no lock and never waits, even
@@ -216,23 +224,56 @@ impl DeviceLedger {
     }
 }
 
+/// How many times any device's books were cleared, and how many clears are under way.
+/// A free that removed an entry before a clear must not release it into the books the
+/// clear left (they never held it): [`clears`] before, [`no_clear_since`] after.
+static CLEARS: AtomicU64 = AtomicU64::new(0);
+static CLEARING: AtomicU64 = AtomicU64::new(0);
+
+/// A mark to pass to [`no_clear_since`].
+#[inline(always)]
+pub fn clears() -> u64 {
+    let done = CLEARS.load(Ordering::SeqCst);
+    // A clear under way is as good as one that happened after the mark.
+    if CLEARING.load(Ordering::SeqCst) != 0 {
+        u64::MAX
+    } else {
+        done
+    }
+}
+
+/// Whether no device's books were cleared since `mark` (from [`clears`]).
+#[inline(always)]
+pub fn no_clear_since(mark: u64) -> bool {
+    mark != u64::MAX && CLEARS.load(Ordering::SeqCst) == mark
+}
+
 /// Bytes taken from a device's budget, given back on drop unless committed.
 #[must_use = "a reservation is rolled back when dropped"]
 pub struct Reservation<'a> {
     device: &'a DeviceLedger,
     bytes: u64,
     committed: bool,
+    /// The device's epoch when the bytes were taken.
+    epoch: u64,
 }
 
 impl Reservation<'_> {
+    /// The allocation happened: the bytes stay charged. When the device's books were
+    /// cleared meanwhile (its last context went away while the driver allocated), they
+    /// were wiped with them and are charged again.
     pub fn commit(mut self) {
         self.committed = true;
+        if !self.device.same_books(self.epoch) {
+            self.device.charge(self.bytes);
+        }
     }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        if !self.committed {
+        // Books cleared since hold none of it: nothing to give back.
+        if !self.committed && self.device.same_books(self.epoch) {
             self.device.release(self.bytes);
         }
     }
@@ -1368,6 +1409,39 @@ mod tests {
         assert!(d.same_books(d.epoch()));
         d.clear();
         assert_eq!(d.books_epoch(), 2);
+    }
+
+    #[test]
+    fn a_reservation_the_clear_wiped_is_charged_again_when_committed() {
+        let d = device(1000);
+        let r = d.reserve(100).unwrap();
+        // The device's last context went away while the driver allocated in another.
+        d.clear();
+        assert_eq!(d.used(), 0);
+        r.commit();
+        assert_eq!(d.used(), 100, "the allocation is held: it is charged");
+    }
+
+    #[test]
+    fn a_reservation_dropped_after_a_clear_gives_back_nothing_of_the_new_books() {
+        let d = device(1000);
+        let r = d.reserve(100).unwrap();
+        d.clear();
+        d.reserve(50).unwrap().commit();
+        drop(r);
+        assert_eq!(d.used(), 50, "the 50 charged after the clear stay");
+    }
+
+    #[test]
+    fn a_free_that_straddles_a_clear_is_told_so() {
+        let d = device(1000);
+        let mark = clears();
+        d.clear();
+        assert!(!no_clear_since(mark));
+        assert!(
+            !no_clear_since(u64::MAX),
+            "a mark taken during a clear never passes"
+        );
     }
 
     #[test]

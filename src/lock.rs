@@ -54,6 +54,14 @@ impl<T> Lock<T> {
         Guard { lock: self }
     }
 
+    /// Takes the lock if it is free now; never waits.
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
+        self.locked
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(Guard { lock: self })
+    }
+
     /// In the child of `fork()`: the lock is free and holds `fresh`, whatever a thread
     /// of the parent was doing with it. Only stores: the old value is neither read nor
     /// dropped (it may be half-updated; what it owns is leaked).

@@ -268,17 +268,22 @@ pub fn in_use(device: usize) -> Option<u64> {
     })
 }
 
-/// Asks every pool of `device` (the created ones too) to give back what it holds but
-/// does not use.
-pub fn trim(device: usize) {
-    crate::capture::relaxed(|| {
-        let mut pools = credit_pools_of(device);
-        pools.extend(created_of(device));
-        for pool in pools {
-            // SAFETY: a pool handle the driver gave out.
-            let _ = unsafe { real::cuMemPoolTrimTo(pool, 0) };
-        }
-    });
+/// Asks the pools of `device` paid through the pool credit (the default pool, a current
+/// pool the program did not create) to give back what they hold but do not use.
+pub fn trim_credit_pools(device: usize) {
+    crate::capture::relaxed(|| trim_each(credit_pools_of(device)));
+}
+
+/// Asks the pools the program created on `device` to give back what they do not use.
+pub fn trim_created(device: usize) {
+    crate::capture::relaxed(|| trim_each(created_of(device)));
+}
+
+fn trim_each(pools: Vec<Handle>) {
+    for pool in pools {
+        // SAFETY: a pool handle the driver gave out.
+        let _ = unsafe { real::cuMemPoolTrimTo(pool, 0) };
+    }
 }
 
 /// In the child of `fork()`: the parent's pools are not the child's.

@@ -1,6 +1,7 @@
 //! The budget as a property: for any sequence of driver calls a process makes — valid or
 //! not, from several threads, with captures, graphs, VMM, pools, contexts, forks, two
-//! devices — the device memory the process physically holds (the fake driver's own
+//! devices (graph objects, which CUDA says are not thread-safe, from one thread) — the
+//! device memory the process physically holds (the fake driver's own
 //! counter: its peak over the whole sequence and its use sampled after every op) never
 //! exceeds the budget, no call crashes or hangs the process, and once the process has
 //! freed everything the library's books read zero (`cuMemGetInfo_v2`: free == budget).
@@ -242,6 +243,19 @@ impl Program {
         p
     }
 }
+
+/// Ops on a graph or an executable graph, which only thread 0 of a program makes.
+const GRAPH_OBJECT_OPS: &[&str] = &[
+    "graph",
+    "memnode",
+    "freenode",
+    "instantiate",
+    "upload",
+    "launch",
+    "execdestroy",
+    "graphdestroy",
+    "endcapture",
+];
 
 /// Op families, for `PROPTEST_ONLY`.
 const FAMILIES: &[&str] = &[
@@ -776,6 +790,13 @@ fn generate(seed: u64) -> Program {
             } else {
                 g.one(&mut ops);
             }
+        }
+        if !threads.is_empty() {
+            // CUDA's graphs and executable graphs are not thread-safe: a program must not
+            // use one from two threads at once. Only thread 0 makes, changes, launches
+            // or destroys them (see the README's Limits for what the library does when
+            // a program breaks that rule).
+            ops.retain(|line| !GRAPH_OBJECT_OPS.contains(&line.split(' ').next().unwrap_or("")));
         }
         threads.push(ops);
     }

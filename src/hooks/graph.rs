@@ -227,7 +227,7 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuR
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: Device) -> CuResult {
     guard("cuDeviceGraphMemTrim", || {
         // SAFETY: the caller's argument.
-        let rc = unsafe { real::cuDeviceGraphMemTrim(device) };
+        let rc = enforce::program_trim(|| unsafe { real::cuDeviceGraphMemTrim(device) });
         if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
             enforce::graph_memory_changed(device as usize);
         }

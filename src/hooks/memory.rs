@@ -3,6 +3,7 @@
 //! [`crate::enforce`].
 
 use super::guard;
+use crate::capture;
 use crate::driver::{
     Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_LOCATION_TYPE_DEVICE,
     MemAllocationProp, MemPoolProps, real,
@@ -374,7 +375,13 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult {
     guard("cuMemPoolTrimTo", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuMemPoolTrimTo(pool, keep) };
+        let trim = || unsafe { real::cuMemPoolTrimTo(pool, keep) };
+        // A created pool's reserve is what its growths are admitted by.
+        let rc = if pools::created(pool).is_some() {
+            enforce::program_trim(trim)
+        } else {
+            trim()
+        };
         if rc.is_ok() && runtime::mode() == Mode::Budgeted {
             let device = match pools::place_of(pool) {
                 pools::Place::Device(device) => Some(device),
@@ -419,10 +426,20 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(
     pool: Handle,
 ) -> CuResult {
     guard("cuDeviceSetMemPool", || {
+        // Stream-ordered calls leave the fast path (which allocates on the pool credit)
+        // before the pool is current, not after: another thread's allocation in between
+        // would come from the created pool on the default pool's credit.
+        let created = pools::created(pool).is_some();
+        if created {
+            capture::detour(true);
+        }
         // SAFETY: the caller's arguments.
         let rc = unsafe { real::cuDeviceSetMemPool(device, pool) };
         if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
             pools::made_current(device as usize, pool);
+        }
+        if created {
+            capture::detour(false);
         }
         rc
     })
