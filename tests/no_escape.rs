@@ -607,3 +607,48 @@ fn a_pitched_allocation_is_charged_by_the_pitch_the_driver_chose() {
     assert_eq!(run.rc("alloc", 0), 0, "the difference came back\n{run:?}");
     assert_eq!(run.num("info", 0, "free"), 0, "{run:?}");
 }
+
+/// An array handle the driver hands out again after a context teardown (which destroyed
+/// the array it named) must not find the old array's record: its destroy once gave back
+/// the old array's size (100 MiB for a 1 MiB array), and the next allocation passed the
+/// budget. The fake driver reuses handles here (`FAKE_CUDA_REUSE_HANDLES`).
+#[test]
+fn an_array_handle_reused_after_a_teardown_releases_its_own_size() {
+    let script = r#"
+import ctypes
+class Desc(ctypes.Structure):
+    _fields_ = [("w", ctypes.c_size_t), ("h", ctypes.c_size_t), ("fmt", ctypes.c_int), ("ch", ctypes.c_uint)]
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+def primary():
+    ctx = ctypes.c_void_p()
+    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+primary()
+big, small = ctypes.c_void_p(), ctypes.c_void_p()
+# 8192 x 3200 floats: 100 MiB; 1024 x 256 floats: 1 MiB.
+assert cuda.cuArrayCreate_v2(ctypes.byref(big), ctypes.byref(Desc(8192, 3200, 0x20, 1))) == 0
+assert cuda.cuDevicePrimaryCtxReset_v2(0) == 0
+primary()
+assert cuda.cuArrayCreate_v2(ctypes.byref(small), ctypes.byref(Desc(1024, 256, 0x20, 1))) == 0
+a, b = ctypes.c_uint64(), ctypes.c_uint64()
+first = cuda.cuMemAlloc_v2(ctypes.byref(a), ctypes.c_size_t(1000 << 20))
+destroyed = cuda.cuArrayDestroy(small)
+second = cuda.cuMemAlloc_v2(ctypes.byref(b), ctypes.c_size_t(100 << 20))
+print(big.value == small.value, first, destroyed, second)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_CUDA_REUSE_HANDLES", "1"),
+        ],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "True 0 0 2",
+        "the handle came back; 1000 MiB + 100 MiB do not fit in 1 GiB\n{stderr}"
+    );
+}

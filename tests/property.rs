@@ -257,6 +257,10 @@ const GRAPH_OBJECT_OPS: &[&str] = &[
     "endcapture",
 ];
 
+/// Ops that may destroy a context, which CUDA forbids while other threads use it: only
+/// in programs of one thread.
+const TEARDOWN_OPS: &[&str] = &["ctxdestroy", "reset", "release"];
+
 /// Op families, for `PROPTEST_ONLY`.
 const FAMILIES: &[&str] = &[
     "sync", "async", "pool", "vmm", "array", "ctx", "stream", "capture", "graph", "fork", "misc",
@@ -797,6 +801,11 @@ fn generate(seed: u64) -> Program {
             // or destroys them (see the README's Limits for what the library does when
             // a program breaks that rule).
             ops.retain(|line| !GRAPH_OBJECT_OPS.contains(&line.split(' ').next().unwrap_or("")));
+        }
+        if nthreads > 1 {
+            // Nor may a context be destroyed or reset while other threads use it
+            // (cuCtxDestroy, cuDevicePrimaryCtxReset): with several threads, none is.
+            ops.retain(|line| !TEARDOWN_OPS.contains(&line.split(' ').next().unwrap_or("")));
         }
         threads.push(ops);
     }

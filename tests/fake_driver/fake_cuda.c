@@ -313,6 +313,25 @@ static void sync_device(int dev) {
     }
 }
 
+/* FAKE_CUDA_REUSE_HANDLES=1: array handles that went away (destroyed, or with their
+ * context) are handed out again, latest first, as a real driver may. */
+static u64 next_handle(void);
+static u64 g_free_handles[64];
+static size_t g_nfree_handles;
+
+static void handle_gone(const struct entry *e) {
+    if ((e->kind == K_ARRAY || e->kind == K_MIPMAP) && g_nfree_handles < 64 && getenv("FAKE_CUDA_REUSE_HANDLES"))
+        g_free_handles[g_nfree_handles++] = e->key;
+}
+
+static u64 array_handle(void) {
+    while (g_nfree_handles) {
+        u64 h = g_free_handles[--g_nfree_handles];
+        if (!tfind(h)) return h;
+    }
+    return next_handle();
+}
+
 static int ctx_owned_kind(int kind) { return kind == K_DEV || kind == K_MANAGED || kind == K_ARRAY || kind == K_MIPMAP; }
 
 /* A context went away: the device, managed and array memory allocated in it goes too
@@ -324,6 +343,7 @@ static void drop_context_memory(struct fake_ctx *ctx) {
             struct entry *next = e->next;
             if (ctx_owned_kind(e->kind) && e->ctx == ctx) {
                 uncharge(e->device, e->size);
+                handle_gone(e);
                 tdel(e);
             }
             e = next;
@@ -1612,7 +1632,7 @@ static CUresult array_create(u64 *out, u64 bytes, int kind) {
     TRY(cur_device(&dev));
     if (!out || bytes == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
     TRY(charge(dev, bytes, 1));
-    struct entry *e = tadd(next_handle(), kind, dev, bytes);
+    struct entry *e = tadd(array_handle(), kind, dev, bytes);
     if (!e) {
         uncharge(dev, bytes);
         FAIL(CUDA_ERROR_OUT_OF_MEMORY);
@@ -1652,6 +1672,7 @@ static CUresult array_destroy(u64 key, int kind) {
     struct entry *e = tfind(key);
     if (!e || e->kind != kind) FAIL(CUDA_ERROR_INVALID_VALUE);
     uncharge(e->device, e->size);
+    handle_gone(e);
     tdel(e);
     END
 }
