@@ -32,6 +32,53 @@ pub fn any() -> bool {
     ACTIVE.load(Ordering::Relaxed) != 0
 }
 
+/// Calls on a capturing stream between the check that it is capturing and the driver's
+/// answer ([`recording`]), and ends of captures waiting for them ([`end`]): a capture
+/// that ended in between would make the call run for real, uncharged.
+static RECORDING: AtomicU32 = AtomicU32::new(0);
+static ENDING: AtomicU32 = AtomicU32::new(0);
+
+/// Held while a call that [`recording`] found recorded into a capture is made.
+pub struct Recording(());
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        RECORDING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// When `stream` is being captured: a guard under which no capture ends, so that a call
+/// made while it is held is recorded into the graph, not run. `None`: not capturing.
+pub fn recording(stream: Handle) -> Option<Recording> {
+    if !any() {
+        return None;
+    }
+    loop {
+        RECORDING.fetch_add(1, Ordering::SeqCst);
+        if ENDING.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        // An end is waiting for the calls already recording: this one waits for it.
+        RECORDING.fetch_sub(1, Ordering::SeqCst);
+        while ENDING.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+    let guard = Recording(());
+    capturing(stream).then_some(guard)
+}
+
+/// `cuStreamEndCapture`: made once no call is between its check and its recording.
+pub fn end(real: impl FnOnce() -> CuResult) -> CuResult {
+    ENDING.fetch_add(1, Ordering::SeqCst);
+    while RECORDING.load(Ordering::SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+    let rc = real();
+    ENDING.fetch_sub(1, Ordering::SeqCst);
+    ended(rc)
+}
+
 /// A capture began (the driver accepted it).
 pub fn began(rc: CuResult) -> CuResult {
     if rc.is_ok() {
@@ -40,9 +87,9 @@ pub fn began(rc: CuResult) -> CuResult {
     rc
 }
 
-/// `cuStreamEndCapture` answered `rc`: the capture is over when it succeeded or when it
+/// `cuStreamEndCapture` answered `rc` ([`end`]): the capture is over when it succeeded or when it
 /// reports the capture invalidated (which ends it too).
-pub fn ended(rc: CuResult) -> CuResult {
+fn ended(rc: CuResult) -> CuResult {
     if rc.is_ok() || rc == CuResult::STREAM_CAPTURE_INVALIDATED {
         let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
             Some(n.saturating_sub(1))
@@ -67,6 +114,8 @@ pub fn detour(on: bool) {
 /// In the child of `fork()`: no capture came along.
 pub fn after_fork() {
     ACTIVE.store(0, Ordering::Release);
+    RECORDING.store(0, Ordering::Release);
+    ENDING.store(0, Ordering::Release);
 }
 
 /// Whether `stream` is being captured (a call on it is recorded, not run). Asked only

@@ -155,8 +155,12 @@ pub fn launch_graph(
     let Some(graphs::ExecMemory { footprint, frees }) = graphs::memory(exec) else {
         return real();
     };
-    if runtime::mode() != Mode::Budgeted || capture::capturing(stream) {
-        // Launched into a capture: a node of that graph, nothing runs now.
+    if runtime::mode() != Mode::Budgeted {
+        return real();
+    }
+    if let Some(_recorded) = capture::recording(stream) {
+        // Launched into a capture: a node of that graph, nothing runs now (no capture
+        // ends while the guard is held, so it cannot run for real instead).
         return real();
     }
     // One at a time, as for pools the program created: two launches that each see room
@@ -838,9 +842,10 @@ pub fn alloc_pooled(
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
-    if capture::capturing(stream) {
+    if let Some(_recorded) = capture::recording(stream) {
         // A memory node of the graph being captured, not memory yet: charged when the
         // graph's memory is reserved (crate::graphs), neither charged nor refused here.
+        // No capture ends while the guard is held, so it cannot be allocated instead.
         return real();
     }
     // A pool the program created pays for itself, never from the credit of another.

@@ -72,7 +72,7 @@ pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
 pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) -> CuResult {
     guard("cuStreamEndCapture", || {
         // SAFETY: the caller's arguments.
-        capture::ended(unsafe { real::cuStreamEndCapture(stream, graph) })
+        capture::end(|| unsafe { real::cuStreamEndCapture(stream, graph) })
     })
 }
 
@@ -82,7 +82,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) 
 pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle) -> CuResult {
     guard("cuStreamEndCapture", || {
         // SAFETY: the caller's arguments.
-        capture::ended(unsafe { real::cuStreamEndCapture_ptsz(stream, graph) })
+        capture::end(|| unsafe { real::cuStreamEndCapture_ptsz(stream, graph) })
     })
 }
 
