@@ -79,10 +79,17 @@ pub fn end(real: impl FnOnce() -> CuResult) -> CuResult {
     ended(rc)
 }
 
-/// A capture began (the driver accepted it).
-pub fn began(rc: CuResult) -> CuResult {
-    if rc.is_ok() {
-        ACTIVE.fetch_add(1, Ordering::AcqRel);
+/// `cuStreamBeginCapture*`: counted as active before the driver starts it, so that no
+/// thread makes a call of its own outside relaxed mode while the capture is on (one that
+/// came between the driver's start and the count would be refused and break it); not
+/// counted when the driver refuses it.
+pub fn begin(real: impl FnOnce() -> CuResult) -> CuResult {
+    ACTIVE.fetch_add(1, Ordering::AcqRel);
+    let rc = real();
+    if !rc.is_ok() {
+        let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+            Some(n.saturating_sub(1))
+        });
     }
     rc
 }

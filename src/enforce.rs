@@ -181,9 +181,13 @@ pub fn launch_graph(
     }
     let rc = real();
     for (device, d, reservation) in admitted {
-        // The driver's figure first, then the estimate goes.
-        graphs::settle(device, d);
-        drop(reservation);
+        // The driver's figure first, then the estimate goes; when the driver cannot
+        // say, the estimate stays charged.
+        if graphs::settle(device, d) || !rc.is_ok() {
+            drop(reservation);
+        } else {
+            reservation.commit();
+        }
     }
     if launch && rc.is_ok() {
         for ptr in frees {
@@ -276,11 +280,13 @@ fn admit_by<'d>(
 
 /// The growth of the device's graph memory that a launch of `bytes` of memory nodes
 /// could cause, in the driver's 32 MiB steps: what the graphs use plus `bytes`, less
-/// what is reserved. `None` when the driver cannot say.
-fn graph_growth(device: usize, bytes: u64) -> Option<u64> {
-    let (used, reserved) = graphs::read(device)?;
-    let growth = used.saturating_add(bytes).saturating_sub(reserved);
-    Some(growth.div_ceil(POOL_STEP).saturating_mul(POOL_STEP))
+/// what is reserved; all of `bytes` when the driver cannot say.
+fn graph_growth(device: usize, bytes: u64) -> u64 {
+    let growth = match graphs::read(device) {
+        Some((used, reserved)) => used.saturating_add(bytes).saturating_sub(reserved),
+        None => bytes,
+    };
+    growth.div_ceil(POOL_STEP).saturating_mul(POOL_STEP)
 }
 
 /// Admits the graph-memory growth a launch of `bytes` of memory nodes could cause.
@@ -290,7 +296,7 @@ fn admit_graph<'d>(
     d: &'d DeviceLedger,
     bytes: u64,
 ) -> Result<Option<Reservation<'d>>, CuResult> {
-    admit_by(call, device, d, || graph_growth(device, bytes).unwrap_or(0))
+    admit_by(call, device, d, || graph_growth(device, bytes))
 }
 
 /// The program trimmed a device's graph memory: charge what is left.

@@ -199,14 +199,15 @@ pub fn charged(device: usize, d: &DeviceLedger) -> u64 {
     }
 }
 
-/// Charges the device what its graphs hold now, by the driver's figure.
-pub fn settle(device: usize, d: &DeviceLedger) {
+/// Charges the device what its graphs hold now, by the driver's figure; false when the
+/// driver could not say (nothing changed).
+pub fn settle(device: usize, d: &DeviceLedger) -> bool {
     if device >= MAX_DEVICES {
-        return;
+        return false;
     }
     let _settling = SETTLING.lock();
     let Some((_, reserved)) = read(device) else {
-        return;
+        return false;
     };
     let before = charged(device, d);
     CHARGED[device].store(reserved, Ordering::Release);
@@ -216,6 +217,7 @@ pub fn settle(device: usize, d: &DeviceLedger) {
     } else {
         d.release(before - reserved);
     }
+    true
 }
 
 /// Gives back what the device's graphs hold but do not use (before a denial), and

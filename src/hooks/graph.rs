@@ -14,7 +14,7 @@ use crate::{capture, enforce, graphs};
 pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) -> CuResult {
     guard("cuStreamBeginCapture", || {
         // SAFETY: the caller's arguments.
-        capture::began(unsafe { real::cuStreamBeginCapture_v2(stream, mode) })
+        capture::begin(|| unsafe { real::cuStreamBeginCapture_v2(stream, mode) })
     })
 }
 
@@ -24,7 +24,7 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) ->
 pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int) -> CuResult {
     guard("cuStreamBeginCapture", || {
         // SAFETY: the caller's arguments.
-        capture::began(unsafe { real::cuStreamBeginCapture_v2_ptsz(stream, mode) })
+        capture::begin(|| unsafe { real::cuStreamBeginCapture_v2_ptsz(stream, mode) })
     })
 }
 
@@ -41,7 +41,7 @@ pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
 ) -> CuResult {
     guard("cuStreamBeginCaptureToGraph", || {
         // SAFETY: the caller's arguments.
-        capture::began(unsafe {
+        capture::begin(|| unsafe {
             real::cuStreamBeginCaptureToGraph(stream, graph, deps, data, n, mode)
         })
     })
@@ -60,7 +60,7 @@ pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
 ) -> CuResult {
     guard("cuStreamBeginCaptureToGraph", || {
         // SAFETY: the caller's arguments.
-        capture::began(unsafe {
+        capture::begin(|| unsafe {
             real::cuStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, n, mode)
         })
     })
