@@ -32,10 +32,20 @@ fn cudabudget(args: &[&str]) -> Command {
 }
 
 fn output(mut command: impl std::borrow::BorrowMut<Command>) -> Output {
-    command
-        .borrow_mut()
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
+    // A binary a test just copied may still be open for writing in a child that another
+    // test thread forked meanwhile (it holds the descriptor until its exec): the exec
+    // then fails with ETXTBSY for a moment. Try again for up to a few seconds.
+    let mut tries = 0;
+    loop {
+        match command.borrow_mut().output() {
+            Ok(output) => return output,
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 200 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("cannot run {BIN}: {e}"),
+        }
+    }
 }
 
 fn stdout(output: &Output) -> String {
