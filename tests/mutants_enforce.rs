@@ -1,0 +1,229 @@
+//! The budget decisions of `src/enforce.rs`, each pinned by what a program sees: the
+//! books (`cuMemGetInfo`) match what it holds, memory that fits is never refused, and a
+//! denial comes exactly when the budget is reached. Written against the mutants that
+//! `cargo mutants -f src/enforce.rs` found uncaught (see docs/mutants/enforce.md).
+
+mod util;
+
+use util::{GI, MI, budget_run};
+
+/// Runs a Python `ctypes` program against the fake driver under the library. `{PRELUDE}`
+/// in a script stands for the driver initialised, device 0's primary context current
+/// (`ctx`), `Props` (`CUmemPoolProps`) and a few helpers.
+fn python(script: &str, envs: &[(&str, &str)]) -> String {
+    let script = script.replace("{PRELUDE}", PRELUDE);
+    let out = std::process::Command::new("timeout")
+        .args(["60", "python3", "-c", &script])
+        .env("LD_LIBRARY_PATH", util::fake_dir())
+        .env("LD_PRELOAD", util::lib_path())
+        .envs(envs.iter().copied())
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the script failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+const PRELUDE: &str = r#"import ctypes, threading
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+class Props(ctypes.Structure):
+    _fields_ = [("alloc_type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("max_size", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+MI = 1 << 20
+def books(budget):
+    f = ctypes.c_size_t(); t = ctypes.c_size_t()
+    assert cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t)) == 0
+    return (budget - f.value) // MI
+def alloc_async(n, pool=None):
+    p = ctypes.c_uint64()
+    if pool is None:
+        rc = cuda.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(n), None)
+    else:
+        rc = cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(n), pool, None)
+    return rc, p.value
+def alloc(n):
+    p = ctypes.c_uint64()
+    return cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)), p.value
+def free_async(p):
+    return cuda.cuMemFreeAsync(ctypes.c_uint64(p), None)
+"#;
+
+/// The value of `key=` among the `key=value` words of `out`.
+fn value(out: &str, key: &str) -> i64 {
+    let prefix = format!("{key}=");
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {key}= in\n{out}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{key}= is not a number in\n{out}"))
+}
+
+/// `cuMemAllocPitch` is reserved at a 512-byte pitch, then charged at the pitch the
+/// driver chose, wider or narrower; the free gives back exactly that.
+#[test]
+fn a_pitched_allocation_is_charged_at_the_drivers_pitch() {
+    for (align, pitch) in [("1024", 1024), ("256", 256), ("512", 512)] {
+        let run = budget_run(
+            "gpa",
+            &["pitch:100:1024", "info", "free:0", "info"],
+            &[
+                ("CUDABUDGET_LIMIT", "1Gi"),
+                ("FAKE_CUDA_PITCH_ALIGN", align),
+            ],
+        );
+        run.assert_completed();
+        assert_eq!(run.num("pitch", 0, "pitch"), pitch, "{}", run.dump());
+        assert_eq!(
+            run.num("info", 0, "free"),
+            GI - pitch * 1024,
+            "align {align}: charged at the driver's pitch\n{}",
+            run.dump()
+        );
+        assert_eq!(
+            run.num("info", 1, "free"),
+            GI,
+            "align {align}\n{}",
+            run.dump()
+        );
+    }
+}
+
+/// A pitched allocation wider than the estimate still cannot take the budget past its
+/// end: the next allocation sees the real charge.
+#[test]
+fn a_wider_pitch_counts_against_the_next_allocation() {
+    // 100 B rows at a 1024 B pitch: 512 MiB charged, not the 256 MiB estimate.
+    let run = budget_run(
+        "gpa",
+        &["pitch:100:524288", "alloc:600Mi", "alloc:500Mi"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_PITCH_ALIGN", "1024"),
+        ],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("pitch", 0), 0, "{}", run.dump());
+    assert_eq!(
+        run.rc("alloc", 0),
+        2,
+        "512 + 600 MiB > 1 GiB\n{}",
+        run.dump()
+    );
+    assert_eq!(run.rc("alloc", 1), 0, "512 + 500 MiB fits\n{}", run.dump());
+}
+
+/// A graph launched into a capture runs nothing (it becomes a node of the captured
+/// graph): the budget neither admits nor refuses it, the driver answers (the fake: 801).
+/// Outside a capture the same launch is refused.
+#[test]
+fn a_graph_launched_into_a_capture_is_the_drivers_business() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "stream",
+            "graph",
+            "memnode:0:2Gi",
+            "instantiate:0",
+            "capture:0:relaxed",
+            "launch:0:0",
+            "endcapture:0",
+            "launch:0:0",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("launch", 0), 801, "{}", run.dump());
+    assert_eq!(run.rc("launch", 1), 2, "{}", run.dump());
+}
+
+/// `cuDeviceGraphMemTrim` gives the graph reserve back to the driver, and to the budget.
+#[test]
+fn a_graph_memory_trim_gives_the_reserve_back() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "stream",
+            "graph",
+            "memnode:0:256Mi",
+            "instantiate:0",
+            "launch:0:0",
+            "info",
+            "freeasyncon:0:0",
+            "streamsync:0",
+            "info",
+            "graphtrim:0",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.num("info", 0, "free"), GI - 256 * MI, "{}", run.dump());
+    assert_eq!(
+        run.num("info", 1, "free"),
+        GI - 256 * MI,
+        "the reserve stays until trimmed\n{}",
+        run.dump()
+    );
+    assert_eq!(run.num("info", 2, "free"), GI, "{}", run.dump());
+}
+
+/// A pool the program created and destroyed with nothing live gives its reserve back;
+/// one destroyed with a block still live keeps it (the driver does too).
+#[test]
+fn a_destroyed_created_pool_gives_back_its_reserve_when_empty() {
+    let out = python(
+        r#"{PRELUDE}
+pool = ctypes.c_void_p()
+assert cuda.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(Props(1, 0, 1, 0))) == 0
+rc, p = alloc_async(100 * MI, pool); assert rc == 0
+print("held=%d" % books(1024 * MI))
+assert free_async(p) == 0
+assert cuda.cuMemPoolDestroy(pool) == 0
+print("empty=%d" % books(1024 * MI))
+pool = ctypes.c_void_p()
+assert cuda.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(Props(1, 0, 1, 0))) == 0
+rc, p = alloc_async(100 * MI, pool); assert rc == 0
+assert cuda.cuMemPoolDestroy(pool) == 0
+print("live=%d" % books(1024 * MI))
+"#,
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(value(&out, "held"), 128, "{out}");
+    assert_eq!(value(&out, "empty"), 0, "{out}");
+    assert_eq!(value(&out, "live"), 128, "{out}");
+}
+
+/// Credit a thread kept for itself (its stream-ordered frees) goes back when the thread
+/// ends: afterwards the whole budget can be allocated again.
+#[test]
+fn the_credit_of_an_ended_thread_is_not_lost() {
+    let out = python(
+        r#"{PRELUDE}
+def worker():
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    rc, p = alloc_async(4 * MI); assert rc == 0
+    assert free_async(p) == 0
+t = threading.Thread(target=worker); t.start(); t.join()
+print("pools=%d" % books(64 * MI))
+rc, p = alloc(48 * MI)
+print("rc=%d" % rc)
+"#,
+        &[("CUDABUDGET_LIMIT", "64Mi")],
+    );
+    assert_eq!(value(&out, "pools"), 32, "the pool's reserve\n{out}");
+    assert_eq!(
+        value(&out, "rc"),
+        0,
+        "48 MiB fit once the pool is trimmed\n{out}"
+    );
+}
