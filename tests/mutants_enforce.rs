@@ -204,26 +204,64 @@ print("live=%d" % books(1024 * MI))
 }
 
 /// Credit a thread kept for itself (its stream-ordered frees) goes back when the thread
-/// ends: afterwards the whole budget can be allocated again.
+/// ends: afterwards the whole budget can be allocated again. (The client's thread is
+/// joined with `pthread_join`, which returns after its key destructors ran.)
 #[test]
 fn the_credit_of_an_ended_thread_is_not_lost() {
-    let out = python(
-        r#"{PRELUDE}
-def worker():
-    assert cuda.cuCtxSetCurrent(ctx) == 0
-    rc, p = alloc_async(4 * MI); assert rc == 0
-    assert free_async(p) == 0
-t = threading.Thread(target=worker); t.start(); t.join()
-print("pools=%d" % books(64 * MI))
-rc, p = alloc(48 * MI)
-print("rc=%d" % rc)
-"#,
-        &[("CUDABUDGET_LIMIT", "64Mi")],
+    for _ in 0..3 {
+        let run = budget_run(
+            "gpa",
+            &["asyncrelay:1:1:4Mi", "info", "alloc:48Mi"],
+            &[("CUDABUDGET_LIMIT", "64Mi")],
+        );
+        run.assert_completed();
+        assert_eq!(run.num("asyncrelay", 0, "ok"), 1, "{}", run.dump());
+        assert_eq!(
+            run.num("info", 0, "free"),
+            32 * MI,
+            "the pool's reserve\n{}",
+            run.dump()
+        );
+        assert_eq!(
+            run.rc("alloc", 0),
+            0,
+            "48 MiB fit once the pool is trimmed\n{}",
+            run.dump()
+        );
+    }
+}
+
+/// A graph's free node frees its outside block when the graph is launched, not when it
+/// is uploaded: until then the block stays charged and the budget holds.
+#[test]
+fn a_graph_free_node_frees_at_launch_not_at_upload() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "alloc:512Mi",
+            "stream",
+            "graph",
+            "freenode:0:0",
+            "instantiate:0",
+            "upload:0:0",
+            "info",
+            "alloc:600Mi",
+            "launch:0:0",
+            "info",
+            "alloc:600Mi",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
     );
-    assert_eq!(value(&out, "pools"), 32, "the pool's reserve\n{out}");
+    run.assert_completed();
+    assert_eq!(run.rc("upload", 0), 0, "{}", run.dump());
+    assert_eq!(run.num("info", 0, "free"), GI - 512 * MI, "{}", run.dump());
     assert_eq!(
-        value(&out, "rc"),
-        0,
-        "48 MiB fit once the pool is trimmed\n{out}"
+        run.rc("alloc", 1),
+        2,
+        "512 + 600 MiB > 1 GiB\n{}",
+        run.dump()
     );
+    assert_eq!(run.rc("launch", 0), 0, "{}", run.dump());
+    assert_eq!(run.num("info", 1, "free"), GI, "{}", run.dump());
+    assert_eq!(run.rc("alloc", 2), 0, "{}", run.dump());
 }
