@@ -265,3 +265,38 @@ fn a_graph_free_node_frees_at_launch_not_at_upload() {
     assert_eq!(run.num("info", 1, "free"), GI, "{}", run.dump());
     assert_eq!(run.rc("alloc", 2), 0, "{}", run.dump());
 }
+
+/// One thread that frees and allocates stream-ordered blocks again and again (its own
+/// credit, the fast path) gets exactly what the budget holds, no more; once it has freed
+/// everything and trimmed the pool, the books are back to zero and the whole budget
+/// fits in one allocation.
+#[test]
+fn a_thread_reusing_its_own_credit_gets_exactly_the_budget() {
+    let mut ops: Vec<String> = vec!["async:4Mi".into(), "freeasync:0".into()];
+    ops.extend((0..20).map(|_| "async:4Mi".to_string()));
+    ops.push("phys".into());
+    ops.extend((1..=16).map(|k| format!("freeasync:{k}")));
+    ops.extend(["info", "trim:0", "info", "alloc:64Mi"].map(String::from));
+    let ops: Vec<&str> = ops.iter().map(String::as_str).collect();
+    let run = budget_run("gpa", &ops, &[("CUDABUDGET_LIMIT", "64Mi")]);
+    run.assert_completed();
+    let granted = (1..=20).filter(|&k| run.rc("async", k) == 0).count();
+    assert_eq!(
+        granted,
+        16,
+        "64 MiB hold 16 blocks of 4 MiB\n{}",
+        run.dump()
+    );
+    assert!(run.num("phys", 0, "peak") <= 64 * MI, "{}", run.dump());
+    for k in 0..17 {
+        assert_eq!(run.rc("freeasync", k), 0, "{}", run.dump());
+    }
+    assert_eq!(
+        run.num("info", 0, "free"),
+        0,
+        "the pool keeps its reserve\n{}",
+        run.dump()
+    );
+    assert_eq!(run.num("info", 1, "free"), 64 * MI, "{}", run.dump());
+    assert_eq!(run.rc("alloc", 0), 0, "{}", run.dump());
+}
