@@ -267,16 +267,58 @@ fn a_graph_free_node_frees_at_launch_not_at_upload() {
 }
 
 /// One thread that frees and allocates stream-ordered blocks again and again (its own
-/// credit, the fast path) gets exactly what the budget holds, no more; once it has freed
-/// everything and trimmed the pool, the books are back to zero and the whole budget
-/// fits in one allocation.
+/// credit, the fast path) gets exactly what the budget holds, no more, round after
+/// round; once it has freed everything and trimmed the pool, the books are back to zero
+/// and the whole budget fits in one allocation.
 #[test]
 fn a_thread_reusing_its_own_credit_gets_exactly_the_budget() {
     let mut ops: Vec<String> = vec!["async:4Mi".into(), "freeasync:0".into()];
+    for round in 0..2 {
+        ops.extend((0..20).map(|_| "async:4Mi".to_string()));
+        ops.push("phys".into());
+        ops.extend((1..=16).map(|k| format!("freeasync:{}", k + 16 * round)));
+    }
+    ops.extend(["info", "trim:0", "info", "alloc:64Mi"].map(String::from));
+    let ops: Vec<&str> = ops.iter().map(String::as_str).collect();
+    let run = budget_run("gpa", &ops, &[("CUDABUDGET_LIMIT", "64Mi")]);
+    run.assert_completed();
+    for round in 0..2 {
+        let granted = (1..=20)
+            .filter(|&k| run.rc("async", k + 20 * round) == 0)
+            .count();
+        assert_eq!(
+            granted,
+            16,
+            "round {round}: 64 MiB hold 16 blocks of 4 MiB\n{}",
+            run.dump()
+        );
+        assert!(run.num("phys", round, "peak") <= 64 * MI, "{}", run.dump());
+    }
+    for k in 0..33 {
+        assert_eq!(run.rc("freeasync", k), 0, "{}", run.dump());
+    }
+    assert_eq!(
+        run.num("info", 0, "free"),
+        0,
+        "the pool keeps its reserve\n{}",
+        run.dump()
+    );
+    assert_eq!(run.num("info", 1, "free"), 64 * MI, "{}", run.dump());
+    assert_eq!(run.rc("alloc", 0), 0, "{}", run.dump());
+}
+
+/// Credit a thread kept from before its context was reset belongs to books that are
+/// gone: it is never spent, and credit given after the reset is not lost with it. The
+/// budget holds exactly as many blocks as before, and the books return to zero.
+#[test]
+fn credit_from_before_a_context_reset_is_void() {
+    let mut ops: Vec<String> = ["async:4Mi", "freeasync:0", "ctxreset:0", "ctx:0"]
+        .map(String::from)
+        .to_vec();
     ops.extend((0..20).map(|_| "async:4Mi".to_string()));
     ops.push("phys".into());
     ops.extend((1..=16).map(|k| format!("freeasync:{k}")));
-    ops.extend(["info", "trim:0", "info", "alloc:64Mi"].map(String::from));
+    ops.extend(["trim:0", "info"].map(String::from));
     let ops: Vec<&str> = ops.iter().map(String::as_str).collect();
     let run = budget_run("gpa", &ops, &[("CUDABUDGET_LIMIT", "64Mi")]);
     run.assert_completed();
@@ -288,15 +330,89 @@ fn a_thread_reusing_its_own_credit_gets_exactly_the_budget() {
         run.dump()
     );
     assert!(run.num("phys", 0, "peak") <= 64 * MI, "{}", run.dump());
-    for k in 0..17 {
-        assert_eq!(run.rc("freeasync", k), 0, "{}", run.dump());
-    }
+    assert_eq!(run.num("info", 0, "free"), 64 * MI, "{}", run.dump());
+}
+
+/// Credit a thread kept on one device is never spent on another: device 1's pool is
+/// charged to device 1.
+#[test]
+fn credit_kept_for_one_device_is_not_spent_on_another() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "async:4Mi",
+            "freeasync:0",
+            "ctx:1",
+            "async:4Mi",
+            "info",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "64Mi"), ("FAKE_CUDA_DEVICES", "2")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("async", 1), 0, "{}", run.dump());
+    assert_eq!(run.num("phys", 0, "used"), 32 * MI, "{}", run.dump());
     assert_eq!(
         run.num("info", 0, "free"),
-        0,
-        "the pool keeps its reserve\n{}",
+        32 * MI,
+        "device 1's pool reserve is charged to device 1\n{}",
         run.dump()
     );
-    assert_eq!(run.num("info", 1, "free"), 64 * MI, "{}", run.dump());
-    assert_eq!(run.rc("alloc", 0), 0, "{}", run.dump());
+}
+
+/// A thread that frees a block another thread allocated, and never allocates itself,
+/// keeps no credit (it has no exit handler to give it back): the credit goes to the
+/// shared books at once, and the whole budget can be used again.
+#[test]
+fn a_thread_that_only_frees_keeps_no_credit() {
+    let out = python(
+        r#"{PRELUDE}
+rc, p = alloc_async(4 * MI); assert rc == 0
+def worker():
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    assert free_async(p) == 0
+t = threading.Thread(target=worker); t.start(); t.join()
+print("pools=%d" % books(64 * MI))
+rc, q = alloc(48 * MI)
+print("rc=%d" % rc)
+"#,
+        &[("CUDABUDGET_LIMIT", "64Mi")],
+    );
+    assert_eq!(value(&out, "pools"), 32, "{out}");
+    assert_eq!(
+        value(&out, "rc"),
+        0,
+        "48 MiB fit once the pool is trimmed\n{out}"
+    );
+}
+
+/// What a live thread keeps for itself is bounded (8 MiB): another thread's allocation
+/// is refused at most one pool step (32 MiB) early, however much the first one freed.
+#[test]
+fn the_credit_a_live_thread_keeps_is_bounded() {
+    let out = python(
+        r#"{PRELUDE}
+ready = threading.Event(); done = threading.Event()
+def worker():
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    for size in (4 * MI, 100 * MI, 4 * MI):
+        rc, p = alloc_async(size); assert rc == 0
+        assert free_async(p) == 0
+    ready.set()
+    done.wait()
+t = threading.Thread(target=worker); t.start()
+ready.wait()
+print("pools=%d" % books(1024 * MI))
+rc, q = alloc(960 * MI)
+print("rc=%d" % rc)
+done.set(); t.join()
+"#,
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(value(&out, "pools"), 128, "{out}");
+    assert_eq!(
+        value(&out, "rc"),
+        0,
+        "960 MiB fit next to 32 MiB of pool\n{out}"
+    );
 }
