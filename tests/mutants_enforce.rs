@@ -444,3 +444,28 @@ fn a_stream_ordered_block_freed_synchronously_gives_its_credit_back() {
     assert_eq!(run.num("info", 0, "free"), 64 * MI, "{}", run.dump());
     assert_eq!(run.rc("alloc", 0), 0, "{}", run.dump());
 }
+
+/// A stream-ordered allocation that the budget admits but the driver refuses (the
+/// device is full: a budget larger than the card) gives back the credit it took: after
+/// everything is freed and trimmed the books are at zero.
+#[test]
+fn a_refused_stream_ordered_allocation_gives_its_credit_back() {
+    let run = budget(
+        &[
+            "async:4Mi",
+            "freeasync:0",
+            "alloc:120Mi",
+            "async:4Mi",
+            "async:4Mi",
+            "free:1",
+            "trim:0",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi"), ("FAKE_CUDA_MEM", "134217728")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("alloc", 0), 0, "{}", run.dump());
+    assert_eq!(run.rc("async", 1), 2, "the card is full\n{}", run.dump());
+    assert_eq!(run.rc("async", 2), 2, "the card is full\n{}", run.dump());
+    assert_eq!(run.num("info", 0, "free"), 128 * MI, "{}", run.dump());
+}
