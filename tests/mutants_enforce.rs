@@ -446,26 +446,54 @@ fn a_stream_ordered_block_freed_synchronously_gives_its_credit_back() {
 }
 
 /// A stream-ordered allocation that the budget admits but the driver refuses (the
-/// device is full: a budget larger than the card) gives back the credit it took: after
-/// everything is freed and trimmed the books are at zero.
+/// device is full: a budget larger than the card, 150 MiB on 128 MiB) gives back the
+/// credit it took, the thread's own and the shared: after everything is freed and
+/// trimmed the books are at zero (free = the card's 128 MiB, not budget - 32 MiB).
 #[test]
 fn a_refused_stream_ordered_allocation_gives_its_credit_back() {
     let run = budget(
         &[
             "async:4Mi",
             "freeasync:0",
-            "alloc:120Mi",
+            "alloc:116Mi",
             "async:4Mi",
             "async:4Mi",
             "free:1",
             "trim:0",
             "info",
         ],
-        &[("CUDABUDGET_LIMIT", "1Gi"), ("FAKE_CUDA_MEM", "134217728")],
+        &[
+            ("CUDABUDGET_LIMIT", "150Mi"),
+            ("FAKE_CUDA_MEM", "134217728"),
+        ],
     );
     run.assert_completed();
     assert_eq!(run.rc("alloc", 0), 0, "{}", run.dump());
     assert_eq!(run.rc("async", 1), 2, "the card is full\n{}", run.dump());
     assert_eq!(run.rc("async", 2), 2, "the card is full\n{}", run.dump());
     assert_eq!(run.num("info", 0, "free"), 128 * MI, "{}", run.dump());
+}
+
+/// While a capture is under way a stream-ordered allocation on the capturing stream is a
+/// graph node, not memory: the thread's credit is not spent on it (nor lost), and the
+/// books return to zero after a trim.
+#[test]
+fn an_allocation_captured_into_a_graph_spends_no_credit() {
+    let run = budget(
+        &[
+            "async:4Mi",
+            "freeasync:0",
+            "stream",
+            "capture:0:relaxed",
+            "asyncon:0:4Mi",
+            "endcapture:0",
+            "trim:0",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "64Mi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("asyncon", 0), 0, "{}", run.dump());
+    assert_eq!(run.rc("endcapture", 0), 0, "{}", run.dump());
+    assert_eq!(run.num("info", 0, "free"), 64 * MI, "{}", run.dump());
 }
