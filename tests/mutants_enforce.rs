@@ -497,3 +497,22 @@ fn an_allocation_captured_into_a_graph_spends_no_credit() {
     assert_eq!(run.rc("endcapture", 0), 0, "{}", run.dump());
     assert_eq!(run.num("info", 0, "free"), 64 * MI, "{}", run.dump());
 }
+
+/// A refused `cuMemAllocPitch` whose out-variables still hold an earlier allocation's
+/// address and pitch (a program that reuses them) leaves that allocation's charge alone.
+#[test]
+fn a_refused_pitched_allocation_leaves_earlier_charges_alone() {
+    let out = python(
+        r#"{PRELUDE}
+rc, p = alloc(256 * MI); assert rc == 0
+dptr = ctypes.c_uint64(p)
+pitch = ctypes.c_size_t(512)
+rc = cuda.cuMemAllocPitch_v2(ctypes.byref(dptr), ctypes.byref(pitch), ctypes.c_size_t(4096), ctypes.c_size_t(1 << 20), 4)
+print("rc=%d" % rc)
+print("books=%d" % books(1024 * MI))
+"#,
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(value(&out, "rc"), 2, "4 GiB do not fit in 1 GiB\n{out}");
+    assert_eq!(value(&out, "books"), 256, "{out}");
+}
