@@ -516,3 +516,66 @@ print("books=%d" % books(1024 * MI))
     assert_eq!(value(&out, "rc"), 2, "4 GiB do not fit in 1 GiB\n{out}");
     assert_eq!(value(&out, "books"), 256, "{out}");
 }
+
+/// A pool growth refused at first and admitted once the graph memory is trimmed is
+/// charged once: the books show the pool's reserve, and what is left of the budget
+/// still fits.
+#[test]
+fn a_pool_growth_admitted_after_a_trim_is_charged_once() {
+    let run = budget(
+        &[
+            "stream",
+            "graph",
+            "memnode:0:64Mi",
+            "instantiate:0",
+            "launch:0:0",
+            "freeasyncon:0:0",
+            "streamsync:0",
+            "info",
+            "async:80Mi",
+            "info",
+            "alloc:30Mi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "128Mi")],
+    );
+    run.assert_completed();
+    assert_eq!(
+        run.num("info", 0, "free"),
+        64 * MI,
+        "the graph reserve\n{}",
+        run.dump()
+    );
+    assert_eq!(run.rc("async", 0), 0, "{}", run.dump());
+    assert_eq!(
+        run.num("info", 1, "free"),
+        32 * MI,
+        "a 96 MiB pool, the graph reserve trimmed\n{}",
+        run.dump()
+    );
+    assert_eq!(run.rc("alloc", 0), 0, "{}", run.dump());
+    assert!(run.num("phys", 0, "peak") <= 128 * MI, "{}", run.dump());
+}
+
+/// A created context that goes while the primary one stays clears nothing: a block
+/// still live in the pool is not counted twice, and the books return to zero.
+#[test]
+fn a_context_that_is_not_the_last_leaves_the_pool_books_alone() {
+    let run = budget(
+        &[
+            "async:4Mi",
+            "ctxcreate:0",
+            "ctxdestroy:0",
+            "ctx:0",
+            "info",
+            "freeasync:0",
+            "trim:0",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "64Mi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("ctxdestroy", 0), 0, "{}", run.dump());
+    assert_eq!(run.num("info", 0, "free"), 32 * MI, "{}", run.dump());
+    assert_eq!(run.num("info", 1, "free"), 64 * MI, "{}", run.dump());
+}
