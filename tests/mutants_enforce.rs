@@ -579,3 +579,33 @@ fn a_context_that_is_not_the_last_leaves_the_pool_books_alone() {
     assert_eq!(run.num("info", 0, "free"), 32 * MI, "{}", run.dump());
     assert_eq!(run.num("info", 1, "free"), 64 * MI, "{}", run.dump());
 }
+
+/// A device's last context goes (here a created one, the primary released first) while
+/// its pool still holds memory: the books are cleared, and the pool's reserve, which
+/// the driver keeps, is charged again.
+#[test]
+fn a_pool_that_outlives_the_last_context_is_charged_again() {
+    let run = budget(
+        &[
+            "ctxcreate:0",
+            "ctxrelease:0",
+            "async:4Mi",
+            "info",
+            "ctxdestroy:0",
+            "ctx:0",
+            "info",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "64Mi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("ctxdestroy", 0), 0, "{}", run.dump());
+    assert_eq!(run.num("phys", 0, "used"), 32 * MI, "{}", run.dump());
+    assert_eq!(run.num("info", 0, "free"), 32 * MI, "{}", run.dump());
+    assert_eq!(
+        run.num("info", 1, "free"),
+        32 * MI,
+        "the pool's 32 MiB survive the context\n{}",
+        run.dump()
+    );
+}
