@@ -1176,6 +1176,10 @@ mod tests {
         // 8x8 floats: 64 + 16 + 4 + 1 texels.
         assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 10), (64 + 16 + 4 + 1) * 4);
         assert_eq!(array_bytes(8, 8, 0, 0x20, 1, 2), (64 + 16) * 4);
+        // One side reaches a texel first: the levels go on until every side has.
+        assert_eq!(array_bytes(8, 1, 0, 0x20, 1, 10), (8 + 4 + 2 + 1) * 4);
+        assert_eq!(array_bytes(1, 8, 0, 0x20, 1, 10), (8 + 4 + 2 + 1) * 4);
+        assert_eq!(array_bytes(4, 4, 2, 0x20, 1, 10), (32 + 4 + 1) * 4);
     }
 
     #[test]
