@@ -1,0 +1,143 @@
+//! Behaviour that the footprint, the pools' books and the hooks' routing must keep:
+//! each test here was written against a mutant of that code that the rest of the suite
+//! let through (see docs/mutants/footprint-pools-hooks.md).
+
+mod util;
+
+use util::{GI, MI, budget_run};
+
+/// What every test here budgets: 8 GiB on each device, and a context of 512 MiB.
+const CTX: &str = "536870912";
+
+fn free_of(run: &util::Run, nth: usize) -> u64 {
+    assert_eq!(run.rc("info", nth), 0, "{run:?}");
+    run.num("info", nth, "free")
+}
+
+#[test]
+fn the_primary_context_of_a_second_device_is_charged_and_its_end_clears_its_books() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "ctx:1",
+            "info",
+            "alloc:5Gi",
+            "ctxreset:1",
+            "ctx:1",
+            "info",
+            "alloc:7Gi",
+            "alloc:513Mi",
+            "phys",
+        ],
+        &[
+            ("FAKE_CUDA_DEVICES", "2"),
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("FAKE_CUDA_CTX_BYTES", CTX),
+        ],
+    );
+    run.assert_completed();
+    assert_eq!(
+        free_of(&run, 0),
+        8 * GI - 512 * MI,
+        "device 1's context is charged\n{run:?}"
+    );
+    assert_eq!(run.rc("ctxreset", 0), 0, "{run:?}");
+    assert_eq!(
+        free_of(&run, 1),
+        8 * GI - 512 * MI,
+        "the 5 GiB went with the context; the new context is charged\n{run:?}"
+    );
+    assert_eq!(
+        run.rc("alloc", 1),
+        0,
+        "7 GiB fit beside the context\n{run:?}"
+    );
+    assert_eq!(run.rc("alloc", 2), 2, "past the budget\n{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 8 * GI, "{run:?}");
+}
+
+#[test]
+fn releasing_one_of_two_retains_of_the_primary_context_keeps_its_books() {
+    // The client retained device 0's primary context once at start; `ctx:0` retains it
+    // again, so the release below ends nothing.
+    let run = budget_run(
+        "gpa",
+        &[
+            "alloc:5Gi",
+            "ctx:0",
+            "ctxrelease:0",
+            "info",
+            "alloc:5Gi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("ctxrelease", 0), 0, "{run:?}");
+    assert_eq!(
+        free_of(&run, 0),
+        3 * GI,
+        "the 5 GiB are still held\n{run:?}"
+    );
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 8 * GI, "{run:?}");
+}
+
+#[test]
+fn the_last_release_of_a_primary_context_retained_twice_clears_its_books() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "alloc:5Gi",
+            "ctx:0",
+            "ctxrelease:0",
+            "ctxrelease:0",
+            "ctx:0",
+            "info",
+            "alloc:7Gi",
+            "alloc:513Mi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi"), ("FAKE_CUDA_CTX_BYTES", CTX)],
+    );
+    run.assert_completed();
+    assert_eq!(
+        free_of(&run, 0),
+        8 * GI - 512 * MI,
+        "the old context and its 5 GiB are gone; the new context is charged\n{run:?}"
+    );
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 2), 2, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 8 * GI, "{run:?}");
+}
+
+#[test]
+fn destroying_the_last_created_context_clears_its_books() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "ctxreset:0",
+            "ctxcreate:0",
+            "alloc:5Gi",
+            "ctxdestroy:0",
+            "ctx:0",
+            "info",
+            "alloc:7Gi",
+            "alloc:513Mi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi"), ("FAKE_CUDA_CTX_BYTES", CTX)],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("ctxcreate", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert_eq!(run.rc("ctxdestroy", 0), 0, "{run:?}");
+    assert_eq!(
+        free_of(&run, 0),
+        8 * GI - 512 * MI,
+        "the created context took its 5 GiB with it\n{run:?}"
+    );
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 2), 2, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 8 * GI, "{run:?}");
+}
