@@ -141,3 +141,32 @@ fn destroying_the_last_created_context_clears_its_books() {
     assert_eq!(run.rc("alloc", 2), 2, "{run:?}");
     assert!(run.num("phys", 0, "peak") <= 8 * GI, "{run:?}");
 }
+
+#[test]
+fn destroying_a_created_context_beside_the_primary_one_keeps_the_primarys_books() {
+    // Two contexts on device 0: the primary one (holding 5 GiB) and a created one. The
+    // created one going is not the last context going.
+    let run = budget_run(
+        "gpa",
+        &[
+            "alloc:5Gi",
+            "ctxcreate:0",
+            "ctxdestroy:0",
+            "ctx:0",
+            "info",
+            "alloc:5Gi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("ctxcreate", 0), 0, "{run:?}");
+    assert_eq!(run.rc("ctxdestroy", 0), 0, "{run:?}");
+    assert_eq!(
+        free_of(&run, 0),
+        3 * GI,
+        "the 5 GiB are still held\n{run:?}"
+    );
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 8 * GI, "{run:?}");
+}
