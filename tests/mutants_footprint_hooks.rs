@@ -170,3 +170,39 @@ fn destroying_a_created_context_beside_the_primary_one_keeps_the_primarys_books(
     assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
     assert!(run.num("phys", 0, "peak") <= 8 * GI, "{run:?}");
 }
+
+#[test]
+fn before_a_denial_the_footprint_is_read_again_and_memory_that_fits_is_admitted() {
+    // Two contexts of 512 MiB; the routine re-read (a view more than a second after the
+    // first context's charge) counts both. The created one then goes, beside the primary
+    // one: the books still count its 512 MiB until the footprint is read again — which a
+    // request that does not fit by the books must trigger (the sleeps only make sure the
+    // re-reads are due; they are lower bounds, not races).
+    let run = budget_run(
+        "gpa",
+        &[
+            "info",
+            "ctxcreate:0",
+            "sleep:1100",
+            "info",
+            "ctxdestroy:0",
+            "ctx:0",
+            "sleep:150",
+            "alloc:1280Mi",
+            "info",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "2Gi"), ("FAKE_CUDA_CTX_BYTES", CTX)],
+    );
+    run.assert_completed();
+    assert_eq!(free_of(&run, 0), 2 * GI - 512 * MI, "{run:?}");
+    assert_eq!(free_of(&run, 1), GI, "both contexts are counted\n{run:?}");
+    assert_eq!(run.rc("ctxdestroy", 0), 0, "{run:?}");
+    assert_eq!(
+        run.rc("alloc", 0),
+        0,
+        "512 MiB of context + 1280 MiB fit in 2 GiB\n{run:?}"
+    );
+    assert_eq!(free_of(&run, 2), 256 * MI, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 2 * GI + 512 * MI, "{run:?}");
+}
