@@ -206,3 +206,62 @@ fn before_a_denial_the_footprint_is_read_again_and_memory_that_fits_is_admitted(
     assert_eq!(free_of(&run, 2), 256 * MI, "{run:?}");
     assert!(run.num("phys", 0, "peak") <= 2 * GI + 512 * MI, "{run:?}");
 }
+
+/// Runs a Python `ctypes` script against the fake driver under the library; returns
+/// (success, stdout, stderr).
+fn python(script: &str, envs: &[(&str, &str)]) -> (bool, String, String) {
+    let out = std::process::Command::new("timeout")
+        .args(["60", "python3", "-c", script])
+        .env("LD_LIBRARY_PATH", util::fake_dir())
+        .env("LD_PRELOAD", util::lib_path())
+        .envs(envs.iter().copied())
+        .output()
+        .expect("python3 runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_forked_child_charges_the_context_it_creates() {
+    // The fake driver's state is inherited by the child, so the child resets device 0's
+    // primary context and creates it again: that context is the child's first, and it is
+    // charged, whatever the parent's contexts were.
+    let script = r#"
+import ctypes, os, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+print("parent", free.value >> 20, flush=True)
+time.sleep(0.3)
+pid = os.fork()
+if pid == 0:
+    rcs = [cuda.cuDevicePrimaryCtxReset_v2(0)]
+    rcs.append(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0))
+    rcs.append(cuda.cuCtxSetCurrent(ctx))
+    rcs.append(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)))
+    print("child", *rcs, free.value >> 20, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"#;
+    let (ok, stdout, stderr) = python(
+        script,
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_CUDA_CTX_BYTES", CTX),
+        ],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "parent 1536\nchild 0 0 0 0 1536",
+        "2 GiB less the context's 512 MiB, in the parent and in the child\n{stderr}"
+    );
+}
