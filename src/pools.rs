@@ -379,8 +379,18 @@ mod tests {
     fn host_pools_are_counted_once_and_are_no_devices() {
         // The only test with host pools.
         let pool = handle(0x5_0001);
+        let (device_pool, created_pool) = (handle(0x5_0002), handle(0x5_0003));
+        register(device_pool, 5);
+        register_created(created_pool, 6);
+        // Without a driver (a unit test) the process does not see a single device: the
+        // pools are looked up.
+        assert_eq!(place_of(device_pool), Place::Device(5));
+        assert_eq!(place_of(created_pool), Place::Device(6));
+        assert_eq!(place_of(handle(0x5_0004)), Place::Unknown, "never met");
         let before = HOST_POOLS.load(Ordering::Acquire);
         register_host(pool);
+        assert_eq!(place_of(pool), Place::Host);
+        assert_eq!(place_of(device_pool), Place::Device(5));
         assert_eq!(HOST_POOLS.load(Ordering::Acquire), before + 1);
         register_host(pool);
         assert_eq!(
@@ -396,6 +406,8 @@ mod tests {
         );
         assert_eq!(unregister(pool), None);
         assert_eq!(HOST_POOLS.load(Ordering::Acquire), before);
+        unregister(device_pool);
+        unregister(created_pool);
     }
 
     #[test]
