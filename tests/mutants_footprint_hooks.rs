@@ -265,3 +265,31 @@ os.waitpid(pid, 0)
         "2 GiB less the context's 512 MiB, in the parent and in the child\n{stderr}"
     );
 }
+
+#[test]
+fn stream_ordered_blocks_that_outlive_the_last_context_are_no_credit() {
+    // The only context is a created one; its stream-ordered 1 GiB stays in use in the
+    // device's pool after it is destroyed (the driver keeps pools across contexts). The
+    // books are rebuilt from the pool: its reserve is charged, and what it has in use is
+    // no credit for later stream-ordered allocations.
+    let run = budget_run(
+        "gpa",
+        &[
+            "ctxreset:0",
+            "ctxcreate:0",
+            "async:1Gi",
+            "ctxdestroy:0",
+            "ctx:0",
+            "async:1Gi",
+            "async:1Gi",
+            "phys",
+        ],
+        &[("CUDABUDGET_LIMIT", "2Gi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("async", 0), 0, "{run:?}");
+    assert_eq!(run.rc("ctxdestroy", 0), 0, "{run:?}");
+    assert_eq!(run.rc("async", 1), 0, "the second GiB fits\n{run:?}");
+    assert_eq!(run.rc("async", 2), 2, "a third does not\n{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 2 * GI, "{run:?}");
+}
