@@ -311,8 +311,16 @@ mod tests {
         n as Handle
     }
 
+    /// The tests take turns: one of them forgets every pool, as a forked child does.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        TURN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     #[test]
     fn a_device_pool_is_found_on_its_device_and_is_not_a_created_one() {
+        let _turn = serial();
         let (default, created_pool) = (handle(0x1_0001), handle(0x1_0002));
         register(default, 3);
         register_created(created_pool, 4);
@@ -337,6 +345,7 @@ mod tests {
 
     #[test]
     fn a_destroyed_created_pool_gives_back_its_device_and_charge() {
+        let _turn = serial();
         let pool = handle(0x2_0001);
         register_created(pool, 2);
         assert_eq!(set_charged(pool, 123), 0, "a new pool is charged nothing");
@@ -348,6 +357,7 @@ mod tests {
 
     #[test]
     fn a_pool_is_remembered_once_and_never_the_null_handle() {
+        let _turn = serial();
         let pool = handle(0x3_0001);
         assert!(remember(pool, 9), "a new pool");
         assert!(!remember(pool, 10), "already known");
@@ -360,6 +370,7 @@ mod tests {
 
     #[test]
     fn each_pool_is_found_in_its_own_slot() {
+        let _turn = serial();
         let pools = [handle(0x4_0001), handle(0x4_0002), handle(0x4_0003)];
         for (i, &p) in pools.iter().enumerate() {
             register(p, 20 + i);
@@ -377,6 +388,7 @@ mod tests {
 
     #[test]
     fn host_pools_are_counted_once_and_are_no_devices() {
+        let _turn = serial();
         // The only test with host pools.
         let pool = handle(0x5_0001);
         let (device_pool, created_pool) = (handle(0x5_0002), handle(0x5_0003));
@@ -412,6 +424,7 @@ mod tests {
 
     #[test]
     fn created_of_lists_only_the_pools_the_program_created_on_that_device() {
+        let _turn = serial();
         let (mine, other_device, default) = (handle(0x6_0001), handle(0x6_0002), handle(0x6_0003));
         register_created(mine, 31);
         register_created(other_device, 30);
@@ -427,6 +440,7 @@ mod tests {
 
     #[test]
     fn a_created_pool_made_current_is_the_one_async_allocations_use() {
+        let _turn = serial();
         let (mine, elsewhere, default) = (handle(0x7_0001), handle(0x7_0002), handle(0x7_0003));
         register_created(mine, 40);
         register_created(elsewhere, 41);
@@ -460,5 +474,26 @@ mod tests {
         crate::capture::detour(false);
         unregister(elsewhere);
         unregister(default);
+    }
+
+    #[test]
+    fn a_forked_child_knows_none_of_its_parents_pools() {
+        let _turn = serial();
+        let (created_pool, host) = (handle(0x8_0001), handle(0x8_0002));
+        register_created(created_pool, 50);
+        set_charged(created_pool, 77);
+        register_host(host);
+        made_current(50, created_pool);
+        after_fork();
+        assert_eq!(find(created_pool as u64), None);
+        assert_eq!(created(created_pool), None);
+        assert_eq!(set_charged(created_pool, 1), 0, "no charge carried over");
+        assert_eq!(find(host as u64), None);
+        assert_eq!(HOST_POOLS.load(Ordering::Acquire), 0);
+        assert_eq!(current_created(50), None);
+        assert_eq!(created_of(50), Vec::<Handle>::new());
+        // The detour the parent's current pool turned on is the capture module's to
+        // reset in a child; this test's share is taken back here.
+        crate::capture::detour(false);
     }
 }
