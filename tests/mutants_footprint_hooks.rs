@@ -293,3 +293,30 @@ fn stream_ordered_blocks_that_outlive_the_last_context_are_no_credit() {
     assert_eq!(run.rc("async", 2), 2, "a third does not\n{run:?}");
     assert!(run.num("phys", 0, "peak") <= 2 * GI, "{run:?}");
 }
+
+#[test]
+fn dlsym_rtld_next_from_a_library_preloaded_after_us_keeps_its_meaning() {
+    // `dlsym(RTLD_NEXT, "cuMemAlloc_v2")` from a wrapper preloaded after cudabudget is
+    // the next definition after *that wrapper*: the driver's, as glibc would answer.
+    let preload = format!("{}:{}", util::lib_path().display(), util::thirdparty_lib());
+    let run = util::client_with_preload(
+        "linked",
+        &["nextsym:cuMemAlloc_v2", "nextsym:getpagesize", "alloc:9Gi"],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+        &preload,
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("nextsym", 0), 0, "{run:?}");
+    assert_eq!(run.field("nextsym", 0, "lib"), "libcuda.so.1", "{run:?}");
+    assert_eq!(run.field("nextsym", 0, "name"), "cuMemAlloc_v2", "{run:?}");
+    assert_ne!(
+        run.field("nextsym", 1, "lib"),
+        "libthirdparty.so",
+        "the next getpagesize is not the wrapper's own\n{run:?}"
+    );
+    assert_eq!(
+        run.rc("alloc", 0),
+        2,
+        "the program's own calls are budgeted\n{run:?}"
+    );
+}
