@@ -976,6 +976,16 @@ static void run_op(const char *text) {
         op_nvml(op);
     } else if (!strcmp(name, "sym")) {
         op_sym(op);
+    } else if (!strcmp(name, "nextsym")) {
+        need_fields(op, 2);
+        void *(*next)(const char *) = (void *(*)(const char *))dlsym(RTLD_DEFAULT, "thirdparty_next");
+        void *p = next ? next(op->f[1]) : NULL;
+        Dl_info info;
+        if (!next) out("nextsym rc=-2");
+        else if (!p) out("nextsym rc=-1 lib= name=");
+        else if (dladdr(p, &info) && info.dli_fname)
+            out("nextsym rc=0 lib=%s name=%s", base_name(info.dli_fname), info.dli_sname ? info.dli_sname : "?");
+        else out("nextsym rc=0 lib=? name=?");
     } else if (!strcmp(name, "sleep")) {
         need_fields(op, 2);
         u64 ms = num_field(op, 1);
@@ -997,7 +1007,7 @@ static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "race",
-    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "sleep", "pagesize", "stream", "streaminfo", "streamsync",
+    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "pagesize", "stream", "streaminfo", "streamsync",
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",

@@ -15,3 +15,11 @@ __attribute__((visibility("default"))) int getpagesize(void) {
 }
 
 __attribute__((visibility("default"))) int thirdparty_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
+
+/* dlsym(RTLD_NEXT, name) asked from this library: the next definition after it. (Not a
+ * tail call: glibc must see this library as the caller.) */
+__attribute__((visibility("default"))) void *thirdparty_next(const char *name) {
+    void *p = dlsym(RTLD_NEXT, name);
+    __asm__ volatile("" : : "r"(p) : "memory");
+    return p;
+}
