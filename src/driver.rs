@@ -243,6 +243,16 @@ const NULL_FN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static REAL: [AtomicPtr<c_void>; SYMS] = [NULL_FN; SYMS];
 
 /// The driver's own pointer for `sym` (null when the driver lacks it).
+/// Takes `p` as the driver's function for `sym` when the table has none (the loader's
+/// lookup missed a function the driver hands out by `cuGetProcAddress`, which `dladdr`
+/// names exactly); false when the table already had one.
+pub fn adopt(sym: Sym, p: *mut c_void) -> bool {
+    !p.is_null()
+        && REAL[sym as usize]
+            .compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+}
+
 pub fn real_ptr(sym: Sym) -> *mut c_void {
     REAL[sym as usize].load(Ordering::Acquire)
 }

@@ -104,7 +104,13 @@ pub fn unregister(pool: Handle) -> Option<(usize, u64)> {
         return None;
     }
     for current in &CURRENT_CREATED {
-        let _ = current.compare_exchange(pool as u64, 0, Ordering::AcqRel, Ordering::Relaxed);
+        if current
+            .compare_exchange(pool as u64, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            // It was a device's current pool: the detour `made_current` began ends.
+            crate::capture::detour(false);
+        }
     }
     (place & CREATED != 0).then(|| (((place & !CREATED) - 1) as usize, charged))
 }

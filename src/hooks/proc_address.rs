@@ -59,9 +59,10 @@ fn named_by_dladdr(p: *mut c_void) -> Option<Sym> {
     // SAFETY: dladdr returned a NUL-terminated symbol name.
     let name = unsafe { CStr::from_ptr(info.dli_sname) }.to_bytes();
     let sym = driver::sym_named(name)?;
-    // Only when our own table has nothing for it: two different drivers in one process
-    // are not ours to mix.
-    driver::real_ptr(sym).is_null().then_some(sym)
+    // Only when our own table has nothing for it (two different drivers in one process
+    // are not ours to mix), and then the hook calls this very function: without it in
+    // the table, the hook would answer NOT_INITIALIZED instead of the driver.
+    driver::adopt(sym, p).then_some(sym)
 }
 
 fn resolve(
