@@ -24,19 +24,12 @@ fn budget(ops: &[&str], envs: &[(&str, &str)]) -> Run {
 /// (`ctx`), `Props` (`CUmemPoolProps`) and a few helpers.
 fn python(script: &str, envs: &[(&str, &str)]) -> String {
     let script = script.replace("{PRELUDE}", PRELUDE);
-    let out = std::process::Command::new("timeout")
-        .args(["60", "python3", "-c", &script])
-        .env("LD_LIBRARY_PATH", util::fake_dir())
-        .env("LD_PRELOAD", util::lib_path())
-        .env(NO_REREAD.0, NO_REREAD.1)
-        .envs(envs.iter().copied())
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut all = vec![NO_REREAD];
+    all.extend_from_slice(envs);
+    let (ok, stdout, stderr) = util::python_under_library(&script, &all);
     assert!(
-        out.status.success(),
-        "the script failed\nstdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ok,
+        "the script failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     stdout
 }

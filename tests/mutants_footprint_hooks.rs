@@ -210,18 +210,7 @@ fn before_a_denial_the_footprint_is_read_again_and_memory_that_fits_is_admitted(
 /// Runs a Python `ctypes` script against the fake driver under the library; returns
 /// (success, stdout, stderr).
 fn python(script: &str, envs: &[(&str, &str)]) -> (bool, String, String) {
-    let out = std::process::Command::new("timeout")
-        .args(["60", "python3", "-c", script])
-        .env("LD_LIBRARY_PATH", util::fake_dir())
-        .env("LD_PRELOAD", util::lib_path())
-        .envs(envs.iter().copied())
-        .output()
-        .expect("python3 runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    util::python_under_library(script, envs)
 }
 
 #[test]

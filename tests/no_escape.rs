@@ -59,18 +59,7 @@ fn python(script: &str, envs: &[(&str, &str)]) -> (bool, String, String) {
     let script = script
         .replace("{PRIMARY}", PRIMARY)
         .replace("{POOL_PROPS}", POOL_PROPS);
-    let out = std::process::Command::new("timeout")
-        .args(["60", "python3", "-c", &script])
-        .env("LD_LIBRARY_PATH", util::fake_dir())
-        .env("LD_PRELOAD", util::lib_path())
-        .envs(envs.iter().copied())
-        .output()
-        .expect("python3 runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    util::python_under_library(&script, envs)
 }
 
 /// `fork()` while another thread is inside the library's denial path (which holds the

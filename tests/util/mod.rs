@@ -312,3 +312,20 @@ impl Run {
         self
     }
 }
+
+/// Runs a Python `ctypes` script against the fake driver with the library preloaded
+/// (60 s at most); returns (success, stdout, stderr).
+pub fn python_under_library(script: &str, envs: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new("timeout")
+        .args(["60", "python3", "-c", script])
+        .env("LD_LIBRARY_PATH", fake_dir())
+        .env("LD_PRELOAD", lib_path())
+        .envs(envs.iter().copied())
+        .output()
+        .expect("python3 runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
