@@ -1186,4 +1186,181 @@ mod tests {
     fn unknown_formats_are_charged_generously() {
         assert_eq!(array_bytes(10, 1, 1, 0x91, 1, 1), 160);
     }
+
+    // The thread's own credit (`PrivateCredit`) is what keeps the stream-ordered fast path
+    // off shared cache lines (BENCHMARKS.md: the async pair, 16 threads). Its contract:
+    // credit is kept only by a thread with a lane, only for one device and epoch, only up
+    // to PRIVATE_MAX; what does not fit goes to the shards. Each test uses a device
+    // ledger of its own (high ordinals nothing else touches).
+
+    const MIB: u64 = 1 << 20;
+
+    fn fresh(lane: usize) -> PrivateCredit {
+        PrivateCredit {
+            lane: Cell::new(lane),
+            device: Cell::new(usize::MAX),
+            epoch: Cell::new(0),
+            bytes: Cell::new(0),
+        }
+    }
+
+    fn pooled(device: usize, bytes: u64) -> Entry {
+        Entry {
+            bytes,
+            device,
+            kind: Kind::Pooled,
+        }
+    }
+
+    /// What the device's shards and bank hold, gathered.
+    fn shared_credit(d: &DeviceLedger) -> i64 {
+        d.pool.collect().credit()
+    }
+
+    #[test]
+    fn a_thread_with_a_lane_keeps_what_it_frees_and_spends_it_on_its_own_device() {
+        let (device, d) = (50, runtime::ledger().device(50).unwrap());
+        let p = fresh(3);
+        p.give(device, d, 3 * MIB);
+        assert_eq!(p.bytes.get(), 3 * MIB, "kept by the thread");
+        assert_eq!(shared_credit(d), 0, "nothing went to the shards");
+        assert!(!p.take(device + 1, runtime::ledger().device(51).unwrap(), MIB));
+        assert!(!p.take(device, d, 4 * MIB), "more than it holds");
+        assert!(p.take(device, d, 2 * MIB));
+        assert_eq!(p.bytes.get(), MIB);
+        d.retire_credit();
+        assert!(
+            !p.take(device, d, MIB),
+            "credit of an older epoch is not spent"
+        );
+        assert_eq!(p.bytes.get(), MIB);
+    }
+
+    #[test]
+    fn a_thread_without_a_lane_or_that_has_exited_keeps_nothing() {
+        let (device, d) = (52, runtime::ledger().device(52).unwrap());
+        for lane in [NO_LANE_YET, EXITED] {
+            let p = fresh(lane);
+            assert!(!p.keeps_credit());
+            p.give(device, d, MIB);
+            assert_eq!(p.bytes.get(), 0);
+            assert_eq!(shared_credit(d), MIB as i64, "it went to the shards");
+            d.pool.collect().debit(MIB);
+        }
+        assert!(fresh(0).keeps_credit() && fresh(7).keeps_credit());
+    }
+
+    #[test]
+    fn a_thread_keeps_at_most_private_max_and_hands_on_the_rest() {
+        let (device, d) = (53, runtime::ledger().device(53).unwrap());
+        assert_eq!(PRIVATE_MAX, 8 * MIB);
+        let p = fresh(4);
+        p.give(device, d, PRIVATE_MAX);
+        assert_eq!(p.bytes.get(), PRIVATE_MAX, "exactly the bound is kept");
+        assert_eq!(shared_credit(d), 0);
+        p.give(device, d, MIB);
+        assert_eq!(
+            p.bytes.get(),
+            PRIVATE_MAX / 2,
+            "over it, half the bound stays"
+        );
+        assert_eq!(shared_credit(d), (PRIVATE_MAX / 2 + MIB) as i64);
+    }
+
+    #[test]
+    fn the_fast_free_keeps_pooled_credit_of_the_threads_device_up_to_the_bound() {
+        let (device, d) = (54, runtime::ledger().device(54).unwrap());
+        let p = fresh(5);
+        p.give(device, d, MIB);
+        assert!(p.give_fast(&pooled(device, 2 * MIB)));
+        assert_eq!(p.bytes.get(), 3 * MIB);
+        assert!(!p.give_fast(&pooled(device + 1, MIB)), "another device");
+        let direct = Entry {
+            kind: Kind::Direct,
+            ..pooled(device, MIB)
+        };
+        assert!(!p.give_fast(&direct), "not stream-ordered");
+        assert!(!p.give_fast(&pooled(device, PRIVATE_MAX)), "past the bound");
+        assert_eq!(
+            p.bytes.get(),
+            3 * MIB,
+            "a refused fast free changes nothing"
+        );
+        d.retire_credit();
+        assert!(!p.give_fast(&pooled(device, MIB)), "an older epoch");
+    }
+
+    #[test]
+    fn a_thread_claims_a_lane_once_and_an_exited_thread_claims_none() {
+        let p = fresh(NO_LANE_YET);
+        let lane = p.lane();
+        assert!((1..ledger::LANES).contains(&lane), "lane {lane}");
+        assert_eq!(p.lane.get(), lane);
+        assert_eq!(p.lane(), lane, "the same lane again");
+        assert!(p.keeps_credit());
+        ledger::release_lane(lane);
+
+        // Lane 0 (none was free): tried again while lanes are free.
+        let p = fresh(0);
+        let lane = p.lane();
+        assert!((1..ledger::LANES).contains(&lane), "lane {lane}");
+        ledger::release_lane(lane);
+
+        let p = fresh(EXITED);
+        assert_eq!(p.lane(), 0);
+        assert_eq!(p.lane.get(), EXITED);
+    }
+
+    #[test]
+    fn every_thread_has_its_private_credit_and_an_exit_handler() {
+        assert!(private().is_some());
+        assert!(arm_thread_exit());
+        assert!(arm_thread_exit(), "armed again with the same key");
+        assert_ne!(EXIT_KEY.load(Ordering::Acquire), UNMADE);
+    }
+
+    #[test]
+    fn the_growth_guard_marks_its_thread_only_while_held() {
+        {
+            let _g = growth_lock();
+            assert!(HOLDS_GROWTH.with(Cell::get));
+        }
+        assert!(!HOLDS_GROWTH.with(Cell::get));
+    }
+
+    #[test]
+    fn sizes_past_i64_are_clamped_not_wrapped() {
+        assert_eq!(clamp_i64(5), 5);
+        assert_eq!(clamp_i64(i64::MAX as u64), i64::MAX);
+        assert_eq!(clamp_i64(u64::MAX), i64::MAX);
+    }
+
+    #[test]
+    fn a_settlement_keeps_a_deficit_charged_in_pool_steps() {
+        let d = runtime::ledger().device(55).unwrap();
+        d.set_budget(1 << 40);
+        // 200 MiB reserved, then the driver says 100 MiB while the books hold 140 MiB in
+        // use: the 40 MiB the pool has yet to grow by stay charged, as two 32 MiB steps.
+        let mut bank = d.pool.collect();
+        let epoch = d.epoch();
+        settle_charge(d, &mut bank, 200 * MIB);
+        assert_eq!((d.pool.charge(), d.used()), (200 * MIB, 200 * MIB));
+        assert_eq!(d.epoch(), epoch, "a rise retires nothing");
+        bank.debit(140 * MIB);
+        settle_charge(d, &mut bank, 100 * MIB);
+        assert_eq!(d.pool.charge(), 100 * MIB + 2 * POOL_STEP);
+        assert_eq!(d.used(), 100 * MIB + 2 * POOL_STEP);
+        assert!(
+            d.epoch() != epoch,
+            "the charge went down: kept credit is retired"
+        );
+        let epoch = d.epoch();
+        settle_charge(d, &mut bank, 100 * MIB);
+        assert_eq!(d.pool.charge(), 100 * MIB + 2 * POOL_STEP, "unchanged");
+        assert_eq!(d.epoch(), epoch, "no change retires nothing");
+        bank.refund(140 * MIB);
+        settle_charge(d, &mut bank, 200 * MIB);
+        assert_eq!(d.pool.charge(), 200 * MIB);
+        assert_eq!(d.epoch(), epoch, "a rise retires nothing");
+    }
 }
