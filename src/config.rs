@@ -25,6 +25,9 @@ pub const SCOPE: &str = "CUDABUDGET_SCOPE";
 pub const ON_EXCEED: &str = "CUDABUDGET_ON_EXCEED";
 /// The library the CLI preloads; the library itself ignores it.
 pub const LIB: &str = "CUDABUDGET_LIB";
+/// What a CUDA context costs on the device where NVML cannot measure it (no
+/// `libnvidia-ml`): bytes, instead of the library's per-model estimate.
+pub const CONTEXT_MEMORY: &str = "CUDABUDGET_CONTEXT_MEMORY";
 /// HAMi-core's budget for every device; `_<N>` variants are per device.
 pub const HAMI_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// Highest device ordinal a per-device variable may name: the ledger budgets 64 devices
@@ -33,7 +36,8 @@ pub const MAX_ORDINAL: u32 = 63;
 
 const PREFIX: &str = "CUDABUDGET_";
 const KNOWN_VARIABLES: &str = "CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N> (N = 0..63), \
-     CUDABUDGET_LOG, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED, CUDABUDGET_LIB";
+     CUDABUDGET_LOG, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED, CUDABUDGET_LIB, \
+     CUDABUDGET_CONTEXT_MEMORY";
 
 /// How much the library writes to stderr. Ordered: a level includes those before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -95,6 +99,8 @@ pub struct Config {
     pub device_limits: Vec<(u32, Limit)>,
     pub log: LogLevel,
     pub source: Source,
+    /// `CUDABUDGET_CONTEXT_MEMORY`: a context's cost where NVML cannot measure it.
+    pub context_memory: Option<u64>,
 }
 
 /// A variable whose value cannot be honoured. `Display` renders the single line the
@@ -115,6 +121,7 @@ enum Variable {
     Scope,
     OnExceed,
     Lib,
+    ContextMemory,
     HamiLimit,
     HamiDeviceLimit(u32),
 }
@@ -131,6 +138,7 @@ impl Variable {
                 "SCOPE" => Ok(Some(Variable::Scope)),
                 "ON_EXCEED" => Ok(Some(Variable::OnExceed)),
                 "LIB" => Ok(Some(Variable::Lib)),
+                "CONTEXT_MEMORY" => Ok(Some(Variable::ContextMemory)),
                 _ => match rest.strip_prefix("LIMIT_") {
                     Some(ordinal) => parse_ordinal(ordinal)
                         .map(|n| Some(Variable::DeviceLimit(n)))
@@ -285,6 +293,7 @@ impl Config {
             device_limits: Vec::new(),
             log: LogLevel::default(),
             source: Source::None,
+            context_memory: None,
         };
         let mut device_limits = BTreeMap::new();
         for (&name, &(variable, value)) in &ours {
@@ -300,6 +309,14 @@ impl Config {
                 Variable::Scope => validate_scope(value).map_err(fail)?,
                 Variable::OnExceed => validate_on_exceed(value).map_err(fail)?,
                 Variable::Lib => {}
+                Variable::ContextMemory => {
+                    config.context_memory = match parse_limit(value).map_err(|e| fail(e.reason))? {
+                        Limit::Bytes(bytes) => Some(bytes),
+                        Limit::Percent(_) => {
+                            return Err(fail("a size in bytes, not a percentage".to_string()));
+                        }
+                    };
+                }
                 Variable::HamiLimit if use_hami => {
                     let bytes = parse_hami(value).map_err(|e| fail(e.reason))?;
                     config.default_limit = bytes.map(Limit::Bytes);

@@ -41,6 +41,8 @@ pub struct MemLocation {
     pub id: c_int,
 }
 pub const MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 
 /// `CUmemAllocationProp`: only the leading fields are read.
 #[repr(C)]
@@ -137,6 +139,7 @@ macro_rules! driver_table {
             $(
                 /// # Safety
                 /// The arguments must be valid for the driver function of the same name.
+                #[allow(clippy::too_many_arguments)]
                 pub unsafe fn $name($($arg: $ty),*) -> CuResult {
                     let mut f = REAL[Sym::$name as usize].load(Ordering::Acquire);
                     if f.is_null() {
@@ -170,6 +173,7 @@ driver_table! {
     cuDeviceGetCount(count: *mut c_int);
     cuDeviceGet(device: *mut Device, ordinal: c_int);
     cuDeviceTotalMem_v2(bytes: *mut usize, device: Device);
+    cuDeviceGetName(name: *mut c_char, len: c_int, device: Device);
     cuDeviceGetUuid(uuid: *mut [u8; 16], device: Device);
     cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: Device);
     cuCtxGetDevice(device: *mut Device);
@@ -235,6 +239,21 @@ driver_table! {
     cuMipmappedArrayCreate(array: *mut Handle, desc: *const Array3dDescriptor, levels: u32);
     cuArrayDestroy(array: Handle);
     cuMipmappedArrayDestroy(array: Handle);
+    cuModuleLoad(module: *mut Handle, fname: *const c_char);
+    cuModuleLoadData(module: *mut Handle, image: *const c_void);
+    cuModuleLoadDataEx(module: *mut Handle, image: *const c_void, n: u32, options: *mut c_int, values: *mut *mut c_void);
+    cuModuleLoadFatBinary(module: *mut Handle, fatbin: *const c_void);
+    cuModuleUnload(module: Handle);
+    cuLibraryLoadData(library: *mut Handle, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, n_jit: u32, lib_options: *mut c_int, lib_values: *mut *mut c_void, n_lib: u32);
+    cuLibraryLoadFromFile(library: *mut Handle, file: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, n_jit: u32, lib_options: *mut c_int, lib_values: *mut *mut c_void, n_lib: u32);
+    cuLibraryUnload(library: Handle);
+    cuLibraryGetGlobal(dptr: *mut DevicePtr, bytes: *mut usize, library: Handle, name: *const c_char);
+    cuLibraryGetManaged(dptr: *mut DevicePtr, bytes: *mut usize, library: Handle, name: *const c_char);
+    cuLibraryGetModule(module: *mut Handle, library: Handle);
+    cuLibraryGetKernel(kernel: *mut Handle, library: Handle, name: *const c_char);
+    cuCtxSetLimit(limit: c_int, value: usize);
+    cuCtxGetLimit(value: *mut usize, limit: c_int);
+    cuMemSetMemPool(location: *mut MemLocation, kind: c_int, pool: Handle);
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -379,7 +398,7 @@ mod tests {
             b"cuMem",
             b"cuMemAllo",
             b"cuLaunchKernel",
-            b"cuModuleLoadData",
+            b"cuModuleGetFunction",
             b"cuMemAllocHost",
         ] {
             assert!(

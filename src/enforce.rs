@@ -22,7 +22,7 @@ pub const POOL_STEP: u64 = 32 << 20;
 /// The budgeted device for a hook, or what the hook must return without budgeting:
 /// `Err(None)` = call the driver unchanged, `Err(Some(rc))` = return `rc`.
 #[inline(always)]
-fn budgeted_device(
+pub(crate) fn budgeted_device(
     device: Option<usize>,
 ) -> Result<(usize, &'static DeviceLedger), Option<CuResult>> {
     let mode = runtime::mode();
@@ -1065,6 +1065,46 @@ pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
     if !created.is_empty() {
         trim_quietly(|| {
             pools::trim_created(device);
+            for pool in created {
+                pools::settle_created(pool, d);
+            }
+        });
+    }
+}
+
+/// When the pools' charge was last brought to the driver's figures, per device.
+static REFRESHED_MS: [AtomicU64; ledger::MAX_DEVICES] =
+    [const { AtomicU64::new(0) }; ledger::MAX_DEVICES];
+
+/// From the views (at most once a second per device): the pools' charge follows what the
+/// driver reserves now. The driver gives pool memory back on its own (a synchronize
+/// below the release threshold), and a view that still counted it would show less free
+/// memory than there is — which a framework sizing its pool from it (XLA) would believe.
+pub fn refresh_pools(device: usize, d: &DeviceLedger) {
+    let created = pools::created_of(device);
+    if (d.pool.charge() == 0 && created.is_empty()) || capture::any() {
+        return;
+    }
+    let Some(last) = REFRESHED_MS.get(device) else {
+        return;
+    };
+    let now = report::monotonic_ms();
+    let seen = last.load(Ordering::Relaxed);
+    if now.saturating_sub(seen) < 1000
+        || last
+            .compare_exchange(seen, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    if d.pool.charge() != 0 {
+        let mut bank = collect_all(d);
+        if let Some(reserve) = pools::reserve(device) {
+            settle_charge(d, &mut bank, reserve);
+        }
+    }
+    if !created.is_empty() {
+        trim_quietly(|| {
             for pool in created {
                 pools::settle_created(pool, d);
             }

@@ -49,6 +49,9 @@ static LAST_MS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEV
 static CONTEXTS: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// Contexts being created on the device right now (their memory is arriving).
 static CREATING: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+/// In a PID namespace, the pids NVML listed on a device just before our first context
+/// there: the one that appears with the context is ours.
+static BEFORE_PIDS: Lock<Vec<(usize, Vec<u32>)>> = Lock::new(Vec::new());
 /// Device-wide use (NVML) before the device's first context; [`UNKNOWN`] until read.
 static BEFORE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(UNKNOWN) }; MAX_DEVICES];
 /// Where the charge of the device's first context stands: [`SETTLED`], [`PENDING`] (the
@@ -142,9 +145,23 @@ pub fn before_context(device: usize) {
         }
         if NVML_WARM.load(Ordering::Acquire) {
             read_before(device);
+            if in_pid_namespace()
+                && let Some(pids) = nvml::pids(device)
+            {
+                let mut before = BEFORE_PIDS.lock();
+                before.retain(|(d, _)| *d != device);
+                before.push((device, pids));
+            }
         }
     }
     creating.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Whether the process holds a context on `device` that the footprint counts.
+pub fn has_context(device: usize) -> bool {
+    CONTEXTS
+        .get(device)
+        .is_some_and(|c| c.load(Ordering::Acquire) > 0)
 }
 
 /// Whether this process is in a PID namespace other than the initial one, whose
@@ -243,6 +260,20 @@ fn charge_context(device: usize) {
     let Some(d) = runtime::budgeted(device) else {
         return;
     };
+    // In a PID namespace: our entry in NVML's list is the pid that appeared with the
+    // context; once known, the per-process figure works as on the host.
+    let before_pids = {
+        let mut before = BEFORE_PIDS.lock();
+        let at = before.iter().position(|(d, _)| *d == device);
+        at.map(|i| before.swap_remove(i).1)
+    };
+    if let Some(pids) = before_pids {
+        let found = nvml::find_own_pid(device, &pids);
+        report::line(
+            LogLevel::Debug,
+            format_args!("device {device}: own entry in NVML's list found: {found}"),
+        );
+    }
     let epoch = d.books_epoch();
     let tracked = || d.used() - d.overhead().min(d.used());
     let before = BEFORE[device].load(Ordering::Acquire);
@@ -256,8 +287,12 @@ fn charge_context(device: usize) {
             // In a PID namespace NVML does not list us: the device's growth across the
             // context's creation (and what the hooks tracked since, taken out).
             None => match (before, nvml::device_used(device)) {
-                (UNKNOWN, _) | (_, None) => 0,
-                (before, Some(after)) => after.saturating_sub(before).saturating_sub(seen),
+                (before, Some(after)) if before != UNKNOWN => {
+                    after.saturating_sub(before).saturating_sub(seen)
+                }
+                // NVML answers and does not list us: the context holds nothing it sees.
+                _ if nvml::initialised() && !in_pid_namespace() => 0,
+                _ => estimate(device).saturating_sub(seen),
             },
         };
         if tracked() == seen {
@@ -276,6 +311,67 @@ fn charge_context(device: usize) {
         LogLevel::Debug,
         format_args!("device {device}: context charged {}", Bytes(charge)),
     );
+}
+
+/// What a context costs where nothing can measure it (no NVML, or NVML not started
+/// in time): `CUDABUDGET_CONTEXT_MEMORY`, else the figure measured for the device's
+/// model, else [`DEFAULT_CONTEXT`]. The footprint re-read replaces it by NVML's figure
+/// once NVML can give one.
+fn estimate(device: usize) -> u64 {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let (bytes, from) = match runtime::config().and_then(|c| c.context_memory) {
+        Some(bytes) => (bytes, "CUDABUDGET_CONTEXT_MEMORY"),
+        None => match model_estimate(&device_name(device)) {
+            Some(bytes) => (bytes, "measured for this model"),
+            None => (DEFAULT_CONTEXT, "default; set CUDABUDGET_CONTEXT_MEMORY"),
+        },
+    };
+    if !SAID.swap(true, Ordering::Relaxed) {
+        report::line(
+            LogLevel::Info,
+            format_args!(
+                "NVML cannot measure this process's context on device {device}: charged {} \
+                 ({from})",
+                Bytes(bytes)
+            ),
+        );
+    }
+    bytes
+}
+
+/// A context's cost where no figure is measured for the model: above every figure
+/// measured so far.
+pub const DEFAULT_CONTEXT: u64 = 640 << 20;
+
+/// A context's device memory by model, as nvidia-smi showed it for a process with one
+/// context and lazy module loading (the default). H200, driver 580, CUDA 13:
+/// 518 MiB (scripts/gpu/footprint_probe.sh).
+pub fn model_estimate(name: &str) -> Option<u64> {
+    const MODELS: &[(&str, u64)] = &[("H200", 518 << 20)];
+    MODELS
+        .iter()
+        .find(|(model, _)| name.contains(model))
+        .map(|&(_, bytes)| bytes)
+}
+
+fn device_name(device: usize) -> String {
+    let mut handle = 0;
+    let mut name = [0 as std::ffi::c_char; 96];
+    // SAFETY: valid out-pointers; the driver writes at most `name.len()` bytes, NUL
+    // included.
+    let ok = unsafe {
+        crate::driver::real::cuDeviceGet(&mut handle, device as i32).is_ok()
+            && crate::driver::real::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, handle)
+                .is_ok()
+    };
+    if !ok {
+        return String::new();
+    }
+    name[name.len() - 1] = 0;
+    // SAFETY: NUL-terminated (the last byte is forced to NUL).
+    unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// A context on `device` is gone; when it was the last, so is all its memory, and the
@@ -302,6 +398,7 @@ pub fn context_gone(device: usize) -> bool {
     };
     runtime::pointers().purge_device(device);
     runtime::arrays().purge_device(device);
+    crate::loads::context_gone(device);
     // Memory from cuMemCreate belongs to the process, not to a context: it outlives the
     // teardown and stays charged.
     let vmm = vmm::lock();
@@ -356,7 +453,8 @@ pub unsafe fn after_fork() {
         CONTEXT_BOOKS.reset_in_child(ContextBooks {
             primary: [false; MAX_DEVICES],
             created: Vec::new(),
-        })
+        });
+        BEFORE_PIDS.reset_in_child(Vec::new());
     };
     for device in 0..MAX_DEVICES {
         forget_contexts(device);

@@ -12,7 +12,8 @@
 //! - [`ledger`]: per-device reservations and the address table (pure, thread-safe).
 //! - `driver`, `nvml`: the real libraries, from our own handles.
 //! - `runtime`: the process-wide state and its lazy initialisation.
-//! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`: what the hooks decide.
+//! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`, `loads`: what the hooks
+//!   decide.
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
 //! - `report`: what the user is told.
@@ -30,6 +31,7 @@ mod footprint;
 mod graphs;
 mod hooks;
 pub mod ledger;
+mod loads;
 mod lock;
 mod nvml;
 mod pools;

@@ -9,7 +9,7 @@
 #![allow(non_snake_case)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 
 use crate::driver::{self, real};
 use crate::ledger::MAX_DEVICES;
@@ -190,6 +190,11 @@ pub fn usable() -> bool {
     matches!(INITIALISED.load(Ordering::Acquire), OK | STARTING)
 }
 
+/// Whether NVML is initialised (its figures can be asked for).
+pub fn initialised() -> bool {
+    INITIALISED.load(Ordering::Acquire) == OK
+}
+
 /// Whether the initialisation started by [`prewarm`] is still under way.
 pub fn starting() -> bool {
     INITIALISED.load(Ordering::Acquire) == STARTING
@@ -199,6 +204,8 @@ pub fn starting() -> bool {
 /// here (its thread was not copied), so the child starts over when it needs NVML.
 pub fn after_fork() {
     BACKGROUND_BUSY.store(false, Ordering::Release);
+    // The child is another process: its entry is found anew.
+    OWN_PID.store(0, Ordering::Release);
     let _ = INITIALISED.compare_exchange(STARTING, IDLE, Ordering::AcqRel, Ordering::Relaxed);
 }
 
@@ -289,9 +296,9 @@ pub fn attach(device: usize) {
     let _ = handle_of(device);
 }
 
-/// What `nvidia-smi` shows for this process on CUDA ordinal `device`; `None` when NVML
-/// cannot say (missing, or this process is not in its list, as in a PID namespace).
-pub fn process_used(device: usize) -> Option<u64> {
+/// The processes NVML lists on CUDA ordinal `device` (at most 128), or `None` when
+/// NVML cannot say.
+fn processes(device: usize) -> Option<([ProcessInfo; 128], usize)> {
     let handle = handle_of(device)?;
     let f = real_fn(F::GetComputeRunningProcessesV3);
     if f.is_null() {
@@ -311,11 +318,54 @@ pub fn process_used(device: usize) -> Option<u64> {
             std::mem::transmute(f);
         f(handle, &mut count, infos.as_mut_ptr())
     };
-    if rc != NVML_SUCCESS {
-        return None;
+    (rc == NVML_SUCCESS).then_some((infos, (count as usize).min(128)))
+}
+
+/// This process's pid as NVML lists it: its own, or — in a PID namespace, where NVML
+/// lists host pids — the one [`find_own_pid`] found (0 until then).
+static OWN_PID: AtomicU32 = AtomicU32::new(0);
+
+fn own_pid() -> u32 {
+    match OWN_PID.load(Ordering::Acquire) {
+        0 => std::process::id(),
+        pid => pid,
     }
-    let pid = std::process::id();
-    infos[..(count as usize).min(infos.len())]
+}
+
+/// The pids NVML lists on `device` now, for [`find_own_pid`].
+pub fn pids(device: usize) -> Option<Vec<u32>> {
+    let (infos, count) = processes(device)?;
+    Some(infos[..count].iter().map(|p| p.pid).collect())
+}
+
+/// In a PID namespace: our host pid is the one pid that appeared on `device` across our
+/// first context's creation (`before`: the list just before it). With none or several
+/// (another process started a context at the same moment), nothing is decided. Returns
+/// whether this process's entry is known now.
+pub fn find_own_pid(device: usize, before: &[u32]) -> bool {
+    if OWN_PID.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    let Some(after) = pids(device) else {
+        return false;
+    };
+    let mut new = after.iter().filter(|p| !before.contains(p));
+    match (new.next(), new.next()) {
+        (Some(&pid), None) => {
+            OWN_PID.store(pid, Ordering::Release);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// What `nvidia-smi` shows for this process on CUDA ordinal `device`; `None` when NVML
+/// cannot say (missing, or this process is not in its list, as in a PID namespace
+/// before [`find_own_pid`] found it).
+pub fn process_used(device: usize) -> Option<u64> {
+    let (infos, count) = processes(device)?;
+    let pid = own_pid();
+    infos[..count]
         .iter()
         .find(|p| p.pid == pid)
         .map(|p| p.used_gpu_memory)

@@ -149,6 +149,7 @@ fn install_fork_handler() {
             crate::graphs::reset_in_child();
             crate::enforce::reset_in_child();
             crate::footprint::after_fork();
+            crate::loads::after_fork();
         }
         crate::nvml::after_fork();
         crate::capture::after_fork();

@@ -423,3 +423,33 @@ fn when_the_last_context_goes_its_memory_leaves_the_books() {
     assert_eq!(run.num("info", 0, "free"), 8 * GI, "{run:?}");
     assert_eq!(run.rc("alloc", 1), 0);
 }
+
+#[test]
+fn in_a_real_pid_namespace_memory_no_call_names_is_reconciled_within_a_second() {
+    // NVML lists the process under a pid it cannot know (as host pids in a container):
+    // the pid that appears with the first context is taken as its own, so the footprint
+    // re-read finds the 300 MiB a kernel launch grew (local memory), as on the host.
+    let cmd = util::client_command(
+        "gpa",
+        &["info", "kernel", "sleep:1100", "alloc:1Mi", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+            ("FAKE_CUDA_LAUNCH_LOCAL_BYTES", "314572800"),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+        Some(&util::lib_path()),
+    );
+    let Some(cmd) = in_new_pid_namespace(&cmd) else {
+        eprintln!("skipped: this machine cannot create a PID namespace (unshare -Urpf)");
+        return;
+    };
+    let run = util::run(cmd);
+    assert_eq!(run.num("info", 0, "free"), 8 * GI - 512 * MI, "{run:?}");
+    assert_eq!(run.rc("kernel", 0), 0, "{run:?}");
+    assert_eq!(
+        run.num("info", 1, "free"),
+        8 * GI - 512 * MI - 300 * MI - MI,
+        "{run:?}"
+    );
+}

@@ -125,12 +125,14 @@ const NCONFIGS: u64 = 4;
 /// The process configuration of a sequence follows from its seed.
 fn config_of(seed: u64) -> Config {
     let index = seed % NCONFIGS;
-    // Without NVML: the context costs nothing and nothing is reconciled against NVML's
-    // per-process figure (a bounded-rate correction whose timing would make the books
-    // depend on the scheduler); the reconciliation has tests of its own (no_escape.rs).
+    // Without NVML: the context costs nothing (and the library is told so, as it cannot
+    // measure it) and nothing is reconciled against NVML's per-process figure (a
+    // bounded-rate correction whose timing would make the books depend on the
+    // scheduler); the reconciliation has tests of its own (no_escape.rs).
     let mut env = vec![
         ("FAKE_CUDA_CTX_BYTES".to_owned(), "0".to_owned()),
         ("FAKE_NVML_ABSENT".to_owned(), "1".to_owned()),
+        ("CUDABUDGET_CONTEXT_MEMORY".to_owned(), "0".to_owned()),
     ];
     let (ndev, budgets, mode) = match index {
         0 => {

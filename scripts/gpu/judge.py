@@ -526,6 +526,44 @@ def dataloader_fork_checks(gib=8):
     ]
 
 
+def footprint_rawmodule_checks(gib=2):
+    return [
+        ok_run(),
+        info("native_load", ["load_ok", "smi_mib"]),
+        ("load_refused_OUT_OF_MEMORY", lambda b, n: b("load_ok") is False and b("load_oom") is True,
+         ["load_ok", "load_oom", "load_exc"], True),
+        smi_le(gib),
+    ]
+
+
+def footprint_heap_checks(gib=2):
+    return [
+        ok_run(),
+        info("native_heap", ["set_heap_6GiB_ok", "kernel_malloc_3GiB_ok", "smi_mib"]),
+        ("heap_6GiB_refused_OUT_OF_MEMORY",
+         lambda b, n: b("set_heap_6GiB_ok") is False and b("set_heap_6GiB_oom") is True,
+         ["set_heap_6GiB_ok", "set_heap_6GiB_exc", "heap_limit"], True),
+        ("kernel_malloc_3GiB_fails", lambda b, n: b("kernel_malloc_3GiB_ok") is False,
+         ["kernel_malloc_3GiB_ok", "kernel_ok"], True),
+        smi_le(gib),
+    ]
+
+
+def footprint_spill_checks(gib=24, namespaced=False):
+    checks = [
+        ok_run(),
+        info("native_spill", ["spill_ok", "after_ok", "smi_mib", "smi_mib_source"]),
+        like_native("spill_ok", "spilling_kernel_runs", ["spill_exc"]),
+        ("local_memory_reconciled:more_refused",
+         lambda b, n: b("after_ok") is False and b("after_oom") is True,
+         ["after_ok", "after_exc", "free_after_spill", "total_after_spill"], True),
+        smi_le(gib),
+    ]
+    if namespaced:
+        checks.insert(1, is_true("in_pid_namespace"))
+    return checks
+
+
 CASES = {
     "torch_native": torch_alloc_checks,
     "torch_expandable": torch_alloc_checks,
@@ -549,6 +587,11 @@ CASES = {
     "cuda_primary_reset": cuda_primary_reset_checks,
     "two_gpu_stream": two_gpu_stream_checks,
     "dataloader_fork": dataloader_fork_checks,
+    "footprint_rawmodule": footprint_rawmodule_checks,
+    "footprint_heap": footprint_heap_checks,
+    "footprint_spill": footprint_spill_checks,
+    "footprint_pidns": lambda: footprint_spill_checks(namespaced=True),
+    "torch_no_nvml": torch_alloc_checks,
 }
 
 

@@ -24,6 +24,7 @@ REPS=5
 ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform jax_async cupy_default cupy_async numba cuda_c nvsmi seed"
 ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
 ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
+ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) ONLY="$2"; shift 2 ;;
@@ -412,6 +413,41 @@ if selected cuda_async_impossible; then
 fi
 if selected cuda_primary_reset; then
   graph_case cuda_primary_reset "B:CUDABUDGET_LIMIT=4Gi" reset
+fi
+# "The whole footprint": memory no allocation call names (module globals, the device heap,
+# local memory a launch grows), in a PID namespace, and with NVML hidden from the process.
+if selected footprint_rawmodule; then
+  pair footprint_rawmodule "B:CUDABUDGET_LIMIT=2Gi" 120 -- "$PY" "$C/footprint_case.py" --mode rawmodule --budget-gib 2
+fi
+if selected footprint_heap; then
+  pair footprint_heap "B:CUDABUDGET_LIMIT=2Gi" 120 -- "$PY" "$C/footprint_case.py" --mode heap --budget-gib 2
+fi
+if selected footprint_spill; then
+  pair footprint_spill "B:CUDABUDGET_LIMIT=24Gi" 120 -- "$PY" "$C/footprint_case.py" --mode spill --budget-gib 24
+fi
+if selected footprint_pidns; then
+  if unshare --pid --fork --mount-proc true 2>/dev/null; then
+    pair footprint_pidns "B:CUDABUDGET_LIMIT=24Gi" 120 -- unshare --pid --fork --mount-proc \
+      "$PY" "$C/footprint_case.py" --mode spill --budget-gib 24
+  else
+    log "FAIL footprint_pidns/setup unshare --pid --fork --mount-proc does not work here (needs root)"
+    echo "FAIL footprint_pidns/setup" >>"$RESULTS"
+  fi
+fi
+if selected torch_no_nvml; then
+  # A libnvidia-ml.so.1 whose nvmlInit fails, first on the library path: NVML is absent for
+  # the process (as in a container started with NVIDIA_DRIVER_CAPABILITIES=compute).
+  # nvidia-smi, run by the case for its figures, gets the real one (common.clean_env).
+  STUB="$BUILD/nvml-stub"
+  mkdir -p "$STUB"
+  printf 'int nvmlInit_v2(void) { return 12; }\nint nvmlInit(void) { return 12; }\n' >"$STUB/stub.c"
+  if gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o "$STUB/libnvidia-ml.so.1" "$STUB/stub.c" 2>"$WORK/nvml-stub.log"; then
+    pair torch_no_nvml "LD_LIBRARY_PATH=$STUB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CB_NVML_STUB=$STUB B:CUDABUDGET_LIMIT=8Gi" 180 -- \
+      "$PY" "$C/torch_case.py" --mode alloc --budget-gib 8
+  else
+    log "FAIL torch_no_nvml/setup gcc could not build the NVML stub: $(head -c 300 "$WORK/nvml-stub.log")"
+    echo "FAIL torch_no_nvml/setup" >>"$RESULTS"
+  fi
 fi
 if selected dataloader_fork; then
   pair dataloader_fork "B:CUDABUDGET_LIMIT=8Gi" 150 -- \

@@ -5,8 +5,8 @@ use std::ffi::{c_int, c_void};
 
 use super::guard;
 use crate::driver::{CuResult, Device, Handle, real};
-use crate::footprint;
 use crate::runtime::{self, Mode};
+use crate::{footprint, loads};
 
 /// Refused with `CUDA_ERROR_NOT_PERMITTED` when the configuration is malformed: the
 /// process must not run unbudgeted.
@@ -51,6 +51,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             && let Some((device, d)) = budgeted_view()
         {
             footprint::settle_before_admission(device);
+            crate::enforce::refresh_pools(device, d);
             footprint::maybe_reconcile(device, d);
             let budget = d.budget();
             // SAFETY: the driver just filled both.
@@ -206,8 +207,12 @@ fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult 
 pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: Device) -> CuResult {
     guard("cuCtxCreate", || {
         // SAFETY: the caller's arguments.
-        let rc = creating_context(device, || unsafe {
-            real::cuCtxCreate_v2(ctx, flags, device)
+        let create = || unsafe { real::cuCtxCreate_v2(ctx, flags, device) };
+        let rc = creating_context(device, || {
+            // SAFETY: the context the driver just created, destroyed when it does not fit.
+            loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
+                real::cuCtxDestroy_v2(c)
+            })
         });
         remember_created(ctx, device, rc)
     })
@@ -225,8 +230,12 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
 ) -> CuResult {
     guard("cuCtxCreate", || {
         // SAFETY: the caller's arguments.
-        let rc = creating_context(device, || unsafe {
-            real::cuCtxCreate_v3(ctx, params, num, flags, device)
+        let create = || unsafe { real::cuCtxCreate_v3(ctx, params, num, flags, device) };
+        let rc = creating_context(device, || {
+            // SAFETY: the context the driver just created, destroyed when it does not fit.
+            loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
+                real::cuCtxDestroy_v2(c)
+            })
         });
         remember_created(ctx, device, rc)
     })
@@ -243,8 +252,12 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 ) -> CuResult {
     guard("cuCtxCreate", || {
         // SAFETY: the caller's arguments.
-        let rc = creating_context(device, || unsafe {
-            real::cuCtxCreate_v4(ctx, params, flags, device)
+        let create = || unsafe { real::cuCtxCreate_v4(ctx, params, flags, device) };
+        let rc = creating_context(device, || {
+            // SAFETY: the context the driver just created, destroyed when it does not fit.
+            loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
+                real::cuCtxDestroy_v2(c)
+            })
         });
         remember_created(ctx, device, rc)
     })
@@ -256,7 +269,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
     guard("cuCtxDestroy", || {
         // SAFETY: the caller's argument.
-        let rc = unsafe { real::cuCtxDestroy_v2(ctx) };
+        let rc = loads::unload(ctx, || unsafe { real::cuCtxDestroy_v2(ctx) });
         if rc.is_ok() && runtime::mode() == Mode::Budgeted {
             let device = {
                 let created = &mut footprint::context_books().created;

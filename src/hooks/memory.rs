@@ -5,8 +5,8 @@
 use super::guard;
 use crate::capture;
 use crate::driver::{
-    Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_LOCATION_TYPE_DEVICE,
-    MemAllocationProp, MemPoolProps, real,
+    Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_ALLOCATION_TYPE_PINNED,
+    MEM_LOCATION_TYPE_DEVICE, MemAllocationProp, MemLocation, MemPoolProps, real,
 };
 use crate::enforce::{self, array_bytes};
 use crate::runtime::{self, Mode};
@@ -426,23 +426,60 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(
     pool: Handle,
 ) -> CuResult {
     guard("cuDeviceSetMemPool", || {
-        // Stream-ordered calls leave the fast path (which allocates on the pool credit)
-        // before the pool is current, not after: another thread's allocation in between
-        // would come from the created pool on the default pool's credit.
-        let created = pools::created(pool).is_some();
-        if created {
-            capture::detour(true);
-        }
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuDeviceSetMemPool(device, pool) };
-        if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
-            pools::made_current(device as usize, pool);
-        }
-        if created {
-            capture::detour(false);
-        }
-        rc
+        set_device_pool(device, pool, || unsafe {
+            real::cuDeviceSetMemPool(device, pool)
+        })
     })
+}
+
+/// CUDA 13's form of `cuDeviceSetMemPool`: for a device's pinned memory it is the same
+/// call; host and managed locations are not device memory the budget counts.
+///
+/// # Safety
+/// As the driver's `cuMemSetMemPool`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuMemSetMemPool(
+    location: *mut MemLocation,
+    kind: std::ffi::c_int,
+    pool: Handle,
+) -> CuResult {
+    guard("cuMemSetMemPool", || {
+        // SAFETY: the caller's arguments.
+        let set = || unsafe { real::cuMemSetMemPool(location, kind, pool) };
+        // SAFETY: read only when non-null; the caller's location.
+        let device = (!location.is_null())
+            .then(|| unsafe { *location })
+            .filter(|l| l.kind == MEM_LOCATION_TYPE_DEVICE && kind == MEM_ALLOCATION_TYPE_PINNED)
+            .map(|l| l.id);
+        match device {
+            Some(device) => set_device_pool(device, pool, set),
+            None => set(),
+        }
+    })
+}
+
+/// Makes `pool` the device's current pool (`real`).
+fn set_device_pool(
+    device: crate::driver::Device,
+    pool: Handle,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    // Stream-ordered calls leave the fast path (which allocates on the pool credit)
+    // before the pool is current, not after: another thread's allocation in between
+    // would come from the created pool on the default pool's credit.
+    let created = pools::created(pool).is_some();
+    if created {
+        capture::detour(true);
+    }
+    let rc = real();
+    if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
+        pools::made_current(device as usize, pool);
+    }
+    if created {
+        capture::detour(false);
+    }
+    rc
 }
 
 /// # Safety

@@ -16,6 +16,7 @@ use crate::driver::{CuResult, Sym};
 pub mod dlsym;
 pub mod graph;
 pub mod info;
+pub mod loads;
 pub mod memory;
 pub mod nvml;
 pub mod proc_address;
@@ -36,6 +37,7 @@ pub(crate) fn guard(call: &'static str, body: impl FnOnce() -> CuResult) -> CuRe
 pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
     use graph::*;
     use info::*;
+    use loads::*;
     use memory::*;
     use proc_address::*;
     let f: *const () = match sym {
@@ -92,12 +94,28 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         Sym::cuGraphLaunch => cuGraphLaunch as *const (),
         Sym::cuGraphLaunch_ptsz => cuGraphLaunch_ptsz as *const (),
         Sym::cuDeviceGraphMemTrim => cuDeviceGraphMemTrim as *const (),
+        Sym::cuModuleLoad => cuModuleLoad as *const (),
+        Sym::cuModuleLoadData => cuModuleLoadData as *const (),
+        Sym::cuModuleLoadDataEx => cuModuleLoadDataEx as *const (),
+        Sym::cuModuleLoadFatBinary => cuModuleLoadFatBinary as *const (),
+        Sym::cuModuleUnload => cuModuleUnload as *const (),
+        Sym::cuLibraryLoadData => cuLibraryLoadData as *const (),
+        Sym::cuLibraryLoadFromFile => cuLibraryLoadFromFile as *const (),
+        Sym::cuLibraryUnload => cuLibraryUnload as *const (),
+        Sym::cuLibraryGetGlobal => cuLibraryGetGlobal as *const (),
+        Sym::cuLibraryGetManaged => cuLibraryGetManaged as *const (),
+        Sym::cuLibraryGetModule => cuLibraryGetModule as *const (),
+        Sym::cuLibraryGetKernel => cuLibraryGetKernel as *const (),
+        Sym::cuCtxSetLimit => cuCtxSetLimit as *const (),
+        Sym::cuMemSetMemPool => cuMemSetMemPool as *const (),
         // Called by the library, never wrapped.
         Sym::cuDeviceGetCount
         | Sym::cuDeviceGet
+        | Sym::cuDeviceGetName
         | Sym::cuDeviceGetUuid
         | Sym::cuDeviceGetUuid_v2
         | Sym::cuCtxGetDevice
+        | Sym::cuCtxGetLimit
         | Sym::cuDevicePrimaryCtxGetState
         | Sym::cuMemGetAllocationGranularity
         | Sym::cuMemPoolGetAttribute

@@ -27,6 +27,7 @@ fn view(device: NvmlDevice, total: u64, free: u64) -> Option<(u64, u64, u64)> {
     let ordinal = nvml::ordinal_of(device)?;
     let d = runtime::budgeted_with_total(ordinal, total)?;
     crate::footprint::settle_before_admission(ordinal);
+    crate::enforce::refresh_pools(ordinal, d);
     let budget = d.budget().min(total);
     let used = d.used().min(budget);
     Some((budget, free.min(budget - used), used))

@@ -82,7 +82,16 @@ typedef unsigned long long u64;
     X(cuArray3DCreate_v2, "cuArray3DCreate", 0)                                  \
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0)                       \
     X(cuArrayDestroy, "cuArrayDestroy", 0)                                       \
-    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0)
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0)                     \
+    X(cuModuleLoadData, "cuModuleLoadData", 0)                                   \
+    X(cuModuleUnload, "cuModuleUnload", 0)                                       \
+    X(cuLibraryLoadData, "cuLibraryLoadData", 0)                                 \
+    X(cuLibraryUnload, "cuLibraryUnload", 0)                                     \
+    X(cuLibraryGetGlobal, "cuLibraryGetGlobal", 0)                               \
+    X(cuLibraryGetKernel, "cuLibraryGetKernel", 0)                               \
+    X(cuCtxSetLimit, "cuCtxSetLimit", 0)                                         \
+    X(cuCtxGetLimit, "cuCtxGetLimit", 0)                                         \
+    X(cuLaunchKernel, "cuLaunchKernel", 0)
 
 #define FIELD(c, b, v) __typeof__(&c) c;
 static struct {
@@ -227,7 +236,7 @@ static void need_fields(struct op *op, int n) {
 
 /* ---------- slots ---------- */
 
-enum slot_kind { S_PTR, S_ASYNC, S_VMM, S_ARRAY, S_MIPMAP, S_GRAPH };
+enum slot_kind { S_PTR, S_ASYNC, S_VMM, S_ARRAY, S_MIPMAP, S_GRAPH, S_MODULE, S_LIBRARY };
 struct slot {
     enum slot_kind kind;
     u64 value;
@@ -725,6 +734,48 @@ static void run_op(const char *text) {
             rc = api.cuArray3DCreate_v2(&a, &d);
             print_alloc("array3d", rc, S_ARRAY, (u64)(uintptr_t)a, 0);
         }
+    } else if (!strcmp(name, "modload") || !strcmp(name, "libload")) {
+        /* a module (its globals arrive at the load) or a library (lazy: at its first look-up) */
+        need_fields(op, 1);
+        static const char image[16] = "fake image";
+        if (name[0] == 'm') {
+            CUmodule m = NULL;
+            rc = api.cuModuleLoadData(&m, image);
+            print_alloc("modload", rc, S_MODULE, (u64)(uintptr_t)m, 0);
+        } else {
+            CUlibrary l = NULL;
+            rc = api.cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0);
+            print_alloc("libload", rc, S_LIBRARY, (u64)(uintptr_t)l, 0);
+        }
+    } else if (!strcmp(name, "libglobal") || !strcmp(name, "libkernel")) {
+        need_fields(op, 2);
+        CUlibrary l = (CUlibrary)(uintptr_t)slot_field(op, 1)->value;
+        if (name[3] == 'g') {
+            CUdeviceptr p = 0;
+            size_t bytes = 0;
+            rc = api.cuLibraryGetGlobal(&p, &bytes, l, "big");
+        } else {
+            CUkernel k = NULL;
+            rc = api.cuLibraryGetKernel(&k, l, "touch");
+        }
+        out("%s rc=%d", name, rc);
+    } else if (!strcmp(name, "unload")) {
+        need_fields(op, 2);
+        struct slot *s = slot_field(op, 1);
+        rc = s->kind == S_LIBRARY ? api.cuLibraryUnload((CUlibrary)(uintptr_t)s->value)
+                                  : api.cuModuleUnload((CUmodule)(uintptr_t)s->value);
+        out("unload rc=%d", rc);
+    } else if (!strcmp(name, "setlimit")) {
+        /* setlimit:LIMIT:VALUE (0 stack, 1 printf FIFO, 2 malloc heap) */
+        need_fields(op, 3);
+        int limit = (int)num_field(op, 1);
+        rc = api.cuCtxSetLimit(limit, num_field(op, 2));
+        size_t now = 0;
+        int grc = api.cuCtxGetLimit(&now, limit);
+        out("setlimit rc=%d now=%zu (get rc=%d)", rc, now, grc);
+    } else if (!strcmp(name, "kernel")) {
+        need_fields(op, 1);
+        out("kernel rc=%d", api.cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     } else if (!strcmp(name, "destroy")) {
         need_fields(op, 2);
         struct slot *s = slot_field(op, 1);
@@ -1011,6 +1062,7 @@ static const char *const k_ops[] = {
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",
+    "modload", "libload", "libglobal", "libkernel", "unload", "setlimit", "kernel",
 };
 
 /* Unknown op names are refused before anything runs. */

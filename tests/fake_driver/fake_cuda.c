@@ -34,7 +34,10 @@ static int g_nphys;
 static u64 g_mem;
 static u64 g_ctx_bytes;
 static u64 g_other;       /* bytes other processes hold on every physical device */
-static u64 g_module_bytes; /* what a cuModuleLoad costs on the device */
+static u64 g_module_bytes; /* what a module or library costs on the device */
+static int g_eager;          /* CUDA_MODULE_LOADING=EAGER: libraries load at once */
+static u64 g_stack_threads;  /* FAKE_CUDA_STACK_THREADS: threads a stack limit is paid for */
+static u64 g_launch_local;   /* FAKE_CUDA_LAUNCH_LOCAL_BYTES: a context's first launch grows local memory */
 static int g_free_refuses_async; /* FAKE_CUDA_FREE_REFUSES_ASYNC */
 static int g_nvis;
 static int g_vis[MAX_DEV]; /* ordinal -> physical index */
@@ -48,6 +51,11 @@ struct fake_ctx {
     int refcount; /* primary only */
     unsigned flags;
     unsigned gen; /* primary: bumped each time the context goes away (streams die with it) */
+    /* Limits: the stack is paid at once (above the default, for g_stack_threads threads);
+     * the heap and the printf FIFO (above their defaults) at the first launch, after which
+     * they cannot change; that launch also grows local memory by g_launch_local. */
+    u64 stack, heap, fifo, launched_bytes;
+    int launched;
 };
 static struct fake_ctx g_primary[MAX_DEV];
 static struct fake_ctx **g_ctxs; /* created (non-primary) contexts; never freed so stale handles stay safe */
@@ -79,7 +87,7 @@ static __thread int t_depth;
 
 /* ---------- ptr/handle table ---------- */
 
-enum kind { K_DEV = 1, K_MANAGED, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP, K_STREAM, K_GVA, K_GRAPH, K_GNODE, K_EXEC };
+enum kind { K_DEV = 1, K_MANAGED, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP, K_STREAM, K_GVA, K_GRAPH, K_GNODE, K_EXEC, K_MODULE };
 
 struct capture;
 
@@ -227,6 +235,10 @@ static void load_config_locked(void) {
     g_ctx_bytes = env_u64("FAKE_CUDA_CTX_BYTES", 0);
     g_other = env_u64("FAKE_CUDA_OTHER_USED", 0);
     g_module_bytes = env_u64("FAKE_CUDA_MODULE_BYTES", 0);
+    const char *loading = getenv("CUDA_MODULE_LOADING");
+    g_eager = loading && strcasecmp(loading, "EAGER") == 0;
+    g_stack_threads = env_u64("FAKE_CUDA_STACK_THREADS", 1024);
+    g_launch_local = env_u64("FAKE_CUDA_LAUNCH_LOCAL_BYTES", 0);
     g_free_refuses_async = env_u64("FAKE_CUDA_FREE_REFUSES_ASYNC", 0) != 0;
 
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
@@ -332,11 +344,30 @@ static u64 array_handle(void) {
     return next_handle();
 }
 
-static int ctx_owned_kind(int kind) { return kind == K_DEV || kind == K_MANAGED || kind == K_ARRAY || kind == K_MIPMAP; }
+static int ctx_owned_kind(int kind) {
+    return kind == K_DEV || kind == K_MANAGED || kind == K_ARRAY || kind == K_MIPMAP || kind == K_MODULE;
+}
 
 /* A context went away: the device, managed and array memory allocated in it goes too
  * (CUDA 13's cuCtxDestroy: not VMM, not stream-ordered memory). */
+#define STACK_DEFAULT 1024ull
+#define HEAP_DEFAULT (8ull << 20)
+#define FIFO_DEFAULT 8650752ull
+static u64 excess(u64 v, u64 def) { return v > def ? v - def : 0; }
+static u64 stack_bytes(u64 stack) { return excess(stack, STACK_DEFAULT) * g_stack_threads; }
+static u64 limits_held(const struct fake_ctx *c) { return stack_bytes(c->stack) + c->launched_bytes; }
+static u64 limit_of(const struct fake_ctx *c, int limit) {
+    switch (limit) {
+    case 0: return c->stack ? c->stack : STACK_DEFAULT;
+    case 1: return c->fifo ? c->fifo : FIFO_DEFAULT;
+    default: return c->heap ? c->heap : HEAP_DEFAULT;
+    }
+}
+
 static void drop_context_memory(struct fake_ctx *ctx) {
+    uncharge(ctx->device, limits_held(ctx));
+    ctx->stack = ctx->heap = ctx->fifo = ctx->launched_bytes = 0;
+    ctx->launched = 0;
     for (size_t i = 0; i < g_nbuckets; i++) {
         struct entry *e = g_buckets[i];
         while (e) {
@@ -1091,7 +1122,17 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
                         void **extra) {
     (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params,
         (void)extra;
-    return CUDA_SUCCESS;
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    if (!t_cur->launched) {
+        /* The first launch allocates the heap and the FIFO as set, and local memory. */
+        u64 bytes = excess(t_cur->heap, HEAP_DEFAULT) + excess(t_cur->fifo, FIFO_DEFAULT) + g_launch_local;
+        if (bytes) TRY(charge(dev, bytes, 1));
+        t_cur->launched_bytes = bytes;
+        t_cur->launched = 1;
+    }
+    END
 }
 
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
@@ -1250,16 +1291,142 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
     return CUDA_SUCCESS;
 }
 
-/* A module's globals are device memory that no allocation call names: it costs
- * FAKE_CUDA_MODULE_BYTES on the current device, for good. */
-CUresult cuModuleLoad(CUmodule *module, const char *fname) {
-    (void)fname;
+/* ---------- modules, libraries, limits ---------- */
+
+/* A module's or library's globals are device memory that no allocation call names: each
+ * costs FAKE_CUDA_MODULE_BYTES on the current device, as the H200 measured: a module at
+ * its load; a library at its load with CUDA_MODULE_LOADING=EAGER, else (lazy loading) at
+ * its first cuLibraryGet*. An unload, or the context's end, gives it back. */
+#define MODULE_PENDING 1u
+
+static CUresult module_load(u64 *out, int library) {
     BEGIN;
     int dev;
     TRY(cur_device(&dev));
-    if (!module) FAIL(CUDA_ERROR_INVALID_VALUE);
-    if (g_module_bytes) TRY(charge(dev, g_module_bytes, 1));
-    *module = (CUmodule)(uintptr_t)0x1000;
+    if (!out) FAIL(CUDA_ERROR_INVALID_VALUE);
+    int lazy = library && !g_eager;
+    u64 bytes = lazy ? 0 : g_module_bytes;
+    if (bytes) TRY(charge(dev, bytes, 1));
+    struct entry *e = tadd(next_handle(), K_MODULE, dev, bytes);
+    if (!e) {
+        uncharge(dev, bytes);
+        FAIL(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    e->ctx = t_cur;
+    e->flags = lazy ? MODULE_PENDING : 0;
+    *out = e->key;
+    END
+}
+
+static CUresult module_unload(u64 key) {
+    BEGIN;
+    struct entry *e = tfind(key);
+    if (!e || e->kind != K_MODULE) FAIL(CUDA_ERROR_INVALID_HANDLE);
+    uncharge(e->device, e->size);
+    tdel(e);
+    END
+}
+
+/* A library's first look-up loads it (lazy loading). */
+static CUresult library_lookup(u64 key, void *out) {
+    BEGIN;
+    struct entry *e = tfind(key);
+    if (!e || e->kind != K_MODULE) FAIL(CUDA_ERROR_INVALID_HANDLE);
+    if (!out) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if ((e->flags & MODULE_PENDING) && g_module_bytes) {
+        TRY(charge(e->device, g_module_bytes, 1));
+        e->size += g_module_bytes;
+    }
+    e->flags &= ~MODULE_PENDING;
+    END
+}
+
+#define AS_MODULE(out, rc_expr)                        \
+    u64 h_ = 0;                                        \
+    CUresult r_ = (rc_expr);                           \
+    if (r_ == CUDA_SUCCESS) *(out) = (void *)(uintptr_t)h_; \
+    return r_;
+
+CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    (void)fname;
+    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
+}
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    (void)image;
+    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
+}
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, int *options, void **values) {
+    (void)image, (void)n, (void)options, (void)values;
+    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
+}
+CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatbin) {
+    (void)fatbin;
+    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
+}
+CUresult cuModuleUnload(CUmodule module) { return module_unload((u64)(uintptr_t)module); }
+
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
+                           void **lv, unsigned int nl) {
+    (void)code, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    AS_MODULE((void **)library, module_load(library ? &h_ : NULL, 1))
+}
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *file, int *jo, void **jv, unsigned int nj, int *lo,
+                               void **lv, unsigned int nl) {
+    (void)file, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    AS_MODULE((void **)library, module_load(library ? &h_ : NULL, 1))
+}
+CUresult cuLibraryUnload(CUlibrary library) { return module_unload((u64)(uintptr_t)library); }
+
+CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name) {
+    (void)name;
+    CUresult rc = library_lookup((u64)(uintptr_t)library, dptr);
+    if (rc == CUDA_SUCCESS) {
+        *dptr = 0x7000000000ull;
+        if (bytes) *bytes = (size_t)g_module_bytes;
+    }
+    return rc;
+}
+CUresult cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name) {
+    return cuLibraryGetGlobal(dptr, bytes, library, name);
+}
+CUresult cuLibraryGetModule(CUmodule *module, CUlibrary library) {
+    CUresult rc = library_lookup((u64)(uintptr_t)library, module);
+    if (rc == CUDA_SUCCESS) *module = (CUmodule)(uintptr_t)library;
+    return rc;
+}
+CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name) {
+    (void)name;
+    CUresult rc = library_lookup((u64)(uintptr_t)library, kernel);
+    if (rc == CUDA_SUCCESS) *kernel = (CUkernel)(uintptr_t)0x2000;
+    return rc;
+}
+
+CUresult cuCtxGetLimit(size_t *value, int limit) {
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    if (!value || limit < 0 || limit > 2) FAIL(CUDA_ERROR_INVALID_VALUE);
+    *value = (size_t)limit_of(t_cur, limit);
+    END
+}
+
+/* CU_LIMIT_STACK_SIZE (0) is paid at once; CU_LIMIT_PRINTF_FIFO_SIZE (1) and
+ * CU_LIMIT_MALLOC_HEAP_SIZE (2) at the context's first launch, and refused after it. */
+CUresult cuCtxSetLimit(int limit, size_t value) {
+    BEGIN;
+    int dev;
+    TRY(cur_device(&dev));
+    if (limit < 0 || limit > 2) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (limit == 0) {
+        u64 old = stack_bytes(t_cur->stack), now = stack_bytes(value);
+        if (now > old) TRY(charge(dev, now - old, 1));
+        else uncharge(dev, old - now);
+        t_cur->stack = value;
+    } else {
+        if (t_cur->launched) FAIL(CUDA_ERROR_INVALID_VALUE);
+        if (limit == 1) t_cur->fifo = value;
+        else t_cur->heap = value;
+    }
     END
 }
 
@@ -2086,6 +2253,19 @@ static const struct proc g_procs[] = {
     P("cuDeviceSetGraphMemAttribute", 11040, cuDeviceSetGraphMemAttribute),
     P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
     P("cuModuleLoad", 2000, cuModuleLoad),
+    P("cuModuleLoadData", 2000, cuModuleLoadData),
+    P("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx),
+    P("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary),
+    P("cuModuleUnload", 2000, cuModuleUnload),
+    P("cuLibraryLoadData", 12000, cuLibraryLoadData),
+    P("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile),
+    P("cuLibraryUnload", 12000, cuLibraryUnload),
+    P("cuLibraryGetGlobal", 12000, cuLibraryGetGlobal),
+    P("cuLibraryGetManaged", 12000, cuLibraryGetManaged),
+    P("cuLibraryGetModule", 12000, cuLibraryGetModule),
+    P("cuLibraryGetKernel", 12000, cuLibraryGetKernel),
+    P("cuCtxSetLimit", 3010, cuCtxSetLimit),
+    P("cuCtxGetLimit", 3010, cuCtxGetLimit),
     P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     P("cuMemCreate", 10020, cuMemCreate),
     P("cuMemRelease", 10020, cuMemRelease),

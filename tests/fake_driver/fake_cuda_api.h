@@ -19,6 +19,8 @@ typedef struct fake_array *CUarray;
 typedef struct fake_mipmap *CUmipmappedArray;
 typedef struct fake_module *CUmodule;
 typedef struct fake_function *CUfunction;
+typedef struct fake_library *CUlibrary;
+typedef struct fake_kernel *CUkernel;
 typedef struct fake_graph *CUgraph;
 typedef struct fake_gnode *CUgraphNode;
 typedef struct fake_exec *CUgraphExec;
@@ -208,6 +210,21 @@ enum {
     X(cuDeviceSetGraphMemAttribute, (CUdevice dev, int attr, void *value)) \
     X(cuDeviceGraphMemTrim, (CUdevice dev)) \
     X(cuModuleLoad, (CUmodule *module, const char *fname)) \
+    X(cuModuleLoadData, (CUmodule *module, const void *image)) \
+    X(cuModuleLoadDataEx, (CUmodule *module, const void *image, unsigned int n, int *options, void **values)) \
+    X(cuModuleLoadFatBinary, (CUmodule *module, const void *fatbin)) \
+    X(cuModuleUnload, (CUmodule module)) \
+    X(cuLibraryLoadData, (CUlibrary *library, const void *code, int *jo, void **jv, unsigned int nj, int *lo, \
+                          void **lv, unsigned int nl)) \
+    X(cuLibraryLoadFromFile, (CUlibrary *library, const char *file, int *jo, void **jv, unsigned int nj, int *lo, \
+                              void **lv, unsigned int nl)) \
+    X(cuLibraryUnload, (CUlibrary library)) \
+    X(cuLibraryGetGlobal, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)) \
+    X(cuLibraryGetManaged, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)) \
+    X(cuLibraryGetModule, (CUmodule *module, CUlibrary library)) \
+    X(cuLibraryGetKernel, (CUkernel *kernel, CUlibrary library, const char *name)) \
+    X(cuCtxSetLimit, (int limit, size_t value)) \
+    X(cuCtxGetLimit, (size_t *value, int limit)) \
     X(cuMemGetAllocationGranularity, (size_t *gran, const CUmemAllocationProp *prop, int option)) \
     X(cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)) \
     X(cuMemRelease, (CUmemGenericAllocationHandle handle)) \

@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import re
+import random
 import statistics
 import sys
 
@@ -74,6 +75,18 @@ def paired(runs_a, runs_b, key):
     return out
 
 
+def median_ci(*samples, reps=4000):
+    """95 % bootstrap interval of the sum of the samples' medians (each resampled on its
+    own, a fixed seed): how far the figure could move with other reps of the same run."""
+    samples = [list(v) for v in samples]
+    if any(len(v) < 3 for v in samples):
+        return None
+    rng = random.Random(20261201)
+    sums = sorted(sum(statistics.median(rng.choices(v, k=len(v))) for v in samples)
+                  for _ in range(reps))
+    return sums[int(0.025 * reps)], sums[int(0.975 * reps) - 1]
+
+
 def stat(vs, nd=1):
     if not vs:
         return None, "n/a"
@@ -112,9 +125,14 @@ def main():
             metric, unit, n_s, b_s, fmt(delta, 2) if delta is not None else "n/a",
             ("%.4f" % ratio) if ratio is not None else "n/a", target_desc, verdict))
 
-    def single(metric, unit, vs, target_desc, judge, nd=1):
-        """One figure per run (already a with/without comparison): its median decides."""
+    def single(metric, unit, vs, target_desc, judge, nd=1, ci=None):
+        """One figure per run (already a with/without comparison): its median decides.
+        The 95 % interval of the median is shown beside it (`ci`: given, for a sum)."""
         med, txt = stat(vs, nd)
+        ci = ci or (median_ci(vs) if len(vs) >= 3 else None)
+        if ci is not None:
+            txt += "; 95%% CI of the median %s..%s (width %s)" % (
+                fmt(ci[0], nd), fmt(ci[1], nd), fmt(ci[1] - ci[0], nd))
         verdict = "info"
         if judge is not None:
             verdict = "n/a" if med is None else ("PASS" if judge(med) else "FAIL")
@@ -281,7 +299,8 @@ def main():
     total = []
     if cuda and load_cost:
         total = [statistics.median(cuda) + statistics.median(load_cost)]
-    single("start-up added: first CUDA tensor + loading", "ms", total, "+<= 5 ms", lambda m: m <= 5.0, 2)
+    single("start-up added: first CUDA tensor + loading", "ms", total, "+<= 5 ms", lambda m: m <= 5.0, 2,
+           ci=median_ci(cuda, load_cost) if cuda and load_cost else None)
     single("ctypes cuInit + context, inside", "ms", paired(c.get("native"), c.get("budget"), "in_process_ms"),
            "(info)", None, 2)
     lines.append("")

@@ -1,0 +1,235 @@
+//! Modules, libraries and context limits: device memory that arrives with a call that
+//! names no size ([`crate::loads`] measures and charges it).
+
+use std::ffi::{c_char, c_int, c_void};
+
+use super::guard;
+use crate::driver::{CuResult, DevicePtr, Handle, real};
+use crate::loads;
+
+/// A module load (`real`): charged by what it costs, unloaded again if it does not fit.
+fn module_load(
+    call: &'static str,
+    module: *mut Handle,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    guard(call, || {
+        // SAFETY: the module the driver just loaded.
+        loads::load(call, module, false, real, |m| unsafe {
+            real::cuModuleUnload(m)
+        })
+    })
+}
+
+/// A library load (`real`): with lazy loading its globals come at its first look-up.
+fn library_load(
+    call: &'static str,
+    library: *mut Handle,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    guard(call, || {
+        // SAFETY: the library the driver just loaded.
+        loads::load(call, library, true, real, |l| unsafe {
+            real::cuLibraryUnload(l)
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuModuleLoad`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char) -> CuResult {
+    // SAFETY: the caller's arguments.
+    module_load("cuModuleLoad", module, || unsafe {
+        real::cuModuleLoad(module, fname)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuModuleLoadData`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CuResult {
+    // SAFETY: the caller's arguments.
+    module_load("cuModuleLoadData", module, || unsafe {
+        real::cuModuleLoadData(module, image)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuModuleLoadDataEx`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut Handle,
+    image: *const c_void,
+    n: u32,
+    options: *mut c_int,
+    values: *mut *mut c_void,
+) -> CuResult {
+    // SAFETY: the caller's arguments.
+    module_load("cuModuleLoadDataEx", module, || unsafe {
+        real::cuModuleLoadDataEx(module, image, n, options, values)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuModuleLoadFatBinary`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(
+    module: *mut Handle,
+    fatbin: *const c_void,
+) -> CuResult {
+    // SAFETY: the caller's arguments.
+    module_load("cuModuleLoadFatBinary", module, || unsafe {
+        real::cuModuleLoadFatBinary(module, fatbin)
+    })
+}
+
+/// # Safety
+/// As the driver's `cuModuleUnload`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CuResult {
+    guard("cuModuleUnload", || {
+        // SAFETY: the caller's argument.
+        loads::unload(module, || unsafe { real::cuModuleUnload(module) })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuLibraryLoadData`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    library: *mut Handle,
+    code: *const c_void,
+    jit_options: *mut c_int,
+    jit_values: *mut *mut c_void,
+    n_jit: u32,
+    lib_options: *mut c_int,
+    lib_values: *mut *mut c_void,
+    n_lib: u32,
+) -> CuResult {
+    // SAFETY: the caller's arguments.
+    library_load("cuLibraryLoadData", library, || unsafe {
+        real::cuLibraryLoadData(
+            library,
+            code,
+            jit_options,
+            jit_values,
+            n_jit,
+            lib_options,
+            lib_values,
+            n_lib,
+        )
+    })
+}
+
+/// # Safety
+/// As the driver's `cuLibraryLoadFromFile`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLibraryLoadFromFile(
+    library: *mut Handle,
+    file: *const c_char,
+    jit_options: *mut c_int,
+    jit_values: *mut *mut c_void,
+    n_jit: u32,
+    lib_options: *mut c_int,
+    lib_values: *mut *mut c_void,
+    n_lib: u32,
+) -> CuResult {
+    // SAFETY: the caller's arguments.
+    library_load("cuLibraryLoadFromFile", library, || unsafe {
+        real::cuLibraryLoadFromFile(
+            library,
+            file,
+            jit_options,
+            jit_values,
+            n_jit,
+            lib_options,
+            lib_values,
+            n_lib,
+        )
+    })
+}
+
+/// # Safety
+/// As the driver's `cuLibraryUnload`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuLibraryUnload(library: Handle) -> CuResult {
+    guard("cuLibraryUnload", || {
+        // SAFETY: the caller's argument.
+        loads::unload(library, || unsafe { real::cuLibraryUnload(library) })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuLibraryGetGlobal`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut DevicePtr,
+    bytes: *mut usize,
+    library: Handle,
+    name: *const c_char,
+) -> CuResult {
+    guard("cuLibraryGetGlobal", || {
+        loads::lookup("cuLibraryGetGlobal", library, || {
+            // SAFETY: the caller's arguments.
+            unsafe { real::cuLibraryGetGlobal(dptr, bytes, library, name) }
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuLibraryGetManaged`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuLibraryGetManaged(
+    dptr: *mut DevicePtr,
+    bytes: *mut usize,
+    library: Handle,
+    name: *const c_char,
+) -> CuResult {
+    guard("cuLibraryGetManaged", || {
+        loads::lookup("cuLibraryGetManaged", library, || {
+            // SAFETY: the caller's arguments.
+            unsafe { real::cuLibraryGetManaged(dptr, bytes, library, name) }
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuLibraryGetModule`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CuResult {
+    guard("cuLibraryGetModule", || {
+        loads::lookup("cuLibraryGetModule", library, || {
+            // SAFETY: the caller's arguments.
+            unsafe { real::cuLibraryGetModule(module, library) }
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuLibraryGetKernel`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    kernel: *mut Handle,
+    library: Handle,
+    name: *const c_char,
+) -> CuResult {
+    guard("cuLibraryGetKernel", || {
+        loads::lookup("cuLibraryGetKernel", library, || {
+            // SAFETY: the caller's arguments.
+            unsafe { real::cuLibraryGetKernel(kernel, library, name) }
+        })
+    })
+}
+
+/// # Safety
+/// As the driver's `cuCtxSetLimit`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CuResult {
+    guard("cuCtxSetLimit", || {
+        // SAFETY: the caller's limit, with the value asked for or the old one back.
+        loads::set_limit(limit, value, |v| unsafe { real::cuCtxSetLimit(limit, v) })
+    })
+}

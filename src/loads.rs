@@ -1,0 +1,347 @@
+//! Device memory that no allocation call names but a call we see causes: a module's or
+//! library's globals and code, and the context's limits (its per-thread stack, the device
+//! `malloc` heap, the `printf` FIFO).
+//!
+//! Measured on the H200 (scripts/gpu/footprint_probe.sh, CUDA 13, driver 580):
+//! - `cuModuleLoad*` allocates a module's globals at the load, lazy loading or not;
+//! - `cuLibraryLoad*` with lazy loading (the default) allocates nothing at the load: the
+//!   globals arrive at the library's first look-up (`cuLibraryGetGlobal`, and the other
+//!   `cuLibraryGet*`), with eager loading at the load;
+//! - `cuCtxSetLimit(STACK_SIZE)` allocates at once (64 KiB a thread: 16.2 GiB);
+//!   `MALLOC_HEAP_SIZE` and `PRINTF_FIFO_SIZE` allocate at the next launch of a kernel
+//!   that uses them (a 2 GiB heap: 2050 MiB), after which the heap cannot change.
+//!
+//! So a load or a first look-up is measured: the device's free memory before and after
+//! (`cuMemGetInfo`, a microsecond against the milliseconds of a load), and the growth is
+//! admitted against the budget. A load whose growth does not fit is undone (the module
+//! unloaded) and returns `CUDA_ERROR_OUT_OF_MEMORY`; a look-up cannot be undone, so its
+//! growth stays charged and the look-up returns `CUDA_ERROR_OUT_OF_MEMORY` (the memory
+//! goes with the library's unload). What a module or library holds is kept against its
+//! handle and given back at its unload. The heap and the FIFO are charged when they are
+//! set, by the change of the limit, before the driver is asked: a limit that does not fit
+//! is never set. The stack is measured, and a stack that does not fit is set back.
+//!
+//! The reading is device-wide: another thread's or process's allocation during a load is
+//! counted with it (an over-charge until the unload), a free during a load hides part of
+//! it (an under-charge that the footprint re-read corrects where NVML can see the
+//! process). Kernels that lazy loading brings in at their first launch, and local memory
+//! a spilling kernel grows at its launch, are not seen by any call: the footprint re-read
+//! charges them (within a second, where NVML sees the process).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::driver::{CuResult, Handle, real};
+use crate::enforce;
+use crate::ledger::{DeviceLedger, MAX_DEVICES};
+use crate::lock::Lock;
+
+/// `CU_LIMIT_STACK_SIZE`; `CU_LIMIT_PRINTF_FIFO_SIZE` is 1, `CU_LIMIT_MALLOC_HEAP_SIZE` 2.
+const LIMIT_STACK_SIZE: i32 = 0;
+
+/// A module or library and what it holds on its device.
+struct Load {
+    handle: usize,
+    device: usize,
+    bytes: u64,
+    /// The device's books when it was charged: a clear (the context went away, and the
+    /// module with it) voids it.
+    books: u64,
+    /// Its globals are on the device: later look-ups cost nothing and are not measured.
+    resident: bool,
+}
+
+static LOADS: Lock<Vec<Load>> = Lock::new(Vec::new());
+/// Libraries whose first look-up is still to come: while 0, look-ups take no lock.
+static LAZY: AtomicUsize = AtomicUsize::new(0);
+
+/// The device's free memory now, from the driver (`None`: no current context).
+fn free_now() -> Option<u64> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers.
+    unsafe { real::cuMemGetInfo_v2(&mut free, &mut total) }
+        .is_ok()
+        .then_some(free as u64)
+}
+
+/// Runs `real` and returns how much the device's use changed across it (grown:
+/// positive; 0 when it cannot be read).
+fn measure(real: impl FnOnce() -> CuResult) -> (CuResult, i64) {
+    let before = free_now();
+    let rc = real();
+    let change = match (before, rc.is_ok().then(free_now).flatten()) {
+        (Some(before), Some(after)) => clamp(before).saturating_sub(clamp(after)),
+        _ => 0,
+    };
+    (rc, change)
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Admits `bytes` that the device already holds (the call has happened): true when
+/// they fit and are now charged.
+fn admit_held(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
+    match enforce::admit(call, device, d, bytes) {
+        Ok(r) => {
+            r.commit();
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// A module or library load (`real`), whose handle the driver writes to `out`. `lazy`:
+/// a library, whose globals may come at its first look-up instead. A load whose growth
+/// does not fit is undone with `unload` and refused.
+pub fn load(
+    call: &'static str,
+    out: *mut Handle,
+    lazy: bool,
+    real: impl FnOnce() -> CuResult,
+    unload: impl FnOnce(Handle) -> CuResult,
+) -> CuResult {
+    let (device, d) = match enforce::budgeted_device(None) {
+        Ok(found) => found,
+        Err(refusal) => return refusal.unwrap_or_else(real),
+    };
+    if crate::capture::any() {
+        // Not the moment for calls of our own; the footprint re-read counts it.
+        return real();
+    }
+    crate::footprint::settle_before_admission(device);
+    let (rc, change) = measure(real);
+    let grown = change.max(0).unsigned_abs();
+    if !rc.is_ok() || out.is_null() {
+        return rc;
+    }
+    // SAFETY: the driver just wrote the handle.
+    let handle = unsafe { *out };
+    if grown > 0 && !admit_held(call, device, d, grown) {
+        let _ = unload(handle);
+        return CuResult::OUT_OF_MEMORY;
+    }
+    let resident = !lazy || grown > 0;
+    if !resident {
+        LAZY.fetch_add(1, Ordering::AcqRel);
+    }
+    LOADS.lock().push(Load {
+        handle: handle as usize,
+        device,
+        bytes: grown,
+        books: d.books_epoch(),
+        resident,
+    });
+    CuResult::SUCCESS
+}
+
+/// A look-up in `library` (`cuLibraryGetGlobal`, `…GetManaged`, `…GetModule`,
+/// `…GetKernel`) that may bring a lazily loaded library's globals in: measured the first
+/// time only.
+pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+    if LAZY.load(Ordering::Acquire) == 0 || crate::capture::any() {
+        return real();
+    }
+    let pending = LOADS
+        .lock()
+        .iter()
+        .find(|l| l.handle == library as usize && !l.resident)
+        .map(|l| l.device);
+    let Some(device) = pending else {
+        return real();
+    };
+    let Some(d) = crate::runtime::budgeted(device) else {
+        return real();
+    };
+    let books = d.books_epoch();
+    let (rc, change) = measure(real);
+    if !rc.is_ok() {
+        return rc;
+    }
+    let grown = change.max(0).unsigned_abs();
+    let fits = grown == 0 || admit_held(call, device, d, grown);
+    if !fits {
+        // Held already and nothing to undo: charged all the same, until the unload.
+        d.charge(grown);
+    }
+    let mut loads = LOADS.lock();
+    if let Some(l) = loads
+        .iter_mut()
+        .find(|l| l.handle == library as usize && !l.resident)
+    {
+        l.resident = true;
+        LAZY.fetch_sub(1, Ordering::AcqRel);
+        if l.books == books {
+            l.bytes = l.bytes.saturating_add(grown);
+        }
+    }
+    if fits {
+        CuResult::SUCCESS
+    } else {
+        CuResult::OUT_OF_MEMORY
+    }
+}
+
+/// A module's or library's unload: what it held is given back.
+pub fn unload(handle: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+    let rc = real();
+    if !rc.is_ok() {
+        return rc;
+    }
+    let gone = {
+        let mut loads = LOADS.lock();
+        let at = loads.iter().position(|l| l.handle == handle as usize);
+        at.map(|i| loads.swap_remove(i))
+    };
+    if let Some(l) = gone {
+        if !l.resident {
+            LAZY.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(d) = crate::runtime::ledger().device(l.device)
+            && d.books_epoch() == l.books
+        {
+            d.release(l.bytes);
+        }
+    }
+    rc
+}
+
+/// A context created on `device` while the process already has one there (a second
+/// context costs device memory of its own, which the footprint charges only for the
+/// first): measured like a load when this thread's current context is on `device`, and
+/// destroyed again with `destroy` if it does not fit.
+pub fn another_context(
+    device: usize,
+    out: *mut Handle,
+    create: impl FnOnce() -> CuResult,
+    destroy: impl FnOnce(Handle) -> CuResult,
+) -> CuResult {
+    let Some(d) = crate::runtime::budgeted(device) else {
+        return create();
+    };
+    if !crate::footprint::has_context(device)
+        || crate::capture::any()
+        || crate::runtime::current_device() != Some(device)
+    {
+        return create();
+    }
+    let (rc, change) = measure(create);
+    let grown = change.max(0).unsigned_abs();
+    if !rc.is_ok() || out.is_null() || grown == 0 {
+        return rc;
+    }
+    // SAFETY: the driver just wrote the context.
+    let handle = unsafe { *out };
+    if !admit_held("cuCtxCreate", device, d, grown) {
+        let _ = destroy(handle);
+        return CuResult::OUT_OF_MEMORY;
+    }
+    LOADS.lock().push(Load {
+        handle: handle as usize,
+        device,
+        bytes: grown,
+        books: d.books_epoch(),
+        resident: true,
+    });
+    rc
+}
+
+/// What each device's context limits hold, as charged, with the books they were
+/// charged in: `[stack, printf FIFO, heap]`.
+static LIMITS: Lock<[[(u64, u64); 3]; MAX_DEVICES]> = Lock::new([[(0, 0); 3]; MAX_DEVICES]);
+
+/// `cuCtxSetLimit(limit, value)` on the current context (`real`).
+pub fn set_limit(limit: i32, value: usize, real: impl Fn(usize) -> CuResult) -> CuResult {
+    let (device, d) = match enforce::budgeted_device(None) {
+        Ok(found) => found,
+        Err(refusal) => return refusal.unwrap_or_else(|| real(value)),
+    };
+    let Ok(slot) = usize::try_from(limit) else {
+        return real(value);
+    };
+    if slot > 2 || crate::capture::any() {
+        return real(value);
+    }
+    let mut old = 0usize;
+    // SAFETY: a valid out-pointer.
+    if !unsafe { real::cuCtxGetLimit(&mut old, limit) }.is_ok() {
+        return real(value);
+    }
+    let call = "cuCtxSetLimit";
+    // The heap and the FIFO are allocated later, at a launch: charged now by the change.
+    let predicted = if limit == LIMIT_STACK_SIZE {
+        0
+    } else {
+        (value as u64).saturating_sub(old as u64)
+    };
+    let reservation = if predicted > 0 {
+        match enforce::admit(call, device, d, predicted) {
+            Ok(r) => Some(r),
+            Err(rc) => return rc,
+        }
+    } else {
+        None
+    };
+    let (rc, change) = measure(|| real(value));
+    if !rc.is_ok() {
+        return rc;
+    }
+    let grown = change.max(0).unsigned_abs();
+    let extra = grown.saturating_sub(predicted);
+    if extra > 0 && !admit_held(call, device, d, extra) {
+        let _ = real(old);
+        return CuResult::OUT_OF_MEMORY;
+    }
+    if let Some(r) = reservation {
+        r.commit();
+    }
+    // A smaller limit gives back what the larger one was charged: the stack what the
+    // driver gave back, the others the change of the limit (never more than charged).
+    let shrink = if limit == LIMIT_STACK_SIZE {
+        change.min(0).unsigned_abs()
+    } else {
+        (old as u64).saturating_sub(value as u64)
+    };
+    let books = d.books_epoch();
+    let mut limits = LIMITS.lock();
+    let held = &mut limits[device][slot];
+    if held.1 != books {
+        *held = (0, books);
+    }
+    held.0 = held.0.saturating_add(predicted + extra);
+    let shrink = shrink.min(held.0);
+    held.0 -= shrink;
+    drop(limits);
+    d.release(shrink);
+    CuResult::SUCCESS
+}
+
+/// The device's last context is gone, its modules and limits with it.
+pub fn context_gone(device: usize) {
+    let mut loads = LOADS.lock();
+    let before = loads.len();
+    let lazy_gone = loads
+        .iter()
+        .filter(|l| l.device == device && !l.resident)
+        .count();
+    loads.retain(|l| l.device != device);
+    debug_assert!(loads.len() <= before);
+    drop(loads);
+    LAZY.fetch_sub(lazy_gone, Ordering::AcqRel);
+    if let Some(limits) = LIMITS.lock().get_mut(device) {
+        *limits = [(0, 0); 3];
+    }
+}
+
+/// In the child of `fork()`: the parent's modules are not the child's (it has no context).
+///
+/// # Safety
+/// Only from an at-fork child handler.
+pub unsafe fn after_fork() {
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        LOADS.reset_in_child(Vec::new());
+        LIMITS.reset_in_child([[(0, 0); 3]; MAX_DEVICES]);
+    }
+    LAZY.store(0, Ordering::Release);
+}
