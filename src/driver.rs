@@ -239,6 +239,7 @@ driver_table! {
     cuMipmappedArrayCreate(array: *mut Handle, desc: *const Array3dDescriptor, levels: u32);
     cuArrayDestroy(array: Handle);
     cuMipmappedArrayDestroy(array: Handle);
+    cuModuleGetLoadingMode(mode: *mut c_int);
     cuModuleLoad(module: *mut Handle, fname: *const c_char);
     cuModuleLoadData(module: *mut Handle, image: *const c_void);
     cuModuleLoadDataEx(module: *mut Handle, image: *const c_void, n: u32, options: *mut c_int, values: *mut *mut c_void);

@@ -63,6 +63,25 @@ fn free_now() -> Option<u64> {
         .then_some(free as u64)
 }
 
+/// Whether the driver loads modules lazily (`CUDA_MODULE_LOADING`, LAZY by default):
+/// asked once.
+fn lazy_loading() -> bool {
+    static MODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    let mut mode = MODE.load(Ordering::Relaxed);
+    if mode == 0 {
+        // SAFETY: a valid out-pointer.
+        if !unsafe { real::cuModuleGetLoadingMode(&mut mode) }.is_ok() {
+            mode = LOADING_EAGER;
+        }
+        MODE.store(mode, Ordering::Relaxed);
+    }
+    mode == LOADING_LAZY
+}
+
+/// `CU_MODULE_EAGER_LOADING`, `CU_MODULE_LAZY_LOADING`.
+const LOADING_EAGER: i32 = 1;
+const LOADING_LAZY: i32 = 2;
+
 /// Runs `real` and returns how much the device's use changed across it (grown:
 /// positive; 0 when it cannot be read).
 fn measure(real: impl FnOnce() -> CuResult) -> (CuResult, i64) {
@@ -110,6 +129,24 @@ pub fn load(
         return real();
     }
     crate::footprint::settle_before_admission(device);
+    if lazy && lazy_loading() {
+        // Nothing arrives at a lazily loaded library's load (cudart makes hundreds of
+        // them at start-up): its first look-up is measured instead.
+        let rc = real();
+        if rc.is_ok() && !out.is_null() {
+            // SAFETY: the driver just wrote the handle.
+            let handle = unsafe { *out };
+            LAZY.fetch_add(1, Ordering::AcqRel);
+            LOADS.lock().push(Load {
+                handle: handle as usize,
+                device,
+                bytes: 0,
+                books: d.books_epoch(),
+                resident: false,
+            });
+        }
+        return rc;
+    }
     let (rc, change) = measure(real);
     let grown = change.max(0).unsigned_abs();
     if !rc.is_ok() || out.is_null() {

@@ -435,17 +435,25 @@ if selected footprint_pidns; then
   fi
 fi
 if selected torch_no_nvml; then
-  # A libnvidia-ml.so.1 whose nvmlInit fails, first on the library path: NVML is absent for
-  # the process (as in a container started with NVIDIA_DRIVER_CAPABILITIES=compute).
-  # nvidia-smi, run by the case for its figures, gets the real one (common.clean_env).
-  STUB="$BUILD/nvml-stub"
-  mkdir -p "$STUB"
-  printf 'int nvmlInit_v2(void) { return 12; }\nint nvmlInit(void) { return 12; }\n' >"$STUB/stub.c"
-  if gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o "$STUB/libnvidia-ml.so.1" "$STUB/stub.c" 2>"$WORK/nvml-stub.log"; then
-    pair torch_no_nvml "LD_LIBRARY_PATH=$STUB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CB_NVML_STUB=$STUB B:CUDABUDGET_LIMIT=8Gi" 180 -- \
+  # NVML hidden from the process (as in a container started with
+  # NVIDIA_DRIVER_CAPABILITIES=compute): every libnvidia-ml.so* bind-mounted over by
+  # /dev/null in a mount namespace of its own. nvidia-smi, run by the case for its figures,
+  # gets a copy of the real one (common.clean_env, CB_SMI_LD_LIBRARY_PATH).
+  HIDE="$BUILD/hide_nvml.sh"
+  REAL_NVML="$BUILD/nvml-real"
+  mkdir -p "$REAL_NVML"
+  cp -L "$(ldconfig -p | awk '/libnvidia-ml[.]so[.]1 /{print $NF; exit}')" "$REAL_NVML/libnvidia-ml.so.1" 2>"$WORK/hide-nvml.log"
+  cat >"$HIDE" <<'EOS'
+#!/usr/bin/env bash
+set -e
+for f in $(ldconfig -p | awk '/libnvidia-ml[.]so/{print $NF}'); do mount --bind /dev/null "$(readlink -f "$f")"; done
+exec "$@"
+EOS
+  if [[ -s $REAL_NVML/libnvidia-ml.so.1 ]] && unshare --mount bash "$HIDE" true 2>>"$WORK/hide-nvml.log"; then
+    pair torch_no_nvml "CB_SMI_LD_LIBRARY_PATH=$REAL_NVML B:CUDABUDGET_LIMIT=8Gi" 180 -- unshare --mount bash "$HIDE" \
       "$PY" "$C/torch_case.py" --mode alloc --budget-gib 8
   else
-    log "FAIL torch_no_nvml/setup gcc could not build the NVML stub: $(head -c 300 "$WORK/nvml-stub.log")"
+    log "FAIL torch_no_nvml/setup cannot hide NVML here (unshare --mount, mount --bind: root): $(head -c 300 "$WORK/hide-nvml.log")"
     echo "FAIL torch_no_nvml/setup" >>"$RESULTS"
   fi
 fi

@@ -116,6 +116,7 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         | Sym::cuDeviceGetUuid_v2
         | Sym::cuCtxGetDevice
         | Sym::cuCtxGetLimit
+        | Sym::cuModuleGetLoadingMode
         | Sym::cuDevicePrimaryCtxGetState
         | Sym::cuMemGetAllocationGranularity
         | Sym::cuMemPoolGetAttribute

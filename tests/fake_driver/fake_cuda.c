@@ -1347,6 +1347,14 @@ static CUresult library_lookup(u64 key, void *out) {
     if (r_ == CUDA_SUCCESS) *(out) = (void *)(uintptr_t)h_; \
     return r_;
 
+/* CU_MODULE_EAGER_LOADING (1) with CUDA_MODULE_LOADING=EAGER, else CU_MODULE_LAZY_LOADING (2). */
+CUresult cuModuleGetLoadingMode(int *mode) {
+    BEGIN;
+    if (!mode) FAIL(CUDA_ERROR_INVALID_VALUE);
+    *mode = g_eager ? 1 : 2;
+    END
+}
+
 CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     (void)fname;
     AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
@@ -2254,6 +2262,7 @@ static const struct proc g_procs[] = {
     P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
     P("cuModuleLoad", 2000, cuModuleLoad),
     P("cuModuleLoadData", 2000, cuModuleLoadData),
+    P("cuModuleGetLoadingMode", 11070, cuModuleGetLoadingMode),
     P("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx),
     P("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary),
     P("cuModuleUnload", 2000, cuModuleUnload),

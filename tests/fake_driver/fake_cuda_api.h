@@ -211,6 +211,7 @@ enum {
     X(cuDeviceGraphMemTrim, (CUdevice dev)) \
     X(cuModuleLoad, (CUmodule *module, const char *fname)) \
     X(cuModuleLoadData, (CUmodule *module, const void *image)) \
+    X(cuModuleGetLoadingMode, (int *mode)) \
     X(cuModuleLoadDataEx, (CUmodule *module, const void *image, unsigned int n, int *options, void **values)) \
     X(cuModuleLoadFatBinary, (CUmodule *module, const void *fatbin)) \
     X(cuModuleUnload, (CUmodule module)) \

@@ -23,11 +23,10 @@ _STRIP_PREFIXES = ("CUDABUDGET_", "CUDA_DEVICE_MEMORY_LIMIT")
 def clean_env():
     env = {k: v for k, v in os.environ.items()
            if k != "LD_PRELOAD" and not k.startswith(_STRIP_PREFIXES)}
-    stub = os.environ.get("CB_NVML_STUB")
-    if stub and "LD_LIBRARY_PATH" in env:
-        # The case hides NVML from itself, not from nvidia-smi.
-        kept = [p for p in env["LD_LIBRARY_PATH"].split(":") if p and p != stub]
-        env["LD_LIBRARY_PATH"] = ":".join(kept)
+    # The case hid NVML from its own mount namespace: nvidia-smi gets a copy of it.
+    real_nvml = os.environ.get("CB_SMI_LD_LIBRARY_PATH")
+    if real_nvml:
+        env["LD_LIBRARY_PATH"] = real_nvml + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     return env
 
 
