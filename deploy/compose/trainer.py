@@ -5,8 +5,9 @@ Run under cudabudget (the compose file does this through the image's entrypoint)
 
 It prints the memory the process sees (its budget, not the card), holds a working set
 of TRAIN_WORKING_SET_GIB GiB (default 50) beside a small model it trains for
-TRAIN_STEPS steps (default 2000), and at the end shows the budget at work: one
-allocation past it is refused with torch.OutOfMemoryError before the card is touched.
+TRAIN_STEPS steps (default 2000; 0: until stopped, as a continuous fine-tuning service),
+and at the end shows the budget at work: one allocation past it is refused with
+torch.OutOfMemoryError before the card is touched.
 Exit status: 0 when training finished and the budget held, 1 otherwise.
 """
 
@@ -54,7 +55,9 @@ def main():
     ).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     started = time.monotonic()
-    for step in range(1, steps + 1):
+    step = 0
+    while steps == 0 or step < steps:
+        step += 1
         batch = torch.randn(512, 4096, device="cuda")
         loss = (model(batch) - batch).square().mean()
         optimizer.zero_grad(set_to_none=True)
@@ -62,7 +65,7 @@ def main():
         optimizer.step()
         if step % 200 == 0 or step == steps:
             say(
-                f"step {step}/{steps} loss {loss.item():.4f} "
+                f"step {step}/{steps or 'until stopped'} loss {loss.item():.4f} "
                 f"reserved {torch.cuda.memory_reserved() / GIB:.1f} GiB "
                 f"({time.monotonic() - started:.0f} s)"
             )
