@@ -1,0 +1,154 @@
+"""Ray actors sharing one GPU, each with its own cudabudget budget.
+
+Ray's `num_gpus=0.5` puts two actors on one GPU but does not divide its memory: the
+first framework to start may take most of the card. Here each actor's worker process is
+started with cudabudget preloaded and its own budget, through `runtime_env`:
+
+    runtime_env={"env_vars": {"LD_PRELOAD": "/opt/cudabudget/libcudabudget.so",
+                              "CUDABUDGET_LIMIT": "40Gi"}}
+
+Ray starts a dedicated worker process for an actor with its own `runtime_env`, so the
+variables are in that process's environment when the loader starts it.
+
+Each actor reports what it sees through the CUDA driver API (ctypes, no framework
+needed): whether the library is mapped in it, the device total (= its budget), and the
+answer to one allocation that fits its budget and one that does not.
+
+    python3 shared_gpu.py                              # local Ray, two actors on GPU 0
+    python3 shared_gpu.py --budgets 60Gi 40Gi
+    python3 shared_gpu.py --address auto               # an existing cluster
+    python3 shared_gpu.py --num-gpus 1                 # declare one GPU to a local Ray
+
+cudabudget must be installed at --lib on every node the actors may land on (the
+Kubernetes DaemonSet in deploy/kubernetes does that for KubeRay clusters). Exits 0 when
+every actor saw its own budget and was refused past it, 1 otherwise.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+
+import ray
+
+GIB = 1 << 30
+UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+CUDA_SUCCESS = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def budget(quantity):
+    """(quantity, bytes) for a whole binary quantity such as 40Gi, or a byte count: the
+    subset of cudabudget's quantities this example can check against."""
+    for unit, scale in UNITS.items():
+        if quantity.endswith(unit) and quantity[: -len(unit)].isdigit():
+            return quantity, int(quantity[: -len(unit)]) * scale
+    if quantity.isdigit():
+        return quantity, int(quantity)
+    raise argparse.ArgumentTypeError(f"{quantity!r}: use a whole number of Ki, Mi, Gi or Ti, e.g. 40Gi")
+
+
+def library_mapped(library):
+    """Whether `library` is loaded in this process (as /proc/self/maps names it)."""
+    real = os.path.realpath(library)
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip().endswith(" " + real) for line in maps)
+
+
+@ray.remote(num_gpus=0.5)
+class BudgetedWorker:
+    """One tenant of the shared GPU. A real actor would load its model here."""
+
+    def __init__(self, library):
+        # A worker the loader could not preload the library into would run unbudgeted
+        # (ld.so only prints a line): refuse to start instead.
+        if not library_mapped(library):
+            raise RuntimeError(f"{library} is not loaded in this worker; refusing to run unbudgeted")
+        self.library = library
+
+    def report(self, probe_margin):
+        cuda = ctypes.CDLL("libcuda.so.1")
+        report = {
+            "pid": os.getpid(),
+            "CUDABUDGET_LIMIT": os.environ.get("CUDABUDGET_LIMIT"),
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "library_mapped": library_mapped(self.library),
+        }
+        context = ctypes.c_void_p()
+        device = ctypes.c_int()
+        for call, rc in (
+            ("cuInit", cuda.cuInit(0)),
+            ("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(device), 0)),
+            ("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)),
+            ("cuCtxSetCurrent", cuda.cuCtxSetCurrent(context)),
+        ):
+            if rc != CUDA_SUCCESS:
+                report["error"] = f"{call} returned {rc}"
+                return report
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+        report["total"] = total.value
+        report["free"] = free.value
+
+        # One allocation that fits what is left of the budget, one that crosses it.
+        fits = max(free.value - probe_margin, 0)
+        pointer = ctypes.c_uint64()
+        report["alloc_fitting_rc"] = cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(fits))
+        over = ctypes.c_uint64()
+        report["alloc_over_rc"] = cuda.cuMemAlloc_v2(ctypes.byref(over), ctypes.c_size_t(2 * probe_margin))
+        for allocated, rc in ((pointer, report["alloc_fitting_rc"]), (over, report["alloc_over_rc"])):
+            if rc == CUDA_SUCCESS:
+                cuda.cuMemFree_v2(allocated)
+        return report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budgets", nargs="+", type=budget, default=None, metavar="Q",
+                        help="one budget per actor (default: 6Gi 4Gi)")
+    parser.add_argument("--lib", default="/opt/cudabudget/libcudabudget.so",
+                        help="libcudabudget.so on the nodes (default: %(default)s)")
+    parser.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+    parser.add_argument("--num-gpus", type=float, default=None,
+                        help="GPUs a local Ray declares (default: Ray detects them)")
+    args = parser.parse_args()
+    budgets = args.budgets or [budget("6Gi"), budget("4Gi")]
+    if not os.path.isabs(args.lib):
+        parser.error("--lib must be an absolute path (it is the same path on every node)")
+
+    ray.init(address=args.address, num_gpus=args.num_gpus, log_to_driver=True)
+    actors = [
+        BudgetedWorker.options(
+            runtime_env={"env_vars": {"LD_PRELOAD": args.lib, "CUDABUDGET_LIMIT": quantity}},
+        ).remote(args.lib)
+        for quantity, _ in budgets
+    ]
+    reports = []
+    for actor in actors:
+        try:
+            reports.append(ray.get(actor.report.remote(256 << 20)))
+        except ray.exceptions.RayActorError as error:
+            reports.append({"error": str(error).strip().splitlines()[-1]})
+
+    ok = True
+    for (quantity, limit), report in zip(budgets, reports):
+        print(json.dumps(report, sort_keys=True))
+        good = (
+            report.get("library_mapped")
+            and report.get("CUDABUDGET_LIMIT") == quantity
+            and report.get("total") == limit
+            and report.get("alloc_fitting_rc") == CUDA_SUCCESS
+            and report.get("alloc_over_rc") == CUDA_ERROR_OUT_OF_MEMORY
+        )
+        verdict = "ok" if good else "FAILED"
+        print(f"actor pid {report.get('pid')}: budget {quantity}, sees {report.get('total', 0) / GIB:g} GiB, "
+              f"fitting allocation rc {report.get('alloc_fitting_rc')}, past the budget rc "
+              f"{report.get('alloc_over_rc')}: {verdict}")
+        ok = ok and good
+    ray.shutdown()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

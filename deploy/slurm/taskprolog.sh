@@ -1,0 +1,108 @@
+#!/bin/sh
+# Slurm TaskProlog for cudabudget: gives each task the device-memory budget its job asked
+# for. In slurm.conf:
+#
+#   TaskProlog=/etc/slurm/cudabudget-taskprolog.sh
+#
+# slurmstepd runs it as the job's user, with the task's environment, before every task;
+# the lines it prints change that environment ("export NAME=value", "unset NAME").
+# A non-zero exit stops the task before it starts.
+#
+# Where the budget comes from (the first that applies):
+#   1. --gres=shard:N (GPU sharding, Slurm >= 22.05): N x GIB_PER_SHARD GiB, exported as
+#      CUDABUDGET_LIMIT. The allocation is the budget: the job's own CUDABUDGET_LIMIT and
+#      CUDABUDGET_LIMIT_<N> are replaced.
+#   2. The job's own budget variables (CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N>, or HAMi's
+#      CUDA_DEVICE_MEMORY_LIMIT[_<N>]), e.g. `export CUDABUDGET_LIMIT=20Gi` before srun,
+#      or `sbatch --export=ALL,CUDABUDGET_LIMIT=20Gi`: kept as they are.
+#   3. DEFAULT_LIMIT below, for tasks that were given GPUs (CUDA_VISIBLE_DEVICES is set)
+#      and asked for nothing.
+# When one applies, the library is put in front of LD_PRELOAD. When none does, the task
+# is left alone (a job with whole GPUs needs no budget).
+#
+# It never lets a task that asked for a budget run without one: when the library is
+# missing or cannot be loaded here, or a budget value is invalid, it says why (a "print"
+# line, which Slurm writes to the task's output, and stderr) and exits 1, so the task
+# does not start.
+
+# --- site settings (here, not in the job's environment, which the user controls) ---
+# Where cudabudget is installed on the compute nodes.
+INSTALL_DIR=/opt/cudabudget
+# GPU memory one gres/shard stands for, in GiB: the GPU's memory divided by the shards
+# per GPU in gres.conf (e.g. 140 GiB H200 / 16 shards -> 8).
+GIB_PER_SHARD=8
+# Budget for GPU tasks that ask for none (a quantity such as 20Gi or 50%); empty: none.
+DEFAULT_LIMIT=
+# ------------------------------------------------------------------------------------
+
+set -euf
+PATH=/usr/bin:/bin
+export PATH
+# The task's preloads are the task's: keep them for its LD_PRELOAD, out of the tools here.
+task_preload=${LD_PRELOAD:-}
+unset LD_PRELOAD
+
+lib=$INSTALL_DIR/libcudabudget.so
+cli=$INSTALL_DIR/cudabudget
+
+fail() {
+    # slurmstepd does not show a TaskProlog's stderr to the user; "print" lines go to the
+    # task's output, which is where the user looks.
+    message=$(printf 'cudabudget TaskProlog: %s; the task was not started' "$*" | tr '\n' ' ')
+    printf '%s\n' "$message" >&2
+    printf 'print %s\n' "$message"
+    exit 1
+}
+
+budget_names() {
+    env | sed -n 's/^\(CUDABUDGET_LIMIT\(_[0-9][0-9]*\)\{0,1\}\)=.*/\1/p'
+}
+
+limit=
+replace=
+shards=${SLURM_SHARDS_ON_NODE:-}
+if [ -n "$shards" ] && [ "$shards" != 0 ]; then
+    case $shards in
+        *[!0-9]*) fail "SLURM_SHARDS_ON_NODE=$shards is not a number of shards" ;;
+    esac
+    limit="$((shards * GIB_PER_SHARD))Gi"
+    replace=$(budget_names)
+elif env | grep -Eq '^(CUDABUDGET_LIMIT|CUDA_DEVICE_MEMORY_LIMIT)(_[0-9]+)?='; then
+    : # the job's own budget
+elif [ -n "$DEFAULT_LIMIT" ] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    limit=$DEFAULT_LIMIT
+else
+    exit 0
+fi
+
+if [ ! -f "$lib" ] || [ ! -x "$cli" ]; then
+    fail "$lib or $cli is missing on $(uname -n), so the task's budget cannot be enforced"
+fi
+
+# LD_PRELOAD for the task: the library first, then whatever the task preloads already.
+preload=$lib
+for entry in $(printf '%s' "$task_preload" | tr ':' ' '); do
+    [ "$entry" = "$lib" ] || preload="$preload:$entry"
+done
+
+# Ask the CLI with exactly the task's future environment: it validates every budget
+# variable with the library's own code and refuses without a budget; then the loader
+# preloads the library into `true`, which must start silently.
+set --
+for name in $replace; do
+    set -- "$@" -u "$name"
+done
+if [ -n "$limit" ]; then
+    set -- "$@" "CUDABUDGET_LIMIT=$limit"
+fi
+if ! answer=$(env "$@" "$cli" run -- /usr/bin/env true 2>&1) || [ -n "$answer" ]; then
+    fail "${answer:-the budget check failed}"
+fi
+
+for name in $replace; do
+    echo "unset $name"
+done
+if [ -n "$limit" ]; then
+    echo "export CUDABUDGET_LIMIT=$limit"
+fi
+echo "export LD_PRELOAD=$preload"
