@@ -291,7 +291,7 @@ fn charge_context(device: usize) {
                     after.saturating_sub(before).saturating_sub(seen)
                 }
                 // NVML answers and does not list us: the context holds nothing it sees.
-                _ if nvml::initialised() && !in_pid_namespace() => 0,
+                _ if nvml::initialised() && nvml::sees(device) && !in_pid_namespace() => 0,
                 _ => estimate(device).saturating_sub(seen),
             },
         };

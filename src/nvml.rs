@@ -291,6 +291,12 @@ fn handle_of(device: usize) -> Option<NvmlDevice> {
     Some(handle)
 }
 
+/// Whether NVML knows CUDA ordinal `device` (it may not: under MIG an instance's CUDA
+/// UUID is not an NVML device's).
+pub fn sees(device: usize) -> bool {
+    handle_of(device).is_some()
+}
+
 /// Finds (and keeps) the NVML handle of CUDA ordinal `device`, if NVML can.
 pub fn attach(device: usize) {
     let _ = handle_of(device);
