@@ -25,9 +25,11 @@
 //! - `PROPTEST_ONLY=fam,fam`: only ops of these families (see [`FAMILIES`]), to isolate;
 //! - `PROPTEST_THREADS=N` (default 1): at most N threads a sequence (sequences then have
 //!   1 to N threads; 40 % have one). With several threads, graph objects stay on thread
-//!   0 and no context is destroyed (CUDA forbids both while other threads use them). CI
-//!   runs one thread a sequence: with four, about one debug-build sequence in 10 000 to
-//!   20 000 still ends over its budget (see the README's Limits), which is open work;
+//!   0 and no context is destroyed (CUDA forbids both while other threads use them).
+//!   CI runs both: 3 000 sequences of one thread, and (the second test,
+//!   `sequences_from_several_threads_stay_within_the_budget`) `PROPTEST_MT_CASES`
+//!   (default 600) of up to four from `PROPTEST_MT_MASTER`; to replay one of those
+//!   batches, give the main test `PROPTEST_THREADS=4` with that master and count;
 //! - `PROPTEST_NATIVE=1`: run everything without the library (checks the executor and
 //!   the fake: every sequence must end with nothing held);
 //! - `PROPTEST_JOBS` (default: available parallelism, at most 4): processes at a time;
@@ -769,6 +771,12 @@ fn only_families() -> Option<Vec<String>> {
     Some(fams)
 }
 
+thread_local! {
+    /// At most this many threads a sequence (`PROPTEST_THREADS`, or the test's own).
+    static THREAD_CAP: std::cell::Cell<usize> =
+        std::cell::Cell::new(env_u64("PROPTEST_THREADS", 1).max(1) as usize);
+}
+
 fn generate(seed: u64) -> Program {
     let cfg = config_of(seed);
     let mut rng = Rng(mix(seed ^ 0x5EED));
@@ -778,7 +786,7 @@ fn generate(seed: u64) -> Program {
     } else {
         [1, 1, 1, 1, 2, 2, 2, 3, 3, 4][rng.below(10) as usize]
     }
-    .min(env_u64("PROPTEST_THREADS", 1).max(1) as usize);
+    .min(THREAD_CAP.with(std::cell::Cell::get));
     let mut g = Gen {
         rng,
         cfg: &cfg,
@@ -1369,7 +1377,15 @@ fn replay_hint(seed: u64, native: bool) -> String {
     let only = std::env::var("PROPTEST_ONLY")
         .map(|v| format!("PROPTEST_ONLY={v} "))
         .unwrap_or_default();
-    format!("{native}{only}PROPTEST_SEED={seed:#x} cargo test --test property -- --nocapture")
+    let cap = THREAD_CAP.with(std::cell::Cell::get);
+    let threads = if cap > 1 {
+        format!("PROPTEST_THREADS={cap} ")
+    } else {
+        String::new()
+    };
+    format!(
+        "{native}{only}{threads}PROPTEST_SEED={seed:#x} cargo test --test property -- --nocapture"
+    )
 }
 
 fn describe(cfg: &Config) -> String {
@@ -1504,8 +1520,32 @@ fn any_sequence_of_driver_calls_stays_within_the_budget_and_ends_with_zero_books
         return;
     }
 
-    let cases = env_u64("PROPTEST_CASES", 3000);
-    let master = env_u64("PROPTEST_MASTER", 0xC0DA_B0D6_E7ED_5EED);
+    run_property(
+        env_u64("PROPTEST_CASES", 3000),
+        env_u64("PROPTEST_MASTER", 0xC0DA_B0D6_E7ED_5EED),
+        native,
+        shrink_on,
+    );
+}
+
+/// The same property with up to four threads a sequence (graph objects on one thread and
+/// no context destroyed while others run, as CUDA requires): what CI runs of it.
+/// `PROPTEST_MT_CASES` (default 600) sequences from their own master seed.
+#[test]
+fn sequences_from_several_threads_stay_within_the_budget() {
+    if std::env::var_os("PROPTEST_PROGRAM").is_some() || std::env::var("PROPTEST_SEED").is_ok() {
+        return; // a replay: the test above runs it
+    }
+    THREAD_CAP.with(|c| c.set(c.get().max(4)));
+    run_property(
+        env_u64("PROPTEST_MT_CASES", 600),
+        env_u64("PROPTEST_MT_MASTER", 0x7EAD_5EED_0F_C0DA),
+        env_u64("PROPTEST_NATIVE", 0) != 0,
+        env_u64("PROPTEST_SHRINK", 1) != 0,
+    );
+}
+
+fn run_property(cases: u64, master: u64, native: bool, shrink_on: bool) {
     let max_failures = env_u64("PROPTEST_MAX_FAILURES", 12) as usize;
     let jobs = env_u64(
         "PROPTEST_JOBS",
