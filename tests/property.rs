@@ -1539,7 +1539,7 @@ fn sequences_from_several_threads_stay_within_the_budget() {
     THREAD_CAP.with(|c| c.set(c.get().max(4)));
     run_property(
         env_u64("PROPTEST_MT_CASES", 600),
-        env_u64("PROPTEST_MT_MASTER", 0x7EAD_5EED_0F_C0DA),
+        env_u64("PROPTEST_MT_MASTER", 0x7EAD_5EED_0FC0_DA00),
         env_u64("PROPTEST_NATIVE", 0) != 0,
         env_u64("PROPTEST_SHRINK", 1) != 0,
     );
