@@ -129,6 +129,7 @@ fn decide() -> Result<u8, crate::config::ConfigError> {
     if !driver::load() {
         return Ok(NO_DRIVER);
     }
+    let joining = std::time::Instant::now();
     if let Some(path) = job_path()
         && let Err(why) = crate::job::join(&path)
     {
@@ -144,7 +145,15 @@ fn decide() -> Result<u8, crate::config::ConfigError> {
         }
         return Ok(REFUSED);
     }
-    if crate::job::joined().is_some() {
+    if let Some(job) = crate::job::joined() {
+        report::line(
+            LogLevel::Debug,
+            format_args!(
+                "joined job ledger {} in {:.1} µs",
+                job.path(),
+                joining.elapsed().as_secs_f64() * 1e6
+            ),
+        );
         extern "C" fn leave_job() {
             if let Some(job) = crate::job::joined() {
                 job.leave();

@@ -281,6 +281,52 @@ fn a_thousand_and_twenty_four_processes_join_one_job() {
     );
 }
 
+#[test]
+fn processes_naming_one_hami_shared_cache_share_one_budget() {
+    let dir = job_dir("hami");
+    let cache = format!("{dir}/vgpu.cache");
+    let e = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache.as_str()),
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+    ];
+    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &e);
+    settle();
+    let run = client(&["alloc:500Mi", "alloc:300Mi"], &e);
+    finish(holder);
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert!(std::path::Path::new(&format!("{cache}.cudabudget")).exists());
+}
+
+#[test]
+fn sixty_four_processes_started_at_once_all_join() {
+    // Informational figure for the README (not a timed assertion): the join, from the
+    // library's debug line, for 64 processes started at once.
+    let dir = job_dir("joins");
+    let mut e = envs(&dir, "job:joins", "8Gi");
+    e.push(("CUDABUDGET_LOG", "debug"));
+    let children: Vec<Child> = (0..64).map(|_| spawn(&["alloc:1Mi"], &e)).collect();
+    let mut micros: Vec<f64> = children
+        .into_iter()
+        .map(finish)
+        .filter_map(|r| {
+            let line = r.stderr.lines().find(|l| l.contains("joined job ledger"))?;
+            line.split(" in ")
+                .nth(1)?
+                .trim_end_matches(" µs")
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(micros.len(), 64, "every process joined");
+    micros.sort_by(f64::total_cmp);
+    println!(
+        "join: median {:.1} µs, max {:.1} µs (64 processes at once)",
+        micros[32], micros[63]
+    );
+}
+
 fn unsafe_uid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
