@@ -64,7 +64,14 @@ pub fn client_bin(mode: &str) -> &'static str {
 /// The cdylib under test. `cargo test` builds it as `target/<profile>/deps/libcudabudget.so`
 /// (next to the test executables) and only `cargo build` copies it up to
 /// `target/<profile>/`; the `deps/` one is preferred because it is always the newest.
+/// `CB_TEST_LIB` names another build to test instead (`scripts/dist.sh` runs part of the
+/// suite against `dist/libcudabudget.so` so; not a `CUDABUDGET_` name, which the library
+/// would refuse as unknown).
 pub fn lib_path() -> PathBuf {
+    if let Some(lib) = std::env::var_os("CB_TEST_LIB") {
+        return std::fs::canonicalize(&lib)
+            .unwrap_or_else(|e| panic!("CB_TEST_LIB={}: {e}", Path::new(&lib).display()));
+    }
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe.parent().expect("test binary has a parent dir");
     let in_deps = dir.join("libcudabudget.so");
