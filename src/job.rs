@@ -459,6 +459,9 @@ impl Job {
                     if holder < SLOTS {
                         guard.drop_slot(holder);
                     }
+                    // It may have died between its two stores: the total is derived
+                    // again from the slots.
+                    guard.recount();
                     return guard;
                 }
                 since = Some(monotonic_ms());
@@ -682,6 +685,19 @@ impl DeviceGuard<'_> {
     }
 }
 
+impl DeviceGuard<'_> {
+    /// The device's total, as the sum of the slots' shares (under the lock, exact).
+    fn recount(&self) {
+        let sum = (0..SLOTS)
+            .map(|i| self.job.slot_at(i).used[self.device].load(Ordering::Acquire))
+            .fold(0u64, u64::saturating_add);
+        self.job
+            .device(self.device)
+            .total
+            .store(sum, Ordering::Relaxed);
+    }
+}
+
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
         self.job
@@ -718,4 +734,75 @@ fn futex_wake(word: &AtomicU32) {
 /// In the child of `fork()`: the child is not the parent's member of the job.
 pub fn after_fork() {
     JOINED.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pid that no process has now (a child that has exited and been reaped).
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    fn fresh_job(name: &str) -> Job {
+        let dir = std::env::temp_dir().join(format!("cb-job-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        open(dir.join("ledger").to_str().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_lock_left_by_a_dead_process_is_taken_over_and_the_total_recounted() {
+        let job = fresh_job("steal");
+        // Slot 7 died holding device 0's lock, between raising the total and its share.
+        let dead = job.slot_at(7);
+        dead.pid.store(dead_pid(), Ordering::Release);
+        dead.used[0].store(100, Ordering::Release);
+        job.device(0).total.store(100 + 50, Ordering::Release);
+        job.device(0).lock.store(7 + 1, Ordering::Release);
+        assert_eq!(job.reserve(0, 10, 1000), Ok(()));
+        assert_eq!(
+            job.used(0),
+            10,
+            "the dead share and the half-made change are gone"
+        );
+        assert_eq!(job.own(0), 10);
+        assert_eq!(job.device(0).lock.load(Ordering::Acquire), 0);
+        assert_eq!(dead.used[0].load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_dead_processs_share_goes_back_before_a_denial_and_a_live_one_stays() {
+        let job = fresh_job("reclaim");
+        let (dead, live) = (job.slot_at(3), job.slot_at(4));
+        dead.pid.store(dead_pid(), Ordering::Release);
+        dead.used[1].store(600, Ordering::Release);
+        live.pid.store(std::process::id(), Ordering::Release);
+        live.start
+            .store(start_time(std::process::id()).unwrap(), Ordering::Release);
+        live.used[1].store(300, Ordering::Release);
+        job.device(1).total.store(900, Ordering::Release);
+        assert_eq!(job.reserve(1, 500, 1000), Ok(()));
+        assert_eq!(job.used(1), 800);
+        assert_eq!(
+            dead.pid.load(Ordering::Acquire),
+            0,
+            "the dead slot is free again"
+        );
+        assert_eq!(job.reserve(1, 300, 1000), Err(800), "the live share stays");
+        live.pid.store(0, Ordering::Release);
+    }
+
+    #[test]
+    fn a_reused_pid_is_not_taken_for_the_process_that_had_it() {
+        let me = std::process::id();
+        let start = start_time(me).unwrap();
+        assert!(alive(me, start));
+        assert!(!alive(me, start + 1), "same pid, another start time");
+        assert!(!alive(dead_pid(), 0));
+    }
 }
