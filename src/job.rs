@@ -798,6 +798,27 @@ mod tests {
     }
 
     #[test]
+    fn a_job_holds_1024_live_processes_and_refuses_the_next_one() {
+        let dir = std::env::temp_dir().join(format!("cb-job-unit-{}-full", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger");
+        let job = open(path.to_str().unwrap()).unwrap();
+        // 1023 more live members (this process's pid and start time: alive).
+        let (me, start) = (std::process::id(), start_time(std::process::id()).unwrap());
+        for i in 0..SLOTS {
+            let s = job.slot_at(i);
+            if s.pid.load(Ordering::Acquire) == 0 {
+                s.start.store(start, Ordering::Release);
+                s.pid.store(me, Ordering::Release);
+            }
+        }
+        assert_eq!(job.members(), SLOTS);
+        let refused = open(path.to_str().unwrap()).err().unwrap();
+        assert!(refused.contains("all 1024 process slots"), "{refused}");
+    }
+
+    #[test]
     fn a_reused_pid_is_not_taken_for_the_process_that_had_it() {
         let me = std::process::id();
         let start = start_time(me).unwrap();
