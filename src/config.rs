@@ -27,6 +27,10 @@ pub const ON_EXCEED: &str = "CUDABUDGET_ON_EXCEED";
 pub const LIB: &str = "CUDABUDGET_LIB";
 /// Where job ledgers live (default `/dev/shm`).
 pub const JOB_DIR: &str = "CUDABUDGET_JOB_DIR";
+/// A file that gets one JSON line per denial.
+pub const EVENTS: &str = "CUDABUDGET_EVENTS";
+/// Where processes publish their figures for `status` and the exporter.
+pub const RUNTIME_DIR: &str = "CUDABUDGET_RUNTIME_DIR";
 /// What a CUDA context costs on the device where NVML cannot measure it (no
 /// `libnvidia-ml`): bytes, instead of the library's per-model estimate.
 pub const CONTEXT_MEMORY: &str = "CUDABUDGET_CONTEXT_MEMORY";
@@ -41,7 +45,7 @@ pub const MAX_ORDINAL: u32 = 63;
 const PREFIX: &str = "CUDABUDGET_";
 const KNOWN_VARIABLES: &str = "CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N> (N = 0..63), \
      CUDABUDGET_LOG, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED, CUDABUDGET_LIB, \
-     CUDABUDGET_CONTEXT_MEMORY, CUDABUDGET_JOB_DIR";
+     CUDABUDGET_CONTEXT_MEMORY, CUDABUDGET_JOB_DIR, CUDABUDGET_EVENTS, CUDABUDGET_RUNTIME_DIR";
 
 /// How much the library writes to stderr. Ordered: a level includes those before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -131,6 +135,8 @@ enum Variable {
     OnExceed,
     Lib,
     JobDir,
+    Events,
+    RuntimeDir,
     ContextMemory,
     HamiLimit,
     HamiDeviceLimit(u32),
@@ -150,6 +156,8 @@ impl Variable {
                 "LIB" => Ok(Some(Variable::Lib)),
                 "CONTEXT_MEMORY" => Ok(Some(Variable::ContextMemory)),
                 "JOB_DIR" => Ok(Some(Variable::JobDir)),
+                "EVENTS" => Ok(Some(Variable::Events)),
+                "RUNTIME_DIR" => Ok(Some(Variable::RuntimeDir)),
                 _ => match rest.strip_prefix("LIMIT_") {
                     Some(ordinal) => parse_ordinal(ordinal)
                         .map(|n| Some(Variable::DeviceLimit(n)))
@@ -403,9 +411,14 @@ impl Config {
                 Variable::Scope => config.scope = parse_scope(value).map_err(fail)?,
                 Variable::OnExceed => config.on_exceed = parse_on_exceed(value).map_err(fail)?,
                 Variable::Lib => {}
-                Variable::JobDir => {
+                Variable::JobDir | Variable::RuntimeDir => {
                     if !trim(value).starts_with('/') {
                         return Err(fail("use an absolute directory, e.g. /dev/shm".to_string()));
+                    }
+                }
+                Variable::Events => {
+                    if trim(value).is_empty() {
+                        return Err(fail("empty value; use a file path".to_string()));
                     }
                 }
                 Variable::ContextMemory => {
