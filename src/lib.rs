@@ -17,6 +17,7 @@
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
 //! - `report`: what the user is told.
+//! - `publish`: the per-process record that `cudabudget status` and the exporter read.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -35,6 +36,7 @@ mod loads;
 mod lock;
 mod nvml;
 mod pools;
+mod publish;
 pub mod quantity;
 mod report;
 mod runtime;
