@@ -1,0 +1,206 @@
+//! `cudabudget run`: validates the budget, checks that the library loads here, puts it in
+//! front of `LD_PRELOAD` and `exec`s the command.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+use clap::Args;
+
+use crate::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, config, library, quantity, usage};
+
+const QUANTITY_EXAMPLES: &str = "examples: 20Gi, 512Mi, 8GB, 40%";
+
+pub const AFTER_HELP: &str = "Quantities: bytes, Ki Mi Gi Ti (1024^n), k M G T (1000^n), \
+KiB/kB spellings of the same units, or a percentage of the device (40%).
+
+The command starts after `--` or at the first argument that is not an option; a \
+mistyped option is an error, never the command.
+
+The budget is handed to CMD through LD_PRELOAD and CUDABUDGET_* variables. The library \
+is $CUDABUDGET_LIB, else the libcudabudget.so next to this binary, else the copy this \
+binary carries (written once to a per-user cache directory). CMD is not started when \
+the library would not load here (run `cudabudget doctor` to see why).
+
+Examples:
+  cudabudget run --limit 20Gi -- python train.py
+  cudabudget run --limit 8GB --limit-device 0=40% -- ./a.out
+  cudabudget run --limit-device 1=4Gi -- python serve.py";
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Budget for every device: bytes, 20Gi, 512Mi, 8GB or 40%.
+    #[arg(long, value_name = "Q")]
+    limit: Option<String>,
+
+    /// Budget for device ordinal N (as CMD numbers devices); overrides --limit there.
+    #[arg(long = "limit-device", value_name = "N=Q")]
+    limit_device: Vec<String>,
+
+    /// Who shares the budget: "process" (the default).
+    #[arg(long, value_name = "S")]
+    scope: Option<String>,
+
+    /// What a refused allocation does: "fail" (the default).
+    #[arg(long = "on-exceed", value_name = "P")]
+    on_exceed: Option<String>,
+
+    /// The command to run, and its arguments.
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true
+    )]
+    command: Vec<OsString>,
+}
+
+/// Only returns when something went wrong: on success the process became CMD.
+pub fn run(args: RunArgs) -> Refusal {
+    let variables = match budget_variables(&args) {
+        Ok(variables) => variables,
+        Err(refusal) => return refusal,
+    };
+    let library = match library::find() {
+        Ok(library) => library,
+        Err(refusal) => return refusal,
+    };
+    let inherited: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    let preload = preload_value(&library.path, lookup(&inherited, "LD_PRELOAD"));
+
+    let mut environment = inherited;
+    for (name, value) in variables
+        .iter()
+        .map(|(n, v)| (OsStr::new(n), OsStr::new(v)))
+        .chain([(OsStr::new("LD_PRELOAD"), preload.as_os_str())])
+    {
+        environment.retain(|(n, _)| n != name);
+        environment.push((name.to_os_string(), value.to_os_string()));
+    }
+
+    // The child reads exactly this environment, so whatever the library would refuse
+    // (a bad inherited CUDABUDGET_LOG, say) is refused here, before CMD starts.
+    match config::Config::from_vars_os(environment) {
+        Err(error) => return usage(format!("{}; nothing was run", error.problem())),
+        Ok(config) if config.is_unbudgeted() => {
+            return usage(
+                "no budget given: pass --limit Q or --limit-device N=Q \
+                 (e.g. --limit 20Gi), or set CUDABUDGET_LIMIT; nothing was run",
+            );
+        }
+        Ok(_) => {}
+    }
+
+    // The loader only warns about a preload it cannot load and runs the program
+    // without it: that would be the job, unbudgeted. Try it on a child first.
+    if let Err(reason) = library::probe(&preload, &library.path) {
+        return usage(format!(
+            "{} cannot be loaded here ({reason}); nothing was run. \
+             `cudabudget doctor` says more; a library built for this system's glibc \
+             (or an older one) is needed",
+            library.path.display()
+        ));
+    }
+
+    let (program, program_args) = match args.command.split_first() {
+        Some(split) => split,
+        None => return usage("no command given after --"),
+    };
+    let mut command = Command::new(program);
+    command.args(program_args).env("LD_PRELOAD", &preload);
+    for (name, value) in &variables {
+        command.env(name, value);
+    }
+    let error = command.exec();
+    Refusal {
+        message: format!("cannot run {:?}: {error}", program.to_string_lossy()),
+        status: match error.kind() {
+            std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+            _ => EXIT_CANNOT_EXECUTE,
+        },
+    }
+}
+
+/// The CUDABUDGET_* variables the options ask for, each validated by the same code
+/// the library will use to read it.
+fn budget_variables(args: &RunArgs) -> Result<Vec<(String, String)>, Refusal> {
+    let mut variables = Vec::new();
+    if let Some(quantity) = &args.limit {
+        check_quantity("--limit", quantity)?;
+        variables.push((config::LIMIT.to_string(), quantity.clone()));
+    }
+    let mut devices = Vec::new();
+    for option in &args.limit_device {
+        let Some((ordinal, quantity)) = option.split_once('=') else {
+            return Err(usage(format!(
+                "--limit-device {option:?}: expected N=Q, a device ordinal and a quantity \
+                 (e.g. --limit-device 1=8Gi)"
+            )));
+        };
+        let Some(device) = config::parse_ordinal(ordinal) else {
+            return Err(usage(format!(
+                "--limit-device {option:?}: {ordinal:?} is not a device ordinal \
+                 (0..={}, as the command numbers its devices)",
+                config::MAX_ORDINAL
+            )));
+        };
+        if devices.contains(&device) {
+            return Err(usage(format!(
+                "--limit-device {option:?}: device {device} is given more than once"
+            )));
+        }
+        check_quantity("--limit-device", quantity)?;
+        devices.push(device);
+        variables.push((format!("{}_{device}", config::LIMIT), quantity.to_string()));
+    }
+    if let Some(scope) = &args.scope {
+        config::validate_scope(scope)
+            .map_err(|reason| usage(format!("--scope {scope:?}: {reason}")))?;
+        variables.push((config::SCOPE.to_string(), scope.clone()));
+    }
+    if let Some(policy) = &args.on_exceed {
+        config::validate_on_exceed(policy)
+            .map_err(|reason| usage(format!("--on-exceed {policy:?}: {reason}")))?;
+        variables.push((config::ON_EXCEED.to_string(), policy.clone()));
+    }
+    Ok(variables)
+}
+
+fn check_quantity(option: &str, quantity: &str) -> Result<(), Refusal> {
+    quantity::parse_limit(quantity)
+        .map(drop)
+        .map_err(|e| usage(format!("{option} {quantity:?}: {e} ({QUANTITY_EXAMPLES})")))
+}
+
+fn lookup<'a>(environment: &'a [(OsString, OsString)], name: &str) -> Option<&'a OsStr> {
+    environment
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_os_str())
+}
+
+/// `library` first (so its hooks see the process before anything else preloaded),
+/// then whatever was preloaded already; not added twice.
+pub fn preload_value(library: &Path, existing: Option<&OsStr>) -> OsString {
+    let existing = existing.filter(|e| !e.as_bytes().iter().all(u8::is_ascii_whitespace));
+    let Some(existing) = existing else {
+        return library.as_os_str().to_os_string();
+    };
+    let already = existing
+        .as_bytes()
+        .split(|b| b" :\t\n".contains(b))
+        .filter(|entry| !entry.is_empty())
+        .any(|entry| {
+            let entry = Path::new(OsStr::from_bytes(entry));
+            entry == library || library::same_file(entry, library)
+        });
+    if already {
+        return existing.to_os_string();
+    }
+    let mut value = library.as_os_str().to_os_string();
+    value.push(":");
+    value.push(existing);
+    value
+}
