@@ -276,7 +276,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> 
 /// it is not, as the loader gave it.
 pub fn probe(preload: &OsStr, library: &Path) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    let mut command = Command::new(exe);
+    let mut command = Command::new(&exe);
     command
         .arg("__probe-preload")
         .arg(library)
@@ -293,7 +293,11 @@ pub fn probe(preload: &OsStr, library: &Path) -> Result<(), String> {
         .lines()
         .find(|line| line.contains(name.as_ref()) || line.contains("ld.so"))
         .or_else(|| stderr.lines().find(|l| !l.trim().is_empty()))
-        .map(|line| line.trim().to_string())
+        .map(|line| {
+            // A fatal loader error names the program it was loading: our probe.
+            let probe = format!("{}: ", exe.display());
+            line.trim().trim_start_matches(probe.as_str()).to_string()
+        })
         .unwrap_or_else(|| format!("the loader did not load it ({})", output.status));
     Err(reason)
 }
