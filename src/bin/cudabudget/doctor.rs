@@ -441,34 +441,45 @@ fn configuration(found: &Found) -> Check {
         .details(json!({"source": source, "preloaded": preloaded, "devices": budgets}))
 }
 
+/// The inode of the kernel's initial PID namespace (`PROC_PID_INIT_INO`): every other
+/// PID namespace has another one.
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
 fn pid_namespace() -> Check {
+    let Some(namespace) = records::own_pid_namespace() else {
+        return Check::new(
+            "pid-namespace",
+            Status::Warn,
+            "cannot read /proc/self/ns/pid: /proc is not mounted as the library expects",
+        )
+        .remedy("mount /proc (the library reads its own figures there)");
+    };
+    if namespace == INITIAL_PID_NAMESPACE {
+        return Check::new("pid-namespace", Status::Ok, "the host's PID namespace")
+            .details(json!({"nested": false, "namespace": namespace}));
+    }
+    // NSpid lists the pid in each namespace this /proc can see, outermost first.
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let pids: Vec<&str> = status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
         .map(|l| l.split_whitespace().collect())
         .unwrap_or_default();
-    match pids.len() {
-        0 => Check::new(
-            "pid-namespace",
-            Status::Warn,
-            "cannot read /proc/self/status: /proc is not mounted as the library expects",
-        )
-        .remedy("mount /proc (the library reads its own figures there)"),
-        1 => Check::new("pid-namespace", Status::Ok, "the host's PID namespace")
-            .details(json!({"nested": false})),
-        _ => Check::new(
-            "pid-namespace",
-            Status::Ok,
-            format!(
-                "in a PID namespace (pid {} here, {} outside): NVML lists outer pids, and the \
-                 library finds its own by its first context",
-                pids[pids.len() - 1],
-                pids[0]
-            ),
-        )
-        .details(json!({"nested": true, "pids": pids})),
-    }
+    let here = pids.last().copied().unwrap_or("?");
+    let outside = if pids.len() > 1 {
+        format!(", {} outside", pids[0])
+    } else {
+        String::new()
+    };
+    Check::new(
+        "pid-namespace",
+        Status::Ok,
+        format!(
+            "in a PID namespace (a container; pid {here} here{outside}): NVML lists the host's \
+             pids, and the library finds its own entry by its first context"
+        ),
+    )
+    .details(json!({"nested": true, "namespace": namespace, "pids": pids}))
 }
 
 fn runtime_dir() -> Check {
@@ -571,19 +582,19 @@ fn interposition(found: &Found) -> Check {
         return Check::new("interposition", Status::Skip, "cannot find this binary");
     };
     let mut command = Command::new(exe);
+    // This environment's own budget variables would change the proof: the child gets
+    // only the proof's.
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("CUDABUDGET_") || text.starts_with("CUDA_DEVICE_MEMORY_LIMIT") {
+            command.env_remove(&name);
+        }
+    }
     command
         .args(["__probe-alloc", "--request", &PROOF_REQUEST.to_string()])
         .env("LD_PRELOAD", &library.path)
         .env(config::LIMIT, PROOF_BUDGET.to_string())
         .env(config::LOG, "warn");
-    for (name, _) in std::env::vars_os() {
-        let text = name.to_string_lossy();
-        if (text.starts_with("CUDABUDGET_") && text != config::LIB)
-            || text.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
-        {
-            command.env_remove(&name);
-        }
-    }
     let output = match library::output_within(command, Duration::from_secs(60)) {
         Ok(output) => output,
         Err(e) => {
