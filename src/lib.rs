@@ -16,7 +16,7 @@
 //!   decide.
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
-//! - `report`: what the user is told.
+//! - `report`: what the user is told; `events`: the denial events (`CUDABUDGET_EVENTS`).
 //! - `publish`: the per-process record that `cudabudget status` and the exporter read.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -28,6 +28,7 @@ mod capture;
 pub mod config;
 mod driver;
 mod enforce;
+mod events;
 mod footprint;
 mod graphs;
 mod hooks;

@@ -300,3 +300,28 @@ fn a_watch_interval_too_short_is_a_usage_error() {
         stderr(&out)
     );
 }
+
+#[test]
+fn cudabudget_runtime_dir_moves_the_records_for_the_library_and_the_cli_alike() {
+    let base = scratch("runtime-dir");
+    let base_arg = base.to_str().unwrap();
+    let client = Budgeted::start(
+        &["alloc:1Mi", "sleep:20000"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_RUNTIME_DIR", base_arg),
+        ],
+    );
+    let env = [("CUDABUDGET_RUNTIME_DIR", base_arg)];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while find_process(&status_json(&env), client.pid()).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "never published under {base_arg} (src/config.rs must accept CUDABUDGET_RUNTIME_DIR)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(record_of(client.pid()).is_none(), "nothing in /dev/shm");
+    drop(client);
+    let _ = std::fs::remove_dir_all(&base);
+}
