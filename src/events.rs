@@ -12,8 +12,7 @@
 
 use std::ffi::{CStr, CString};
 use std::fmt::{self, Write as _};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use crate::config::LogLevel;
 use crate::ledger::Denial;
@@ -21,9 +20,48 @@ use crate::ledger::Denial;
 /// The variable that names the events file.
 pub const EVENTS: &str = "CUDABUDGET_EVENTS";
 
-static PATH: OnceLock<Option<CString>> = OnceLock::new();
-static JOB: OnceLock<Option<String>> = OnceLock::new();
+static PATH: Once<Option<CString>> = Once::new();
+static JOB: Once<Option<String>> = Once::new();
 static WARNED: AtomicBool = AtomicBool::new(false);
+
+/// A value worked out on first use that never makes a thread wait: threads that arrive
+/// together each work it out and the first to publish wins. (A `OnceLock` caught
+/// initialising by a `fork()` would make the child wait forever.) The value is leaked.
+struct Once<T>(AtomicPtr<T>);
+
+impl<T> Once<T> {
+    const fn new() -> Self {
+        Once(AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    fn get_or_init(&'static self, init: impl FnOnce() -> T) -> &'static T
+    where
+        T: Send + Sync,
+    {
+        let current = self.0.load(Ordering::Acquire);
+        if !current.is_null() {
+            // SAFETY: a pointer published below, from a leaked Box, never freed.
+            return unsafe { &*current };
+        }
+        let fresh = Box::into_raw(Box::new(init()));
+        match self.0.compare_exchange(
+            std::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: `fresh` is ours, leaked and now published.
+            Ok(_) => unsafe { &*fresh },
+            Err(winner) => {
+                // SAFETY: `fresh` was never published: ours to free. `winner` is as above.
+                unsafe {
+                    drop(Box::from_raw(fresh));
+                    &*winner
+                }
+            }
+        }
+    }
+}
 
 unsafe extern "C" {
     /// glibc: the program's name, as `ps` shows it (the last part of `argv[0]`).
