@@ -1,9 +1,10 @@
 //! `cargo bench`: what the library adds to the allocation hot paths, measured against the
 //! fake driver in one run, with and without the library, interleaved.
 //!
-//! Runs `scripts/gpu/bench/driver_bench.c` (built by build.rs against nothing: it
-//! resolves the driver as cudart does) on 1, 2 and 4 threads, `BENCH_REPS`
-//! times each way (default 5), and prints medians and spreads. It also checks that a
+//! Runs `scripts/gpu/bench/driver_bench.c` (built by the dev-dependency
+//! `cudabudget-fake-driver`, against nothing: it resolves the driver as cudart does) on
+//! 1, 2 and 4 threads, `BENCH_REPS` times each way (default 5), and prints medians and
+//! spreads. It also checks that a
 //! function the library does not wrap resolves to the driver's own code.
 //!
 //! The fake driver is not the real one (its calls cost tens of nanoseconds, not
@@ -41,7 +42,7 @@ fn field<'a>(json: &'a str, key: &str) -> Option<&'a str> {
 }
 
 fn run(threads: u32, preload: bool) -> String {
-    let mut cmd = Command::new(env!("FAKE_DRIVER_BENCH"));
+    let mut cmd = Command::new(cudabudget_fake_driver::FAKE_DRIVER_BENCH);
     cmd.args(["--scale", "0.5", "--threads", &threads.to_string()])
         .env("LD_LIBRARY_PATH", util::fake_dir())
         .env_remove("LD_PRELOAD");
@@ -161,7 +162,7 @@ fn instructions() {
     let count = |arm: &str, kind: &str, n: u64| -> f64 {
         let out = Command::new("valgrind")
             .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
-            .arg(env!("FAKE_PAIR_LOOP"))
+            .arg(cudabudget_fake_driver::FAKE_PAIR_LOOP)
             .args([arm, kind, &n.to_string()])
             .env("LD_LIBRARY_PATH", util::fake_dir())
             .env("LD_PRELOAD", util::lib_path())

@@ -25,11 +25,15 @@ pub const SCOPE: &str = "CUDABUDGET_SCOPE";
 pub const ON_EXCEED: &str = "CUDABUDGET_ON_EXCEED";
 /// The library the CLI preloads; the library itself ignores it.
 pub const LIB: &str = "CUDABUDGET_LIB";
+/// Where job ledgers live (default `/dev/shm`).
+pub const JOB_DIR: &str = "CUDABUDGET_JOB_DIR";
 /// What a CUDA context costs on the device where NVML cannot measure it (no
 /// `libnvidia-ml`): bytes, instead of the library's per-model estimate.
 pub const CONTEXT_MEMORY: &str = "CUDABUDGET_CONTEXT_MEMORY";
 /// HAMi-core's budget for every device; `_<N>` variants are per device.
 pub const HAMI_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// HAMi's shared cache file: the processes that name the same one share a budget.
+pub const HAMI_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// Highest device ordinal a per-device variable may name: the ledger budgets 64 devices
 /// (0..=63), and a budget it could not enforce is refused rather than accepted.
 pub const MAX_ORDINAL: u32 = 63;
@@ -37,7 +41,7 @@ pub const MAX_ORDINAL: u32 = 63;
 const PREFIX: &str = "CUDABUDGET_";
 const KNOWN_VARIABLES: &str = "CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N> (N = 0..63), \
      CUDABUDGET_LOG, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED, CUDABUDGET_LIB, \
-     CUDABUDGET_CONTEXT_MEMORY";
+     CUDABUDGET_CONTEXT_MEMORY, CUDABUDGET_JOB_DIR";
 
 /// How much the library writes to stderr. Ordered: a level includes those before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -101,6 +105,11 @@ pub struct Config {
     pub source: Source,
     /// `CUDABUDGET_CONTEXT_MEMORY`: a context's cost where NVML cannot measure it.
     pub context_memory: Option<u64>,
+    pub scope: Scope,
+    pub on_exceed: OnExceed,
+    /// HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, when HAMi's variables set the budget:
+    /// the processes that name the same file share one budget.
+    pub hami_shared_cache: Option<String>,
 }
 
 /// A variable whose value cannot be honoured. `Display` renders the single line the
@@ -121,6 +130,7 @@ enum Variable {
     Scope,
     OnExceed,
     Lib,
+    JobDir,
     ContextMemory,
     HamiLimit,
     HamiDeviceLimit(u32),
@@ -139,6 +149,7 @@ impl Variable {
                 "ON_EXCEED" => Ok(Some(Variable::OnExceed)),
                 "LIB" => Ok(Some(Variable::Lib)),
                 "CONTEXT_MEMORY" => Ok(Some(Variable::ContextMemory)),
+                "JOB_DIR" => Ok(Some(Variable::JobDir)),
                 _ => match rest.strip_prefix("LIMIT_") {
                     Some(ordinal) => parse_ordinal(ordinal)
                         .map(|n| Some(Variable::DeviceLimit(n)))
@@ -199,37 +210,112 @@ pub fn parse_ordinal(s: &str) -> Option<u32> {
     s.parse().ok().filter(|&n| n <= MAX_ORDINAL)
 }
 
-/// Accepts what `CUDABUDGET_SCOPE` may hold in this build; `Err` is the reason.
-pub fn validate_scope(value: &str) -> Result<(), String> {
+/// Who shares a budget.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Each process its own (the default).
+    #[default]
+    Process,
+    /// Every process of the user that names this job.
+    Job(String),
+}
+
+/// What an allocation past the budget does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnExceed {
+    /// `CUDA_ERROR_OUT_OF_MEMORY` at once (the default).
+    #[default]
+    Fail,
+    /// Wait up to this long for room, then fail.
+    Wait(std::time::Duration),
+}
+
+/// Reads `CUDABUDGET_SCOPE`: `process` or `job:<name>` (1 to 64 of `A-Z a-z 0-9 . _ -`,
+/// not starting with a dot: the name is part of a file name).
+pub fn parse_scope(value: &str) -> Result<Scope, String> {
     let value = trim(value);
     if value == "process" {
-        Ok(())
-    } else if value.is_empty() {
-        Err("empty value".to_string())
-    } else if value.starts_with("job:") {
-        // Never fall back to a per-process budget: the user asked for a shared one.
-        Err("job scope is not supported by this build yet".to_string())
+        return Ok(Scope::Process);
+    }
+    if value.is_empty() {
+        return Err("empty value".to_string());
+    }
+    let Some(name) = value.strip_prefix("job:") else {
+        return Err(format!(
+            "unknown scope {value:?}; expected \"process\" or \"job:<name>\""
+        ));
+    };
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if valid {
+        Ok(Scope::Job(name.to_string()))
     } else {
         Err(format!(
-            "unknown scope {value:?}; expected \"process\" or \"job:<name>\""
+            "job name {name:?}: use 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'"
         ))
     }
 }
 
-/// Accepts what `CUDABUDGET_ON_EXCEED` may hold in this build; `Err` is the reason.
-pub fn validate_on_exceed(value: &str) -> Result<(), String> {
+/// Accepts what `CUDABUDGET_SCOPE` may hold; `Err` is the reason.
+pub fn validate_scope(value: &str) -> Result<(), String> {
+    parse_scope(value).map(|_| ())
+}
+
+/// Reads `CUDABUDGET_ON_EXCEED`: `fail` or `wait:<duration>` (`30s`, `500ms`, `2m`,
+/// `1h`, or plain seconds; at most a day).
+pub fn parse_on_exceed(value: &str) -> Result<OnExceed, String> {
     let value = trim(value);
     if value == "fail" {
-        Ok(())
-    } else if value.is_empty() {
-        Err("empty value".to_string())
-    } else if value.starts_with("wait:") {
-        Err("\"wait\" is not supported by this build yet".to_string())
-    } else {
-        Err(format!(
-            "unknown policy {value:?}; expected \"fail\" or \"wait:<duration>\""
-        ))
+        return Ok(OnExceed::Fail);
     }
+    if value.is_empty() {
+        return Err("empty value".to_string());
+    }
+    let Some(duration) = value.strip_prefix("wait:") else {
+        return Err(format!(
+            "unknown policy {value:?}; expected \"fail\" or \"wait:<duration>\""
+        ));
+    };
+    parse_duration(duration).map(OnExceed::Wait)
+}
+
+/// Accepts what `CUDABUDGET_ON_EXCEED` may hold; `Err` is the reason.
+pub fn validate_on_exceed(value: &str) -> Result<(), String> {
+    parse_on_exceed(value).map(|_| ())
+}
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit {
+        "ms" => 1e-3,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "duration {text:?}: unknown unit {unit:?}; use ms, s, m or h"
+            ));
+        }
+    };
+    let n: f64 = number
+        .parse()
+        .ok()
+        .filter(|n: &f64| {
+            n.is_finite() && number.bytes().next().is_some_and(|b| b.is_ascii_digit())
+        })
+        .ok_or_else(|| format!("duration {text:?}: not a number, e.g. wait:30s"))?;
+    let secs = n * scale;
+    if secs > 86_400.0 {
+        return Err(format!("duration {text:?}: at most a day"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 impl Config {
@@ -273,7 +359,12 @@ impl Config {
         vars: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Config, ConfigError> {
         let mut ours: BTreeMap<&str, (Variable, &str)> = BTreeMap::new();
+        let mut hami_cache: Option<&str> = None;
         for (name, value) in vars {
+            if name == HAMI_SHARED_CACHE {
+                hami_cache.get_or_insert(value);
+                continue;
+            }
             if ours.contains_key(name) {
                 continue;
             }
@@ -294,6 +385,9 @@ impl Config {
             log: LogLevel::default(),
             source: Source::None,
             context_memory: None,
+            scope: Scope::Process,
+            on_exceed: OnExceed::Fail,
+            hami_shared_cache: None,
         };
         let mut device_limits = BTreeMap::new();
         for (&name, &(variable, value)) in &ours {
@@ -306,9 +400,14 @@ impl Config {
                     device_limits.insert(n, parse_limit(value).map_err(|e| fail(e.reason))?);
                 }
                 Variable::Log => config.log = value.parse().map_err(fail)?,
-                Variable::Scope => validate_scope(value).map_err(fail)?,
-                Variable::OnExceed => validate_on_exceed(value).map_err(fail)?,
+                Variable::Scope => config.scope = parse_scope(value).map_err(fail)?,
+                Variable::OnExceed => config.on_exceed = parse_on_exceed(value).map_err(fail)?,
                 Variable::Lib => {}
+                Variable::JobDir => {
+                    if !trim(value).starts_with('/') {
+                        return Err(fail("use an absolute directory, e.g. /dev/shm".to_string()));
+                    }
+                }
                 Variable::ContextMemory => {
                     config.context_memory = match parse_limit(value).map_err(|e| fail(e.reason))? {
                         Limit::Bytes(bytes) => Some(bytes),
@@ -331,6 +430,11 @@ impl Config {
             }
         }
         config.device_limits = device_limits.into_iter().collect();
+        if use_hami {
+            config.hami_shared_cache = hami_cache
+                .filter(|v| !trim(v).is_empty())
+                .map(str::to_string);
+        }
         if !config.is_unbudgeted() {
             config.source = if use_hami {
                 Source::Hami
@@ -391,8 +495,14 @@ impl ConfigError {
                 "is not a valid log level",
                 "use off, error, warn, info or debug".to_string(),
             ),
-            Ok(Some(Variable::Scope)) => ("cannot be used", "use process".to_string()),
-            Ok(Some(Variable::OnExceed)) => ("cannot be used", "use fail".to_string()),
+            Ok(Some(Variable::Scope)) => (
+                "is not a valid scope",
+                "use process or job:<name>".to_string(),
+            ),
+            Ok(Some(Variable::OnExceed)) => (
+                "is not a valid policy",
+                "use fail or wait:<duration>, e.g. wait:30s".to_string(),
+            ),
             Ok(Some(_)) => ("cannot be used", format!("unset {variable}")),
         };
         format!("{variable}={value:?} {what} ({reason}); {remedy}")
@@ -558,24 +668,69 @@ mod tests {
     }
 
     #[test]
-    fn job_scope_is_refused_rather_than_run_per_process() {
-        config(&[("CUDABUDGET_SCOPE", "process"), ("CUDABUDGET_LIMIT", "1Gi")]);
-        let e = refused(&[
-            ("CUDABUDGET_SCOPE", "job:train"),
+    fn a_job_scope_names_a_job_and_bad_names_are_refused() {
+        let c = config(&[("CUDABUDGET_SCOPE", "process"), ("CUDABUDGET_LIMIT", "1Gi")]);
+        assert_eq!(c.scope, Scope::Process);
+        let c = config(&[
+            ("CUDABUDGET_SCOPE", "job:train-1.a_b"),
             ("CUDABUDGET_LIMIT", "1Gi"),
         ]);
-        assert_eq!(e.reason, "job scope is not supported by this build yet");
-        refused(&[("CUDABUDGET_SCOPE", "")]);
-        refused(&[("CUDABUDGET_SCOPE", "node")]);
+        assert_eq!(c.scope, Scope::Job("train-1.a_b".to_string()));
+        for bad in [
+            "",
+            "node",
+            "job:",
+            "job:a/b",
+            "job:.hidden",
+            "job:a b",
+            &format!("job:{}", "x".repeat(65)),
+        ] {
+            refused(&[("CUDABUDGET_SCOPE", bad)]);
+        }
     }
 
     #[test]
-    fn only_the_fail_policy_is_accepted() {
-        config(&[("CUDABUDGET_ON_EXCEED", "fail")]);
-        let e = refused(&[("CUDABUDGET_ON_EXCEED", "wait:30s")]);
-        assert!(e.reason.contains("not supported by this build yet"));
-        refused(&[("CUDABUDGET_ON_EXCEED", "retry")]);
-        refused(&[("CUDABUDGET_ON_EXCEED", " ")]);
+    fn the_wait_policy_takes_a_duration() {
+        assert_eq!(
+            config(&[("CUDABUDGET_ON_EXCEED", "fail")]).on_exceed,
+            OnExceed::Fail
+        );
+        let wait = |v| config(&[("CUDABUDGET_ON_EXCEED", v)]).on_exceed;
+        assert_eq!(
+            wait("wait:30s"),
+            OnExceed::Wait(std::time::Duration::from_secs(30))
+        );
+        assert_eq!(
+            wait("wait:250ms"),
+            OnExceed::Wait(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(
+            wait("wait:2m"),
+            OnExceed::Wait(std::time::Duration::from_secs(120))
+        );
+        assert_eq!(
+            wait("wait:1.5"),
+            OnExceed::Wait(std::time::Duration::from_millis(1500))
+        );
+        for bad in [
+            "retry", " ", "wait:", "wait:-1s", "wait:10d", "wait:25h", "wait:x",
+        ] {
+            refused(&[("CUDABUDGET_ON_EXCEED", bad)]);
+        }
+    }
+
+    #[test]
+    fn hamis_shared_cache_is_read_only_with_hamis_budget() {
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/x.cache"),
+        ]);
+        assert_eq!(c.hami_shared_cache.as_deref(), Some("/tmp/vgpu/x.cache"));
+        let c = config(&[
+            ("CUDABUDGET_LIMIT", "4Gi"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/x.cache"),
+        ]);
+        assert_eq!(c.hami_shared_cache, None);
     }
 
     #[test]

@@ -8,8 +8,9 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::config::OnExceed;
 use crate::driver::{CuResult, DevicePtr, Handle};
-use crate::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Reservation, Table};
+use crate::ledger::{self, BankGuard, Denial, DeviceLedger, Entry, Kind, Reservation, Table};
 use crate::pools;
 use crate::report;
 use crate::runtime::{self, Mode};
@@ -50,17 +51,62 @@ pub fn admit<'d>(
     d: &'d DeviceLedger,
     bytes: u64,
 ) -> Result<Reservation<'d>, CuResult> {
+    try_admit(device, d, bytes).map_err(|denial| refuse(call, device, d, &denial))
+}
+
+fn try_admit(device: usize, d: &DeviceLedger, bytes: u64) -> Result<Reservation<'_>, Denial> {
     footprint::settle_before_admission(device);
     footprint::maybe_reconcile(device, d);
     if let Ok(r) = d.reserve(bytes) {
         return Ok(r);
     }
     make_room(device, d, &mut collect_all(d));
-    d.reserve(bytes).map_err(|denial| {
-        d.note_denial();
-        report::denial(call, device, &denial);
-        CuResult::OUT_OF_MEMORY
-    })
+    d.reserve(bytes)
+}
+
+#[cold]
+fn refuse(call: &str, device: usize, d: &DeviceLedger, denial: &Denial) -> CuResult {
+    d.note_denial();
+    report::denial(call, device, denial);
+    CuResult::OUT_OF_MEMORY
+}
+
+/// As [`admit`], for a caller that holds nothing another thread needs: with
+/// `CUDABUDGET_ON_EXCEED=wait:<d>`, a request that does not fit waits (in arrival order)
+/// until the process — or the job — has room, for at most `d`. Never during a capture.
+fn admit_or_wait<'d>(
+    call: &str,
+    device: usize,
+    d: &'d DeviceLedger,
+    bytes: u64,
+) -> Result<Reservation<'d>, CuResult> {
+    let denial = match try_admit(device, d, bytes) {
+        Ok(r) => return Ok(r),
+        Err(denial) => denial,
+    };
+    let Some(OnExceed::Wait(patience)) = runtime::config().map(|c| c.on_exceed) else {
+        return Err(refuse(call, device, d, &denial));
+    };
+    if capture::any() || bytes > d.budget() {
+        return Err(refuse(call, device, d, &denial));
+    }
+    let deadline = std::time::Instant::now() + patience;
+    let budget = d.budget();
+    loop {
+        let woke = match d.job() {
+            Some((job, index)) => job.wait_for_room(index, bytes, budget, deadline),
+            None => {
+                crate::wait::wait_for_room(deadline, || d.used().saturating_add(bytes) <= budget)
+            }
+        };
+        match try_admit(device, d, bytes) {
+            Ok(r) => return Ok(r),
+            Err(denial) if !woke || std::time::Instant::now() >= deadline => {
+                return Err(refuse(call, device, d, &denial));
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Refuses `bytes` on `device` at once: a request that can never fit.
@@ -72,7 +118,7 @@ fn deny(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> CuResult {
         device,
         &ledger::Denial {
             requested: bytes,
-            used: d.used(),
+            used: d.budget_used(),
             budget: d.budget(),
         },
     );
@@ -340,7 +386,7 @@ fn alloc_into(
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
-    let reservation = match admit(call, device, d, bytes) {
+    let reservation = match admit_or_wait(call, device, d, bytes) {
         Ok(r) => r,
         Err(rc) => return rc,
     };

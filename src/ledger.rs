@@ -51,8 +51,13 @@ pub struct DeviceLedger {
     /// thread kept from before may be memory the pools no longer hold, so it goes back
     /// to the bank before it is spent).
     epoch: AtomicU64,
+    /// In a job (`CUDABUDGET_SCOPE=job:…`): the device's index in the job's books
+    /// ([`NO_JOB`]: the budget is the process's own).
+    job_device: AtomicU64,
     pub pool: PoolCredit,
 }
+
+const NO_JOB: u64 = u64::MAX;
 
 impl DeviceLedger {
     const fn new() -> Self {
@@ -63,7 +68,31 @@ impl DeviceLedger {
             denials: AtomicU64::new(0),
             overhead: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            job_device: AtomicU64::new(NO_JOB),
             pool: PoolCredit::new(),
+        }
+    }
+
+    /// The budget is the job's, on the job's device `index` (the process's ordinal).
+    pub fn join_job(&self, index: usize) {
+        self.job_device.store(index as u64, Ordering::Release);
+    }
+
+    /// The job this device's budget belongs to, with the device's index there.
+    #[inline]
+    pub fn job(&self) -> Option<(&'static crate::job::Job, usize)> {
+        let index = self.job_device.load(Ordering::Relaxed);
+        if index == NO_JOB {
+            return None;
+        }
+        crate::job::joined().map(|job| (job, index as usize))
+    }
+
+    /// What counts against the budget: the job's use in a job, else the process's.
+    pub fn budget_used(&self) -> u64 {
+        match self.job() {
+            Some((job, index)) => job.used(index),
+            None => self.used(),
         }
     }
 
@@ -113,6 +142,17 @@ impl DeviceLedger {
                 .compare_exchange_weak(used, after, Ordering::AcqRel, Ordering::Relaxed)
             {
                 Ok(_) => {
+                    // In a job the job's total decides, for every process at once.
+                    if let Some((job, index)) = self.job()
+                        && let Err(job_used) = job.reserve(index, bytes, budget)
+                    {
+                        self.release_own(bytes);
+                        return Err(Denial {
+                            requested: bytes,
+                            used: job_used,
+                            budget,
+                        });
+                    }
                     self.note_peak(after);
                     return Ok(Reservation {
                         device: self,
@@ -133,6 +173,9 @@ impl DeviceLedger {
             .fetch_add(bytes, Ordering::AcqRel)
             .saturating_add(bytes);
         self.note_peak(after);
+        if let Some((job, index)) = self.job() {
+            job.charge(index, bytes);
+        }
     }
 
     /// Raises the peak; a plain load first, so that threads allocating below the peak
@@ -145,11 +188,22 @@ impl DeviceLedger {
 
     /// Gives back `bytes`, stopping at zero.
     pub fn release(&self, bytes: u64) {
-        let _ = self
+        let given = self.release_own(bytes);
+        if let Some((job, index)) = self.job() {
+            job.release(index, given);
+        }
+        crate::wait::freed();
+    }
+
+    /// Gives back `bytes` of the process's own use, stopping at zero; returns how much.
+    fn release_own(&self, bytes: u64) -> u64 {
+        let before = self
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
                 Some(u.saturating_sub(bytes))
-            });
+            })
+            .unwrap_or(0);
+        before.min(bytes)
     }
 
     /// Replaces the overhead charge with `bytes`, moving `used` by the difference.
@@ -206,6 +260,9 @@ impl DeviceLedger {
         self.used.store(0, Ordering::Release);
         self.overhead.store(0, Ordering::Release);
         self.pool.clear();
+        if let Some((job, index)) = self.job() {
+            job.set_own(index, 0);
+        }
         self.epoch.fetch_add(1 << 32, Ordering::AcqRel);
         CLEARING.fetch_sub(1, Ordering::SeqCst);
     }

@@ -10,6 +10,7 @@
 //! Modules:
 //! - [`quantity`], [`config`]: environment → budgets (pure).
 //! - [`ledger`]: per-device reservations and the address table (pure, thread-safe).
+//! - `job`: a job's shared books (`CUDABUDGET_SCOPE=job:…`), in shared memory.
 //! - `driver`, `nvml`: the real libraries, from our own handles.
 //! - `runtime`: the process-wide state and its lazy initialisation.
 //! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`, `loads`: what the hooks
@@ -32,6 +33,7 @@ mod events;
 mod footprint;
 mod graphs;
 mod hooks;
+mod job;
 pub mod ledger;
 mod loads;
 mod lock;
@@ -42,3 +44,4 @@ pub mod quantity;
 mod report;
 mod runtime;
 mod vmm;
+mod wait;

@@ -130,7 +130,53 @@ fn decide() -> Result<u8, crate::config::ConfigError> {
     if !driver::load() {
         return Ok(NO_DRIVER);
     }
+    let joining = std::time::Instant::now();
+    if let Some(path) = job_path()
+        && let Err(why) = crate::job::join(&path)
+    {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            report::line(
+                LogLevel::Error,
+                format_args!(
+                    "job ledger {path}: {why}; CUDA is disabled for this process \
+                     (a job's budget is never replaced by a per-process one)"
+                ),
+            );
+        }
+        return Ok(REFUSED);
+    }
+    if let Some(job) = crate::job::joined() {
+        report::line(
+            LogLevel::Debug,
+            format_args!(
+                "joined job ledger {} in {:.1} µs",
+                job.path(),
+                joining.elapsed().as_secs_f64() * 1e6
+            ),
+        );
+        extern "C" fn leave_job() {
+            if let Some(job) = crate::job::joined() {
+                job.leave();
+            }
+        }
+        // SAFETY: registers a plain extern "C" function.
+        unsafe { libc::atexit(leave_job) };
+    }
     Ok(BUDGETED)
+}
+
+/// The job ledger's file, when the budget is a job's: `CUDABUDGET_SCOPE=job:<name>`, or
+/// HAMi's shared cache file when HAMi's variables set the budget.
+fn job_path() -> Option<String> {
+    let config = CONFIG.get()?;
+    match &config.scope {
+        crate::config::Scope::Job(name) => Some(crate::job::path_for(name)),
+        crate::config::Scope::Process => config
+            .hami_shared_cache
+            .as_deref()
+            .map(crate::job::path_for_hami),
+    }
 }
 
 /// A child of `fork()` cannot use its parent's CUDA context: it starts with an empty
@@ -151,6 +197,8 @@ fn install_fork_handler() {
             crate::enforce::reset_in_child();
             crate::footprint::after_fork();
             crate::loads::after_fork();
+            crate::job::after_fork();
+            crate::wait::after_fork();
         }
         crate::nvml::after_fork();
         crate::capture::after_fork();
@@ -302,6 +350,9 @@ fn resolve_budget(
         Limit::Percent(_) => limit.resolve(physical_total(device).or(known_total)?),
     };
     d.set_budget(bytes.min(UNRESOLVED - 1));
+    if crate::job::joined().is_some() {
+        d.join_job(device);
+    }
     Some(d)
 }
 

@@ -35,8 +35,8 @@ const MALFORMED: &[(&str, &str)] = &[
     ("CUDABUDGET_LIMIT_1023", "8Gi"),
     ("CUDA_DEVICE_MEMORY_LIMIT_64", "8g"),
     ("CUDABUDGET_LOG", "loud"),
-    ("CUDABUDGET_SCOPE", "job:train"),
-    ("CUDABUDGET_ON_EXCEED", "wait:30s"),
+    ("CUDABUDGET_SCOPE", "job:a/b"),
+    ("CUDABUDGET_ON_EXCEED", "wait:forever"),
     ("CUDA_DEVICE_MEMORY_LIMIT", "8Gi"),
     ("CUDA_DEVICE_MEMORY_LIMIT", "-1"),
 ];

@@ -283,16 +283,16 @@ fn a_bad_device_option_is_refused_before_anything_runs() {
 }
 
 #[test]
-fn unsupported_scope_and_policy_are_refused_before_anything_runs() {
+fn malformed_scope_and_policy_are_refused_before_anything_runs() {
     let message =
-        assert_refused_before_running("scope", &["--limit", "1Gi", "--scope", "job:train"], &[]);
-    assert!(message.contains("not supported"), "{message}");
+        assert_refused_before_running("scope", &["--limit", "1Gi", "--scope", "job:a/b"], &[]);
+    assert!(message.contains("job name"), "{message}");
     let message = assert_refused_before_running(
         "policy",
-        &["--limit", "1Gi", "--on-exceed", "wait:30s"],
+        &["--limit", "1Gi", "--on-exceed", "wait:forever"],
         &[],
     );
-    assert!(message.contains("not supported"), "{message}");
+    assert!(message.contains("duration"), "{message}");
 }
 
 #[test]

@@ -522,7 +522,7 @@ print(total.value, fits, over)
         &[
             ("CUDABUDGET_LIMIT", "8Gi"),
             ("CUDABUDGET_LOG", "off"),
-            ("LD_LIBRARY_PATH", env!("FAKE_DRIVER_DIR")),
+            ("LD_LIBRARY_PATH", cudabudget_fake_driver::FAKE_DRIVER_DIR),
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));

@@ -24,7 +24,7 @@ REPS=5
 ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform jax_async cupy_default cupy_async numba cuda_c nvsmi seed"
 ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
 ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
-ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml"
+ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml job_gpu"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) ONLY="$2"; shift 2 ;;
@@ -456,6 +456,20 @@ EOS
     log "FAIL torch_no_nvml/setup cannot hide NVML here (unshare --mount, mount --bind: root): $(head -c 300 "$WORK/hide-nvml.log")"
     echo "FAIL torch_no_nvml/setup" >>"$RESULTS"
   fi
+fi
+# Job budgets: three PyTorch processes of one job, kill -9 of one, a waiting PyTorch process
+# beside a JAX one of the same job (scripts/gpu/cases/job_gpu.py prints PASS/FAIL lines).
+if selected job_gpu; then
+  echo "-- job_gpu (CUDABUDGET_SCOPE=job:..., several processes) ..."
+  timeout -k 10 180 "$PY" "$C/job_gpu.py" --lib "$LIB" --python "$PY" >"$WORK/job_gpu.out" 2>"$WORK/job_gpu.err"
+  jrc=$?
+  tee -a "$LOG" <"$WORK/job_gpu.out"
+  grep -E '^(PASS|FAIL) ' "$WORK/job_gpu.out" >>"$RESULTS"
+  if ! grep -q '^job_gpu: ' "$WORK/job_gpu.out"; then
+    log "FAIL job_gpu/ran rc=$jrc: $(tail -c 600 "$WORK/job_gpu.err")"
+    echo "FAIL job_gpu/ran" >>"$RESULTS"
+  fi
+  wait_gpu_idle
 fi
 if selected dataloader_fork; then
   pair dataloader_fork "B:CUDABUDGET_LIMIT=8Gi" 150 -- \

@@ -57,7 +57,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             // SAFETY: the driver just filled both.
             unsafe {
                 *total = (*total as u64).min(budget) as usize;
-                *free = (*free as u64).min(budget.saturating_sub(d.used())) as usize;
+                *free = (*free as u64).min(budget.saturating_sub(d.budget_used())) as usize;
             }
         }
         rc

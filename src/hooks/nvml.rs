@@ -29,7 +29,7 @@ fn view(device: NvmlDevice, total: u64, free: u64) -> Option<(u64, u64, u64)> {
     crate::footprint::settle_before_admission(ordinal);
     crate::enforce::refresh_pools(ordinal, d);
     let budget = d.budget().min(total);
-    let used = d.used().min(budget);
+    let used = d.budget_used().min(budget);
     Some((budget, free.min(budget - used), used))
 }
 

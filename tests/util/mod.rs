@@ -1,6 +1,6 @@
-//! Shared harness for the integration tests: runs the C test clients (built by `build.rs`
-//! from `tests/fake_driver/`) against the fake driver, optionally under a preload, and
-//! reads their one-line-per-op output.
+//! Shared harness for the integration tests: runs the C test clients (built from
+//! `tests/fake_driver/` by the dev-dependency `cudabudget-fake-driver`) against the fake
+//! driver, optionally under a preload, and reads their one-line-per-op output.
 //!
 //! Output format of the client: `<op> rc=<int> [key=value]...`, one line per op, then `done`.
 #![allow(dead_code)]
@@ -15,22 +15,22 @@ use std::time::{Duration, Instant};
 
 /// Directory holding the fake `libcuda.so.1` and `libnvidia-ml.so.1`.
 pub fn fake_dir() -> &'static str {
-    env!("FAKE_DRIVER_DIR")
+    cudabudget_fake_driver::FAKE_DRIVER_DIR
 }
 
 /// The fake `libcuda.so.1` itself.
 pub fn fake_cuda_lib() -> &'static str {
-    env!("FAKE_CUDA_LIB")
+    cudabudget_fake_driver::FAKE_CUDA_LIB
 }
 
 /// The third-party preload that relies on `RTLD_NEXT` (exports `getpagesize`).
 pub fn thirdparty_lib() -> &'static str {
-    env!("FAKE_THIRDPARTY_LIB")
+    cudabudget_fake_driver::FAKE_THIRDPARTY_LIB
 }
 
 /// The executor of the property test (`tests/fake_driver/prop_client.c`).
 pub fn prop_client_bin() -> &'static str {
-    env!("FAKE_PROP_CLIENT")
+    cudabudget_fake_driver::FAKE_PROP_CLIENT
 }
 
 /// A command for any fixture binary, set up as [`client_command`] sets up a client: the
@@ -57,16 +57,23 @@ pub fn fixture_command(bin: &str, envs: &[(&str, &str)], preload: Option<&Path>)
 /// The client binary for a mode: `client_linked` for "linked", `client` otherwise.
 pub fn client_bin(mode: &str) -> &'static str {
     if mode == "linked" {
-        env!("FAKE_CLIENT_LINKED")
+        cudabudget_fake_driver::FAKE_CLIENT_LINKED
     } else {
-        env!("FAKE_CLIENT")
+        cudabudget_fake_driver::FAKE_CLIENT
     }
 }
 
 /// The cdylib under test. `cargo test` builds it as `target/<profile>/deps/libcudabudget.so`
 /// (next to the test executables) and only `cargo build` copies it up to
 /// `target/<profile>/`; the `deps/` one is preferred because it is always the newest.
+/// `CB_TEST_LIB` names another build to test instead (`scripts/dist.sh` runs part of the
+/// suite against `dist/libcudabudget.so` so; not a `CUDABUDGET_` name, which the library
+/// would refuse as unknown).
 pub fn lib_path() -> PathBuf {
+    if let Some(lib) = std::env::var_os("CB_TEST_LIB") {
+        return std::fs::canonicalize(&lib)
+            .unwrap_or_else(|e| panic!("CB_TEST_LIB={}: {e}", Path::new(&lib).display()));
+    }
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe.parent().expect("test binary has a parent dir");
     let in_deps = dir.join("libcudabudget.so");

@@ -1,0 +1,338 @@
+//! Job budgets (`CUDABUDGET_SCOPE=job:<name>`): several processes, one budget, against
+//! the fake driver. Each test keeps its job ledgers in a directory of its own
+//! (`CUDABUDGET_JOB_DIR`).
+
+mod util;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use util::{GI, MI, Run};
+
+/// A fresh directory for a test's ledgers.
+fn job_dir(test: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("cudabudget-job-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.to_str().unwrap().to_string()
+}
+
+/// NVML listing the process under another pid: nothing but the hooks charges.
+fn envs<'a>(dir: &'a str, job: &'a str, limit: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("CUDABUDGET_JOB_DIR", dir),
+        ("CUDABUDGET_SCOPE", job),
+        ("CUDABUDGET_LIMIT", limit),
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+    ]
+}
+
+fn command(ops: &[&str], envs: &[(&str, &str)]) -> Command {
+    let mut cmd = util::client_command("gpa", ops, envs, Some(&util::lib_path()));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn spawn(ops: &[&str], envs: &[(&str, &str)]) -> Child {
+    command(ops, envs).spawn().expect("spawn client")
+}
+
+fn finish(child: Child) -> Run {
+    let out = child.wait_with_output().expect("wait client");
+    Run {
+        lines: String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect(),
+        status: out.status,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn client(ops: &[&str], envs: &[(&str, &str)]) -> Run {
+    util::run(command(ops, envs))
+}
+
+/// Waits until the job's file shows the process's first allocation (the holder is in).
+fn settle() {
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn processes_of_one_job_share_one_budget() {
+    let dir = job_dir("share");
+    let e = envs(&dir, "job:train", "1Gi");
+    let holder = spawn(&["alloc:700Mi", "sleep:1500"], &e);
+    settle();
+    let run = client(&["info", "alloc:500Mi", "alloc:300Mi", "phys"], &e);
+    let holder = finish(holder);
+    assert_eq!(holder.rc("alloc", 0), 0, "{holder:?}");
+    assert_eq!(run.num("info", 0, "free"), GI - 700 * MI, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert!(run.stderr.contains("700.00 MiB in use"), "{}", run.stderr);
+}
+
+#[test]
+fn two_jobs_do_not_affect_each_other() {
+    let dir = job_dir("two");
+    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &envs(&dir, "job:a", "1Gi"));
+    settle();
+    let other = client(&["alloc:900Mi"], &envs(&dir, "job:b", "1Gi"));
+    let alone = client(&["alloc:900Mi"], &[("CUDABUDGET_LIMIT", "1Gi")]);
+    finish(holder);
+    assert_eq!(other.rc("alloc", 0), 0, "{other:?}");
+    assert_eq!(alone.rc("alloc", 0), 0, "{alone:?}");
+}
+
+#[test]
+fn racing_processes_never_pass_the_job_budget_together() {
+    // Four processes each ask for 64 MiB twenty times; 16 × 64 MiB fill the budget.
+    let dir = job_dir("race");
+    let e = envs(&dir, "job:race", "1Gi");
+    let mut ops = vec!["alloc:64Mi"; 20];
+    ops.push("sleep:800");
+    let children: Vec<Child> = (0..4).map(|_| spawn(&ops, &e)).collect();
+    let runs: Vec<Run> = children.into_iter().map(finish).collect();
+    let granted: usize = runs
+        .iter()
+        .map(|r| {
+            r.lines_of("alloc")
+                .iter()
+                .filter(|l| l.contains("rc=0"))
+                .count()
+        })
+        .sum();
+    assert_eq!(granted, 16, "{runs:?}");
+}
+
+#[test]
+fn a_killed_holders_share_comes_back_within_a_second() {
+    let dir = job_dir("kill");
+    let e = envs(&dir, "job:k", "1Gi");
+    let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
+    settle();
+    let before = client(&["alloc:800Mi"], &e);
+    assert_eq!(
+        before.rc("alloc", 0),
+        2,
+        "the holder still holds it\n{before:?}"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let t = Instant::now();
+    let after = client(&["alloc:800Mi"], &e);
+    assert_eq!(after.rc("alloc", 0), 0, "{after:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_waiting_allocation_goes_through_when_a_peer_frees_and_times_out_otherwise() {
+    let dir = job_dir("wait");
+    let e = envs(&dir, "job:w", "1Gi");
+    let holder = spawn(&["alloc:700Mi", "sleep:700", "free:0", "sleep:1500"], &e);
+    settle();
+    let mut waiting = e.clone();
+    waiting.push(("CUDABUDGET_ON_EXCEED", "wait:5s"));
+    let t = Instant::now();
+    let run = client(&["alloc:700Mi"], &waiting);
+    let waited = t.elapsed();
+    finish(holder);
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert!(waited >= Duration::from_millis(250), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+
+    let holder = spawn(&["alloc:700Mi", "sleep:2000"], &e);
+    settle();
+    let mut short = e.clone();
+    short.push(("CUDABUDGET_ON_EXCEED", "wait:300ms"));
+    let t = Instant::now();
+    let run = client(&["alloc:700Mi"], &short);
+    let waited = t.elapsed();
+    finish(holder);
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+}
+
+#[test]
+fn a_waiting_thread_goes_through_when_another_thread_of_its_process_frees() {
+    // Process scope: no job; the free of another thread of the process makes room.
+    let script = r#"
+import ctypes, threading, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+held = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(held), ctypes.c_size_t(700 << 20)) == 0
+def free_later():
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    time.sleep(0.5)
+    assert cuda.cuMemFree_v2(held) == 0
+threading.Thread(target=free_later).start()
+t = time.time()
+p = ctypes.c_uint64()
+rc = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(700 << 20))
+print(rc, round(time.time() - t, 2))
+"#;
+    let (ok, out, err) = util::python_under_library(
+        script,
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_ON_EXCEED", "wait:5s"),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    let mut fields = out.split_whitespace();
+    assert_eq!(fields.next(), Some("0"), "{out}\n{err}");
+    let waited: f64 = fields.next().unwrap().parse().unwrap();
+    assert!((0.3..3.0).contains(&waited), "{out}");
+}
+
+#[test]
+fn a_damaged_or_foreign_ledger_refuses_cuda_with_one_line() {
+    let dir = job_dir("corrupt");
+    let e = envs(&dir, "job:bad", "1Gi");
+    let path = format!("{dir}/cudabudget-{}-job-bad", unsafe_uid());
+    for (what, bytes) in [
+        ("truncated", vec![0u8; 100]),
+        ("foreign", vec![0x41u8; 1 << 20]),
+    ] {
+        std::fs::write(&path, &bytes).unwrap();
+        set_mode(&path, 0o600);
+        let run = client(&["info"], &e);
+        assert_eq!(run.rc("init", 0), 800, "{what}: {run:?}");
+        let lines: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|l| l.contains("job ledger"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{what}: {}", run.stderr);
+    }
+    // A ledger of a valid size whose header is damaged.
+    let good = job_dir("corrupt-good");
+    let ok = client(&["info"], &envs(&good, "job:bad", "1Gi"));
+    assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
+    let good_path = format!("{good}/cudabudget-{}-job-bad", unsafe_uid());
+    let mut bytes = std::fs::read(&good_path).unwrap();
+    bytes[8] ^= 0xff; // the version
+    std::fs::write(&path, &bytes).unwrap();
+    set_mode(&path, 0o600);
+    let run = client(&["info"], &e);
+    assert_eq!(run.rc("init", 0), 800, "{run:?}");
+    assert!(run.stderr.contains("layout version"), "{}", run.stderr);
+}
+
+#[test]
+fn a_ledger_others_may_write_or_another_user_owns_is_refused() {
+    let dir = job_dir("perm");
+    let e = envs(&dir, "job:p", "1Gi");
+    let ok = client(&["info"], &e);
+    assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
+    let path = format!("{dir}/cudabudget-{}-job-p", unsafe_uid());
+    set_mode(&path, 0o666);
+    let run1 = client(&["info"], &e);
+    assert_eq!(run1.rc("init", 0), 800, "{run1:?}");
+    assert!(run1.stderr.contains("others may write"), "{}", run1.stderr);
+    set_mode(&path, 0o600);
+    // Another owner: possible to arrange only as root.
+    if unsafe_uid() == 0 {
+        let c = std::ffi::CString::new(path.clone()).unwrap();
+        // SAFETY: a valid path; 65534 is nobody.
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+        let run2 = client(&["info"], &e);
+        assert_eq!(run2.rc("init", 0), 800, "{run2:?}");
+        assert!(
+            run2.stderr.contains("belongs to uid 65534"),
+            "{}",
+            run2.stderr
+        );
+    }
+}
+
+#[test]
+fn a_thousand_and_twenty_four_processes_join_one_job() {
+    let dir = job_dir("many");
+    let e = envs(&dir, "job:many", "64Gi");
+    let t = Instant::now();
+    let mut failures = Vec::new();
+    for wave in 0..16 {
+        let children: Vec<Child> = (0..64)
+            .map(|_| spawn(&["alloc:1Mi", "sleep:50"], &e))
+            .collect();
+        for run in children.into_iter().map(finish) {
+            if run.rc("alloc", 0) != 0 {
+                failures.push((wave, run));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+    // They all left: the job holds nothing.
+    let after = client(&["info"], &e);
+    assert_eq!(
+        after.num("info", 0, "free"),
+        64 * GI,
+        "{after:?} after {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn processes_naming_one_hami_shared_cache_share_one_budget() {
+    let dir = job_dir("hami");
+    let cache = format!("{dir}/vgpu.cache");
+    let e = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache.as_str()),
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+    ];
+    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &e);
+    settle();
+    let run = client(&["alloc:500Mi", "alloc:300Mi"], &e);
+    finish(holder);
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert!(std::path::Path::new(&format!("{cache}.cudabudget")).exists());
+}
+
+#[test]
+fn sixty_four_processes_started_at_once_all_join() {
+    // Informational figure for the README (not a timed assertion): the join, from the
+    // library's debug line, for 64 processes started at once.
+    let dir = job_dir("joins");
+    let mut e = envs(&dir, "job:joins", "8Gi");
+    e.push(("CUDABUDGET_LOG", "debug"));
+    let children: Vec<Child> = (0..64).map(|_| spawn(&["alloc:1Mi"], &e)).collect();
+    let mut micros: Vec<f64> = children
+        .into_iter()
+        .map(finish)
+        .filter_map(|r| {
+            let line = r.stderr.lines().find(|l| l.contains("joined job ledger"))?;
+            line.split(" in ")
+                .nth(1)?
+                .trim_end_matches(" µs")
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(micros.len(), 64, "every process joined");
+    micros.sort_by(f64::total_cmp);
+    println!(
+        "join: median {:.1} µs, max {:.1} µs (64 processes at once)",
+        micros[32], micros[63]
+    );
+}
+
+fn unsafe_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+fn set_mode(path: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
