@@ -116,3 +116,18 @@ fn every_denial_of_every_process_is_one_json_line_in_the_events_file() {
     assert_eq!(lines.len(), race_denied + 2, "nothing else, nothing torn");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_denial_in_a_job_names_the_job() {
+    let job = format!("events-{}", std::process::id());
+    let scope = format!("job:{job}");
+    let (pid, _, stderr) = run(
+        &["alloc:4Gi"],
+        &[("CUDABUDGET_LIMIT", "2Gi"), ("CUDABUDGET_SCOPE", &scope)],
+    );
+    let start = format!("cudabudget: pid {pid} (client, job {job}): denied cuMemAlloc of 4.00 GiB");
+    assert!(
+        stderr.lines().any(|l| l.starts_with(&start)),
+        "no {start:?} in\n{stderr}"
+    );
+}

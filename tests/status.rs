@@ -325,3 +325,26 @@ fn cudabudget_runtime_dir_moves_the_records_for_the_library_and_the_cli_alike() 
     drop(client);
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[test]
+fn a_job_s_processes_are_shown_under_its_name() {
+    let job = format!("status-{}", std::process::id());
+    let scope = format!("job:{job}");
+    let envs = [
+        ("CUDABUDGET_LIMIT", "3Gi"),
+        ("CUDABUDGET_SCOPE", scope.as_str()),
+    ];
+    let first = Budgeted::start(&["alloc:1Gi", "sleep:20000"], &envs);
+    let second = Budgeted::start(&["alloc:512Mi", "sleep:20000"], &envs);
+    let a = first.wait_for(1, |p| p["devices"][0]["used_bytes"].as_u64() > Some(0));
+    let b = second.wait_for(1, |p| p["devices"][0]["used_bytes"].as_u64() > Some(0));
+    assert_eq!(a["job"], job.as_str());
+    assert_eq!(b["job"], job.as_str());
+    assert_eq!(a["devices"][0]["limit_bytes"], 3 * GI);
+    let out = output(&mut cudabudget(&["status"]));
+    let table = stdout(&out);
+    assert!(
+        table.contains(&format!("job {job}: 2 processes")),
+        "{table}\n{a}\n{b}"
+    );
+}
