@@ -17,7 +17,8 @@
 //!   decide.
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
-//! - `report`: what the user is told.
+//! - `report`: what the user is told; `events`: the denial events (`CUDABUDGET_EVENTS`).
+//! - `publish`: the per-process record that `cudabudget status` and the exporter read.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -28,6 +29,7 @@ mod capture;
 pub mod config;
 mod driver;
 mod enforce;
+mod events;
 mod footprint;
 mod graphs;
 mod hooks;
@@ -37,6 +39,7 @@ mod loads;
 mod lock;
 mod nvml;
 mod pools;
+mod publish;
 pub mod quantity;
 mod report;
 mod runtime;

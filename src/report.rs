@@ -1,8 +1,11 @@
 //! What the library tells the user: configuration errors, denials (rate-limited), debug
-//! lines, and the summary at exit.
+//! lines, and the summary at exit; and, when `CUDABUDGET_EVENTS` names a file, one JSON
+//! line per denial appended to it.
 //!
 //! Every line starts with `cudabudget:` and goes to stderr with one `write(2)` from a
 //! buffer on the stack: no allocation, no lock, nothing that could re-enter the library.
+//! Denial lines and the exit summary name the process (`pid 1234 (python3, job train)`)
+//! so the lines of several processes sharing a terminal or a log can be told apart.
 
 use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -86,8 +89,10 @@ pub fn monotonic_ms() -> u64 {
 static LAST_DENIAL_MS: AtomicU64 = AtomicU64::new(0);
 static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
 
-/// A refused allocation: at most one line a second, with a count of those left out.
+/// A refused allocation: one event (when `CUDABUDGET_EVENTS` is set), and at most one
+/// line a second, with a count of those left out.
 pub fn denial(call: &str, device: usize, denial: &Denial) {
+    crate::events::denial(call, device, denial);
     if !enabled(LogLevel::Warn) {
         return;
     }
@@ -103,12 +108,29 @@ pub fn denial(call: &str, device: usize, denial: &Denial) {
     }
     let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
     emit(format_args!(
-        "denied {call} of {} on device {device}: {} in use, budget {}{}",
+        "{}: denied {call} of {} on device {device}: {} in use, budget {}{}",
+        Process,
         Bytes(denial.requested),
         Bytes(denial.used),
         Bytes(denial.budget),
         Suppressed(suppressed),
     ));
+}
+
+/// This process as the lines name it: `pid 1234 (python3)`, or `pid 1234 (python3, job
+/// train)` in a job. Costs a `getpid` (the pid changes across `fork`), so it is only for
+/// lines that are rare by nature.
+struct Process;
+impl fmt::Display for Process {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // SAFETY: getpid touches no memory.
+        let pid = unsafe { libc::getpid() };
+        write!(f, "pid {pid} ({}", crate::events::program_name())?;
+        if let Some(job) = crate::events::job() {
+            write!(f, ", job {job}")?;
+        }
+        write!(f, ")")
+    }
 }
 
 struct Suppressed(u64);
@@ -170,7 +192,8 @@ extern "C" fn exit_summary() {
             continue;
         }
         emit(format_args!(
-            "device {device}: peak {} of budget {}, {} in use at exit, {} denied",
+            "{}: device {device}: peak {} of budget {}, {} in use at exit, {} denied",
+            Process,
             Bytes(d.peak()),
             Bytes(budget),
             Bytes(d.used()),

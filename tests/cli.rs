@@ -1,8 +1,12 @@
 //! `cudabudget run`: what the child sees when options are good, and that nothing runs
 //! when they are not.
 
+mod util;
+
 use std::path::{Path, PathBuf};
+
 use std::process::{Command, Output};
+use util::cli as util_cli;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cudabudget");
 
@@ -139,6 +143,10 @@ fn run_preloads_the_library_beside_the_binary_and_passes_the_limit() {
 }
 
 #[test]
+#[cfg_attr(
+    cudabudget_embed,
+    ignore = "this build carries the library: tests/install.rs covers the bare binary"
+)]
 fn without_a_library_beside_the_binary_or_cudabudget_lib_nothing_runs() {
     let dir = std::env::temp_dir().join(format!("cudabudget-cli-bare-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -357,4 +365,89 @@ fn version_and_help_are_available() {
     let out = output(cudabudget(&["run", "--help"]));
     assert!(out.status.success());
     assert!(stdout(&out).contains("cudabudget run --limit 20Gi -- python train.py"));
+}
+
+#[test]
+fn a_mistyped_option_is_a_usage_error_that_names_the_right_one() {
+    for (test, options, meant) in [
+        (
+            "typo-device",
+            &["--limit-devcie", "0=1Gi"][..],
+            "--limit-device",
+        ),
+        ("typo-limit", &["--limt", "1Gi"][..], "--limit"),
+    ] {
+        let marker = marker(test);
+        let mut args = vec!["run"];
+        args.extend_from_slice(options);
+        args.extend_from_slice(&["--", "touch", marker.to_str().unwrap()]);
+        let out = output(cudabudget(&args));
+        let message = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{message}");
+        assert!(!marker.exists(), "the command ran despite: {message}");
+        assert!(
+            message.starts_with(&format!("cudabudget: unexpected argument '{}'", options[0])),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("a similar argument exists: '{meant}'")),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn after_a_double_dash_everything_is_the_command() {
+    let out = output(cudabudget(&[
+        "run",
+        "--limit",
+        "1Gi",
+        "--",
+        "sh",
+        "-c",
+        "echo $0 $1",
+        "--limt",
+        "x",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "--limt x\n");
+}
+
+#[test]
+fn a_command_that_exists_but_cannot_be_executed_exits_126() {
+    let path = marker("not-executable");
+    std::fs::write(&path, "#!/bin/sh\necho ran\n").unwrap();
+    let out = output(cudabudget(&[
+        "run",
+        "--limit",
+        "1Gi",
+        "--",
+        path.to_str().unwrap(),
+    ]));
+    assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("cudabudget: cannot run "),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_library_the_loader_refuses_is_never_preloaded_into_the_command() {
+    let dir = std::env::temp_dir().join(format!("cudabudget-cli-glibc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Needs GLIBC_9.x: as a library built on a newer system than this one.
+    let library = util_cli::library_for_a_newer_glibc(&dir);
+    let message = assert_refused_before_running(
+        "newer-glibc",
+        &["--limit", "1Gi"],
+        &[("CUDABUDGET_LIB", library.to_str().unwrap())],
+    );
+    assert!(message.contains("cannot be loaded here"), "{message}");
+    assert!(
+        message.contains("GLIBC_9."),
+        "the loader's reason: {message}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,6 +5,8 @@
 //! Output format of the client: `<op> rc=<int> [key=value]...`, one line per op, then `done`.
 #![allow(dead_code)]
 
+pub mod cli;
+
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,667 @@
+//! `cudabudget doctor`: what a person needs to know when a budget "does not work" here,
+//! one check at a time, each ok, warn (works, with a caveat), fail (a budget would not
+//! apply; with what to do) or skip (nothing to check without an earlier check).
+
+use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::gpu::{Cuda, CudaDevice, Nvml, cuda_error};
+use crate::library::{self, Library};
+use crate::status::bytes;
+use crate::{Refusal, config, quantity, records};
+
+pub const AFTER_HELP: &str = "Checks, in order: driver (libcuda.so.1 and its version), \
+devices, nvml, library (found, and loads when preloaded into a child), glibc (this \
+system's against what the library needs), configuration (the budget this environment \
+gives each visible device), pid-namespace, runtime-dir (/dev/shm writable for the \
+records status reads), mps, and interposition (a child under a 64 MiB budget asks for \
+256 MiB and must be refused).
+
+Exit status: 0 when nothing failed (warnings included), 1 otherwise; every failed \
+check says what to do.
+
+Examples:
+  cudabudget doctor
+  cudabudget doctor --json";
+
+/// The budget the interposition check gives its child, and what the child asks for.
+const PROOF_BUDGET: u64 = 64 << 20;
+const PROOF_REQUEST: u64 = 256 << 20;
+/// Where `main` keeps the `LD_PRELOAD` it found, before it took the library out of it
+/// to run this command natively.
+pub const PRELOAD_BEFORE: &str = "_CUDABUDGET_PRELOAD_BEFORE";
+
+#[derive(Args)]
+pub struct DoctorArgs {
+    /// Print one JSON object: {"ok": bool, "checks": [{"name", "status", "summary", "remedy", "details"}]}.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Status {
+    Ok,
+    Warn,
+    Fail,
+    Skip,
+}
+
+#[derive(Serialize)]
+struct Check {
+    name: &'static str,
+    status: Status,
+    summary: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remedy: Option<String>,
+    details: Value,
+}
+
+impl Check {
+    fn new(name: &'static str, status: Status, summary: impl Into<String>) -> Check {
+        Check {
+            name,
+            status,
+            summary: summary.into(),
+            remedy: None,
+            details: Value::Null,
+        }
+    }
+
+    fn remedy(mut self, remedy: impl Into<String>) -> Check {
+        self.remedy = Some(remedy.into());
+        self
+    }
+
+    fn details(mut self, details: Value) -> Check {
+        self.details = details;
+        self
+    }
+}
+
+/// What the checks found that later checks use.
+#[derive(Default)]
+struct Found {
+    cuda: Option<Cuda>,
+    devices: Vec<CudaDevice>,
+    library: Option<Library>,
+    library_loads: bool,
+}
+
+pub fn doctor(args: DoctorArgs) -> Result<ExitCode, Refusal> {
+    let mut found = Found::default();
+    let nvml = Nvml::open();
+    let checks = vec![
+        driver(&mut found, nvml.as_ref().ok()),
+        devices(&mut found),
+        nvml_check(&nvml),
+        library_check(&mut found),
+        glibc(&found),
+        configuration(&found),
+        pid_namespace(),
+        runtime_dir(),
+        mps(),
+        interposition(&found),
+    ];
+    let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
+    if args.json {
+        let report = json!({ "ok": failed == 0, "checks": checks });
+        println!("{report}");
+    } else {
+        for check in &checks {
+            let status = match check.status {
+                Status::Ok => "ok",
+                Status::Warn => "warn",
+                Status::Fail => "FAIL",
+                Status::Skip => "skip",
+            };
+            println!("{status:<5} {:<14} {}", check.name, check.summary);
+            if let Some(remedy) = &check.remedy {
+                println!("{:<20} -> {remedy}", "");
+            }
+        }
+        if failed == 0 {
+            println!("no problems found");
+        } else {
+            println!("{failed} problem(s):");
+            for check in checks.iter().filter(|c| c.status == Status::Fail) {
+                println!(
+                    "  {}: {}; {}",
+                    check.name,
+                    check.summary,
+                    check.remedy.as_deref().unwrap_or("see above")
+                );
+            }
+        }
+    }
+    Ok(ExitCode::from(if failed == 0 { 0 } else { 1 }))
+}
+
+fn cuda_version(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+/// The kernel module's version, from NVML or `/proc/driver/nvidia/version`.
+fn kernel_driver(nvml: Option<&Nvml>) -> Option<String> {
+    nvml.and_then(Nvml::driver_version).or_else(|| {
+        let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
+        let line = text.lines().next()?;
+        let at = line.find("Kernel Module")? + "Kernel Module".len();
+        line[at..].split_whitespace().next().map(str::to_string)
+    })
+}
+
+fn driver(found: &mut Found, nvml: Option<&Nvml>) -> Check {
+    let cuda = match Cuda::open() {
+        Ok(cuda) => cuda,
+        Err(reason) => {
+            return Check::new(
+                "driver",
+                Status::Fail,
+                format!("libcuda.so.1 cannot be opened ({reason})"),
+            )
+            .remedy(
+                "run where the NVIDIA driver is installed; in a container, start it with the \
+                 NVIDIA container toolkit (docker --gpus all, or a GPU runtime class) so \
+                 libcuda.so.1 is mounted, or add its directory to LD_LIBRARY_PATH",
+            );
+        }
+    };
+    let path = cuda.path();
+    let version = cuda.driver_version();
+    let kernel = kernel_driver(nvml);
+    let init = cuda.init();
+    let mut summary = format!(
+        "libcuda.so.1 at {}",
+        path.as_deref().unwrap_or("(unknown path)")
+    );
+    if let Ok(v) = version {
+        summary.push_str(&format!(", CUDA {}", cuda_version(v)));
+    }
+    if let Some(kernel) = &kernel {
+        summary.push_str(&format!(", driver {kernel}"));
+    }
+    let details = json!({
+        "path": path,
+        "cuda_version": version.ok(),
+        "kernel_driver": kernel,
+        "init": init.err().map(cuda_error),
+    });
+    found.cuda = Some(cuda);
+    match init {
+        // No device is the next check's business.
+        Ok(()) | Err(100) => Check::new("driver", Status::Ok, summary).details(details),
+        Err(rc) => Check::new(
+            "driver",
+            Status::Fail,
+            format!("{summary}, but cuInit fails: {}", cuda_error(rc)),
+        )
+        .remedy(
+            "check that the kernel module matches the user-space driver (nvidia-smi), and that \
+             the device nodes (/dev/nvidia*) are present and accessible",
+        )
+        .details(details),
+    }
+}
+
+fn devices(found: &mut Found) -> Check {
+    let Some(cuda) = &found.cuda else {
+        return Check::new("devices", Status::Skip, "no driver");
+    };
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let devices = match cuda.init().and_then(|()| cuda.devices()) {
+        Ok(devices) if !devices.is_empty() => devices,
+        Ok(_) | Err(_) => {
+            return Check::new(
+                "devices",
+                Status::Fail,
+                match &visible {
+                    Some(v) => format!("no CUDA device is visible (CUDA_VISIBLE_DEVICES={v:?})"),
+                    None => "no CUDA device is visible".to_string(),
+                },
+            )
+            .remedy(
+                "check CUDA_VISIBLE_DEVICES (indices or UUIDs that exist), and that the \
+                 container was given a GPU",
+            );
+        }
+    };
+    let list: Vec<String> = devices
+        .iter()
+        .map(|d| {
+            format!(
+                "{}: {} {} ({})",
+                d.ordinal,
+                d.name,
+                bytes(d.total),
+                d.uuid.as_deref().unwrap_or("no UUID")
+            )
+        })
+        .collect();
+    let details = json!(devices
+        .iter()
+        .map(|d| json!({"index": d.ordinal, "name": d.name, "total_bytes": d.total, "uuid": d.uuid}))
+        .collect::<Vec<_>>());
+    found.devices = devices;
+    Check::new("devices", Status::Ok, list.join("; ")).details(details)
+}
+
+fn nvml_check(nvml: &Result<Nvml, String>) -> Check {
+    match nvml {
+        Ok(nvml) => {
+            let gpus = nvml.devices();
+            Check::new(
+                "nvml",
+                Status::Ok,
+                format!(
+                    "libnvidia-ml.so.1 at {}, {} GPU(s)",
+                    nvml.path().as_deref().unwrap_or("(unknown path)"),
+                    gpus.len()
+                ),
+            )
+            .details(json!({"path": nvml.path(), "gpus": gpus.len()}))
+        }
+        Err(reason) => Check::new(
+            "nvml",
+            Status::Warn,
+            format!(
+                "NVML is not available ({reason}): budgets still hold, but each context is \
+                 charged an estimate (CUDABUDGET_CONTEXT_MEMORY), memory no call names is not \
+                 reconciled, and status shows no physical figures"
+            ),
+        )
+        .remedy(
+            "mount libnvidia-ml.so.1 (NVIDIA_DRIVER_CAPABILITIES=compute,utility in containers)",
+        ),
+    }
+}
+
+fn library_check(found: &mut Found) -> Check {
+    let library = match library::find() {
+        Ok(library) => library,
+        Err(refusal) => {
+            return Check::new("library", Status::Fail, refusal.message).remedy(
+                "set CUDABUDGET_LIB to libcudabudget.so, or put it next to this binary \
+                 (cudabudget install DIR)",
+            );
+        }
+    };
+    let summary = format!("{} ({})", library.path.display(), library.origin.describe());
+    let details = json!({"path": library.path, "origin": format!("{:?}", library.origin)});
+    let probe = library::probe(library.path.as_os_str(), &library.path);
+    found.library = Some(library);
+    match probe {
+        Ok(()) => {
+            found.library_loads = true;
+            Check::new("library", Status::Ok, format!("{summary}, loads here")).details(details)
+        }
+        Err(reason) => Check::new(
+            "library",
+            Status::Fail,
+            format!("{summary} does not load here: {reason}"),
+        )
+        .remedy(
+            "a process started here with it in LD_PRELOAD would run unbudgeted; use a library \
+             built for this system (see the glibc check)",
+        )
+        .details(details),
+    }
+}
+
+fn glibc(found: &Found) -> Check {
+    let running = library::running_glibc();
+    let Some(library) = &found.library else {
+        return Check::new(
+            "glibc",
+            Status::Skip,
+            format!("glibc {running} here; no library to compare with"),
+        );
+    };
+    let needed = match std::fs::read(&library.path)
+        .map_err(|e| e.to_string())
+        .and_then(|elf| library::glibc_versions_needed(&elf))
+    {
+        Ok(needed) => needed,
+        Err(reason) => {
+            return Check::new(
+                "glibc",
+                Status::Fail,
+                format!(
+                    "cannot read what {} needs: {reason}",
+                    library.path.display()
+                ),
+            )
+            .remedy("reinstall the library (cudabudget install DIR)");
+        }
+    };
+    let newest = needed.last().cloned();
+    let details = json!({"running": running, "needed": needed});
+    match newest {
+        None => Check::new(
+            "glibc",
+            Status::Ok,
+            format!("glibc {running} here; the library names no glibc version"),
+        )
+        .details(details),
+        Some(newest) if library::glibc_version(&newest) <= library::glibc_version(&running) => {
+            Check::new(
+                "glibc",
+                Status::Ok,
+                format!("glibc {running} here; the library needs {newest} at most"),
+            )
+            .details(details)
+        }
+        Some(newest) => Check::new(
+            "glibc",
+            Status::Fail,
+            format!("glibc {running} here, but the library needs {newest}"),
+        )
+        .remedy(
+            "use a library built for an older glibc: scripts/dist.sh builds one for glibc 2.17 \
+             (dist/libcudabudget.so, also in the Python wheel)",
+        )
+        .details(details),
+    }
+}
+
+fn configuration(found: &Found) -> Check {
+    let environment: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    let preload = std::env::var_os(PRELOAD_BEFORE).or_else(|| std::env::var_os("LD_PRELOAD"));
+    let preloaded = preload.as_ref().is_some_and(|p| {
+        let library = found.library.as_ref().map(|l| l.path.as_path());
+        p.to_string_lossy()
+            .split([':', ' '])
+            .filter(|e| !e.is_empty())
+            .any(|e| {
+                Path::new(e)
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("libcudabudget"))
+                    || library.is_some_and(|l| library::same_file(Path::new(e), l))
+            })
+    });
+    let config = match config::Config::from_vars_os(environment) {
+        Ok(config) => config,
+        Err(error) => {
+            return Check::new("configuration", Status::Fail, error.problem()).remedy(
+                "fix or unset the variable: a process under the library would get no CUDA",
+            );
+        }
+    };
+    if config.is_unbudgeted() {
+        return Check::new(
+            "configuration",
+            Status::Warn,
+            "no budget in this environment: a process started here runs unbudgeted unless \
+             it is started with `cudabudget run --limit Q` or CUDABUDGET_LIMIT is set",
+        )
+        .details(json!({"preloaded": preloaded, "devices": []}));
+    }
+    let source = match config.source {
+        config::Source::Hami => "HAMi's CUDA_DEVICE_MEMORY_LIMIT*",
+        _ => "CUDABUDGET_LIMIT*",
+    };
+    let mut budgets = Vec::new();
+    let mut lines = Vec::new();
+    for device in &found.devices {
+        let budget = config
+            .limit_for(device.ordinal)
+            .map(|limit| limit.resolve(device.total));
+        lines.push(format!(
+            "device {}: {}",
+            device.ordinal,
+            budget.map_or_else(|| "no budget".to_string(), bytes)
+        ));
+        budgets.push(json!({"index": device.ordinal, "limit_bytes": budget}));
+    }
+    if found.devices.is_empty() {
+        lines.push(format!(
+            "every device: {}",
+            match config.default_limit {
+                None => "no budget".to_string(),
+                Some(quantity::Limit::Bytes(b)) => bytes(b),
+                Some(quantity::Limit::Percent(h)) =>
+                    format!("{}.{:02}% of the device", h / 100, h % 100),
+            }
+        ));
+    }
+    let mut summary = format!("budgets from {source}: {}", lines.join(", "));
+    summary.push_str(if preloaded {
+        "; LD_PRELOAD here loads the library"
+    } else {
+        "; LD_PRELOAD here does not load the library (use `cudabudget run`)"
+    });
+    Check::new("configuration", Status::Ok, summary)
+        .details(json!({"source": source, "preloaded": preloaded, "devices": budgets}))
+}
+
+/// The inode of the kernel's initial PID namespace (`PROC_PID_INIT_INO`): every other
+/// PID namespace has another one.
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+fn pid_namespace() -> Check {
+    let Some(namespace) = records::own_pid_namespace() else {
+        return Check::new(
+            "pid-namespace",
+            Status::Warn,
+            "cannot read /proc/self/ns/pid: /proc is not mounted as the library expects",
+        )
+        .remedy("mount /proc (the library reads its own figures there)");
+    };
+    if namespace == INITIAL_PID_NAMESPACE {
+        return Check::new("pid-namespace", Status::Ok, "the host's PID namespace")
+            .details(json!({"nested": false, "namespace": namespace}));
+    }
+    // NSpid lists the pid in each namespace this /proc can see, outermost first.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let pids: Vec<&str> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    let here = pids.last().copied().unwrap_or("?");
+    let outside = if pids.len() > 1 {
+        format!(", {} outside", pids[0])
+    } else {
+        String::new()
+    };
+    Check::new(
+        "pid-namespace",
+        Status::Ok,
+        format!(
+            "in a PID namespace (a container; pid {here} here{outside}): NVML lists the host's \
+             pids, and the library finds its own entry by its first context"
+        ),
+    )
+    .details(json!({"nested": true, "namespace": namespace, "pids": pids}))
+}
+
+fn runtime_dir() -> Check {
+    let base = records::runtime_dir();
+    let dir = base.join(crate::record::user_dir_name(records::euid()));
+    let result = (|| -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let meta = std::fs::symlink_metadata(&dir)?;
+        if !meta.is_dir() || meta.uid() != records::euid() || meta.mode() & 0o022 != 0 {
+            return Err(std::io::Error::other(
+                "not a directory of this user that only it can write",
+            ));
+        }
+        let probe = dir.join(format!(".doctor-{}", std::process::id()));
+        std::fs::write(&probe, b"x")?;
+        std::fs::remove_file(&probe)
+    })();
+    match result {
+        Ok(()) => Check::new(
+            "runtime-dir",
+            Status::Ok,
+            format!(
+                "{} is writable: budgeted processes publish their figures there",
+                dir.display()
+            ),
+        )
+        .details(json!({"path": dir})),
+        Err(e) => Check::new(
+            "runtime-dir",
+            Status::Fail,
+            format!(
+                "{} cannot hold records ({e}): `cudabudget status` and the exporter will not see \
+                 processes started here",
+                dir.display()
+            ),
+        )
+        .remedy(
+            "give the container a writable /dev/shm, remove a directory another user owns, or \
+             set CUDABUDGET_RUNTIME_DIR to a directory the processes can write",
+        )
+        .details(json!({"path": dir})),
+    }
+}
+
+fn mps() -> Check {
+    let pipes = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| OsString::from("/tmp/nvidia-mps"));
+    let control = Path::new(&pipes).join("control");
+    let socket = std::fs::metadata(&control).is_ok();
+    let daemons: Vec<String> = std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .bytes()
+                        .all(|b| b.is_ascii_digit())
+                })
+                .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+                .map(|comm| comm.trim().to_string())
+                .filter(|comm| comm.starts_with("nvidia-cuda-mps"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !socket && daemons.is_empty() {
+        return Check::new("mps", Status::Ok, "no MPS server");
+    }
+    Check::new(
+        "mps",
+        Status::Warn,
+        format!(
+            "an MPS server is present ({}): CUDA processes here are MPS clients; cudabudget \
+             budgets each client process, and MPS's own limits apply besides (not measured \
+             under MPS yet)",
+            if socket {
+                format!("control pipe {}", control.display())
+            } else {
+                daemons.join(", ")
+            }
+        ),
+    )
+    .details(json!({"pipe_directory": pipes.to_string_lossy(), "processes": daemons}))
+}
+
+fn interposition(found: &Found) -> Check {
+    let (Some(library), true) = (&found.library, found.library_loads) else {
+        return Check::new("interposition", Status::Skip, "no library that loads here");
+    };
+    if found.devices.is_empty() {
+        return Check::new("interposition", Status::Skip, "no device to allocate on");
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return Check::new("interposition", Status::Skip, "cannot find this binary");
+    };
+    let mut command = Command::new(exe);
+    // This environment's own budget variables would change the proof: the child gets
+    // only the proof's.
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("CUDABUDGET_") || text.starts_with("CUDA_DEVICE_MEMORY_LIMIT") {
+            command.env_remove(&name);
+        }
+    }
+    command
+        .args(["__probe-alloc", "--request", &PROOF_REQUEST.to_string()])
+        .env("LD_PRELOAD", &library.path)
+        .env(config::LIMIT, PROOF_BUDGET.to_string())
+        .env(config::LOG, "warn");
+    let output = match library::output_within(command, Duration::from_secs(60)) {
+        Ok(output) => output,
+        Err(e) => {
+            return Check::new(
+                "interposition",
+                Status::Fail,
+                format!("cannot start the child that proves it: {e}"),
+            )
+            .remedy("run doctor where it can start processes");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let field = |key: &str| -> Option<i64> {
+        stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+    };
+    let (alloc, total) = (field("alloc"), field("total"));
+    let denied_line = stderr.lines().any(|l| l.contains("denied"));
+    let details = json!({
+        "budget_bytes": PROOF_BUDGET,
+        "request_bytes": PROOF_REQUEST,
+        "alloc_rc": alloc,
+        "total_bytes": total,
+        "child_stdout": stdout.trim(),
+        "child_stderr": stderr.trim(),
+    });
+    let proved = alloc == Some(2) && total.is_some_and(|t| t as u64 <= PROOF_BUDGET) && denied_line;
+    if proved {
+        return Check::new(
+            "interposition",
+            Status::Ok,
+            format!(
+                "a child under a {} budget was refused {} (CUDA_ERROR_OUT_OF_MEMORY) and saw a \
+                 {} device",
+                bytes(PROOF_BUDGET),
+                bytes(PROOF_REQUEST),
+                bytes(total.unwrap_or(0) as u64)
+            ),
+        )
+        .details(details);
+    }
+    let what = match (alloc, field("init")) {
+        (Some(0), _) => format!(
+            "a child under a {} budget was given {}: the library did not interpose",
+            bytes(PROOF_BUDGET),
+            bytes(PROOF_REQUEST)
+        ),
+        (Some(rc), _) => format!(
+            "a child under a {} budget got {} for {}, not the library's refusal",
+            bytes(PROOF_BUDGET),
+            cuda_error(rc as i32),
+            bytes(PROOF_REQUEST)
+        ),
+        (None, Some(rc)) => format!(
+            "the child under the library could not start CUDA: {}",
+            cuda_error(rc as i32)
+        ),
+        (None, None) => format!("the child under the library failed ({})", output.status),
+    };
+    Check::new("interposition", Status::Fail, what)
+        .remedy(
+            "make sure LD_PRELOAD reaches the process (setuid programs and static binaries \
+             ignore it) and that no other library interposes dlsym before it; the child's \
+             output is in `doctor --json`",
+        )
+        .details(details)
+}

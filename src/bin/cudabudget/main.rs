@@ -1,0 +1,216 @@
+//! The `cudabudget` command line: `run` a command under a budget, see the budgeted
+//! processes (`status`, `exporter`), find out why a budget does not apply (`doctor`),
+//! and place the library for an image (`install`).
+//!
+//! This binary must never link the library crate: the library exports `dlsym` and the
+//! driver's names, which would interpose on the CLI itself. The pure modules it needs
+//! (quantities, configuration, the record layout) are compiled in from their source
+//! files instead. Everything that can be wrong with `run` is checked before `exec`, so
+//! a bad option or a bad inherited variable fails here and the job never starts
+//! unbudgeted.
+
+#[allow(dead_code)]
+#[path = "../../quantity.rs"]
+mod quantity;
+
+#[allow(dead_code)]
+#[path = "../../config.rs"]
+mod config;
+
+#[allow(dead_code)]
+#[path = "../../publish/record.rs"]
+mod record;
+
+mod doctor;
+mod exporter;
+mod gpu;
+mod install;
+mod library;
+mod probe;
+mod records;
+mod run;
+mod status;
+
+use std::process::ExitCode;
+use std::sync::LazyLock;
+
+use clap::{Parser, Subcommand};
+
+/// Usage errors and refusals before anything ran, as clap reports its own.
+pub const EXIT_USAGE: u8 = 2;
+/// The command exists but cannot be executed, as shells report it.
+pub const EXIT_CANNOT_EXECUTE: u8 = 126;
+/// The command does not exist, as shells report it.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// The commit this binary was built from: `CUDABUDGET_COMMIT` at build time (a build
+/// from a source archive), else what git says about the checkout cargo built.
+const COMMIT: &str = match option_env!("CUDABUDGET_COMMIT") {
+    Some(commit) => commit,
+    None => git_version::git_version!(
+        args = [
+            "--always",
+            "--dirty=-modified",
+            "--abbrev=12",
+            "--exclude=*"
+        ],
+        fallback = ""
+    ),
+};
+
+/// "0.1.0 (commit 1a2b3c4d5e6f)".
+static VERSION: LazyLock<String> = LazyLock::new(|| {
+    let commit = if COMMIT.is_empty() { "unknown" } else { COMMIT };
+    format!("{} (commit {commit})", env!("CARGO_PKG_VERSION"))
+});
+
+#[derive(Parser)]
+#[command(
+    name = "cudabudget",
+    version = VERSION.as_str(),
+    about = "Hard device-memory budgets for CUDA jobs",
+    after_help = "Examples:
+  cudabudget run --limit 20Gi -- python train.py
+  cudabudget run --limit 40% --limit-device 1=8Gi -- ./serve
+  cudabudget status
+  cudabudget exporter --listen 0.0.0.0:9464
+  cudabudget doctor
+  cudabudget install /opt/cudabudget"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command under a device-memory budget.
+    #[command(after_help = run::AFTER_HELP)]
+    Run(run::RunArgs),
+    /// Show the budgeted processes of this machine: budget, use, peak, denials.
+    #[command(after_help = status::AFTER_HELP)]
+    Status(status::StatusArgs),
+    /// Serve the budgeted processes' figures as Prometheus metrics.
+    #[command(after_help = exporter::AFTER_HELP)]
+    Exporter(exporter::ExporterArgs),
+    /// Check why a budget would not apply here: driver, library, configuration, ...
+    #[command(after_help = doctor::AFTER_HELP)]
+    Doctor(doctor::DoctorArgs),
+    /// Write the library (and this CLI) into DIR and print the LD_PRELOAD line to use.
+    #[command(after_help = install::AFTER_HELP)]
+    Install(install::InstallArgs),
+    #[command(name = "__probe-preload", hide = true)]
+    ProbePreload(probe::PreloadArgs),
+    #[command(name = "__probe-alloc", hide = true)]
+    ProbeAlloc(probe::AllocArgs),
+}
+
+/// A refusal the user must act on: printed as one line, then the exit status.
+pub struct Refusal {
+    pub message: String,
+    pub status: u8,
+}
+
+/// A refusal with the usage status (2): nothing was run.
+pub fn usage(message: impl Into<String>) -> Refusal {
+    Refusal {
+        message: message.into(),
+        status: EXIT_USAGE,
+    }
+}
+
+/// Prints `cudabudget: <message>` to stderr, the one style of every message.
+pub fn say(message: impl std::fmt::Display) {
+    eprintln!("cudabudget: {message}");
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return clap_error(error),
+    };
+    if matches!(
+        cli.command,
+        Command::Status(_) | Command::Exporter(_) | Command::Doctor(_) | Command::Install(_)
+    ) {
+        without_own_preload();
+    }
+    let outcome = match cli.command {
+        Command::Run(args) => Err(run::run(args)),
+        Command::Status(args) => status::status(args),
+        Command::Exporter(args) => exporter::exporter(args),
+        Command::Doctor(args) => doctor::doctor(args),
+        Command::Install(args) => install::install(args),
+        Command::ProbePreload(args) => probe::preload(args),
+        Command::ProbeAlloc(args) => probe::alloc(args),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(refusal) => {
+            say(&refusal.message);
+            ExitCode::from(refusal.status)
+        }
+    }
+}
+
+/// `status`, `exporter`, `doctor` and `install` ask the driver and NVML for themselves:
+/// with the library preloaded into this process (an image that sets `LD_PRELOAD` for
+/// everything) they would see budgets instead of devices, and be budgeted themselves. Such
+/// a process starts itself again without it (the old value is kept in
+/// `_CUDABUDGET_PRELOAD_BEFORE` for `doctor`).
+fn without_own_preload() {
+    use std::os::unix::process::CommandExt;
+    let Some(preload) = std::env::var_os("LD_PRELOAD") else {
+        return;
+    };
+    if std::env::var_os(doctor::PRELOAD_BEFORE).is_some() {
+        return; // started again already
+    }
+    let text = preload.to_string_lossy().into_owned();
+    let entries: Vec<&str> = text.split([':', ' ']).filter(|e| !e.is_empty()).collect();
+    let kept: Vec<&str> = entries
+        .iter()
+        .copied()
+        .filter(|e| {
+            !std::path::Path::new(e)
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libcudabudget"))
+        })
+        .collect();
+    if kept.len() == entries.len() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(std::env::args_os().skip(1))
+        .env(doctor::PRELOAD_BEFORE, &preload);
+    if kept.is_empty() {
+        command.env_remove("LD_PRELOAD");
+    } else {
+        command.env("LD_PRELOAD", kept.join(":"));
+    }
+    // Only returns if the exec failed: go on as we are.
+    let _ = command.exec();
+}
+
+/// clap's own messages, in this tool's style: "cudabudget: unexpected argument …" with
+/// clap's tip (the option that was probably meant) and usage below; exit 2.
+fn clap_error(error: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = error.print();
+        return ExitCode::from(error.exit_code() as u8);
+    }
+    let text = error.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    eprint!("cudabudget: {text}");
+    ExitCode::from(EXIT_USAGE)
+}

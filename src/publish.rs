@@ -1,0 +1,408 @@
+//! The per-process record that `cudabudget status` and the exporter read.
+//!
+//! A budgeted process publishes its figures (per device: budget, in use, peak, denials,
+//! waits; its pid, job, command and Kubernetes names) in one small file of its own,
+//! `<runtime dir>/cudabudget-<uid>/<pid>-<pid namespace>.rec` (layout in [`record`]). The hooks are not
+//! involved: a background thread started once the process is budgeted reads the ledger's
+//! counters (relaxed loads) every [`INTERVAL`] and rewrites the record only when a figure
+//! changed, or every [`HEARTBEAT`] so readers in another PID namespace can tell it is
+//! alive. The record is therefore at most [`INTERVAL`] behind the books.
+//!
+//! Everything this thread does is best effort: a directory it cannot trust or write, a
+//! thread that cannot start, or anything else that fails leaves the process unpublished
+//! (said at `info`), never disturbed. The record is removed at exit; records of processes
+//! that died without exiting (`kill -9`) are cleaned by their readers.
+
+// The reading half (decode, names, /proc parsing) is the CLI's.
+#[allow(dead_code)]
+pub mod record;
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::config::LogLevel;
+use crate::ledger::UNRESOLVED;
+use crate::report;
+use record::{DeviceFigures, Record};
+
+/// How often the thread looks at the books.
+pub const INTERVAL: Duration = Duration::from_millis(200);
+/// How often the record is rewritten when nothing changed.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Where the per-user directories live unless `CUDABUDGET_RUNTIME_DIR` names another place.
+pub const DEFAULT_RUNTIME_DIR: &str = "/dev/shm";
+/// The variable that names another runtime directory.
+pub const RUNTIME_DIR_VARIABLE: &str = "CUDABUDGET_RUNTIME_DIR";
+
+static STARTED: AtomicBool = AtomicBool::new(false);
+/// The process whose record [`RECORD_PATH`] is: a child of `fork()` is not its owner
+/// and must not remove it at its exit.
+static OWNER: AtomicU32 = AtomicU32::new(0);
+static RECORD_PATH: OnceLock<CString> = OnceLock::new();
+
+/// Starts publishing this process's figures, once. Called at the end of a successful
+/// initialisation; costs the caller one thread creation and nothing after.
+pub fn start() {
+    if STARTED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("cudabudget-pub".into())
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let _ = std::panic::catch_unwind(publish);
+        });
+    if let Err(error) = spawned {
+        report::line(
+            LogLevel::Info,
+            format_args!(
+                "cannot start the thread that publishes this process's figures ({error}); `cudabudget status` will not show it"
+            ),
+        );
+    }
+}
+
+/// What the process is, read once from `/proc/self` (never from `environ`, which the
+/// program may be changing on another thread).
+struct Identity {
+    pid: u32,
+    start_time: u64,
+    pid_namespace: u64,
+    command: String,
+    labels: Labels,
+    runtime_dir: PathBuf,
+}
+
+/// The names a process is shown under besides its pid and command.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Labels {
+    job: Option<String>,
+    pod: Option<String>,
+    namespace: Option<String>,
+    container: Option<String>,
+}
+
+/// Where a pod's service account mount names the pod's namespace.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+impl Labels {
+    /// The job from `CUDABUDGET_SCOPE=job:<name>`; the Kubernetes names from
+    /// `POD_NAME`, `POD_NAMESPACE` and `CONTAINER_NAME` (the usual downward-API
+    /// variables: Kubernetes sets none of them by itself) and, inside a pod
+    /// (`KUBERNETES_SERVICE_HOST` is set), from `HOSTNAME` (the pod's name) and the
+    /// service account's namespace file (`namespace_file`).
+    fn from_environment<'a>(
+        var: impl Fn(&str) -> Option<&'a str>,
+        namespace_file: impl FnOnce() -> Option<String>,
+    ) -> Labels {
+        let job = var("CUDABUDGET_SCOPE")
+            .and_then(|scope| scope.trim().strip_prefix("job:"))
+            .and_then(|name| non_empty(Some(name)));
+        let in_kubernetes = var("KUBERNETES_SERVICE_HOST").is_some();
+        let pod = non_empty(var("POD_NAME"))
+            .or_else(|| in_kubernetes.then(|| non_empty(var("HOSTNAME"))).flatten());
+        let namespace = non_empty(var("POD_NAMESPACE")).or_else(|| {
+            in_kubernetes
+                .then(namespace_file)
+                .flatten()
+                .and_then(|n| non_empty(Some(&n)))
+        });
+        Labels {
+            job,
+            pod,
+            namespace,
+            container: non_empty(var("CONTAINER_NAME")),
+        }
+    }
+}
+
+/// The variables of the environment the process started with.
+fn initial_environment() -> Vec<(String, String)> {
+    let raw = std::fs::read("/proc/self/environ").unwrap_or_default();
+    raw.split(|&b| b == 0)
+        .filter_map(|entry| {
+            let text = std::str::from_utf8(entry).ok()?;
+            let (name, value) = text.split_once('=')?;
+            Some((name.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+fn non_empty(value: Option<&str>) -> Option<String> {
+    value
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+}
+
+impl Identity {
+    fn read() -> Identity {
+        let environment = initial_environment();
+        let var = |name: &str| {
+            environment
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+        let command = cmdline
+            .split(|&b| b == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(String::from_utf8_lossy)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let start_time = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|stat| record::start_time_from_stat(&stat))
+            .unwrap_or(0);
+        let pid_namespace = std::fs::read_link("/proc/self/ns/pid")
+            .ok()
+            .and_then(|link| record::namespace_inode(&link.to_string_lossy()))
+            .unwrap_or(0);
+        let labels = Labels::from_environment(var, || {
+            std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok()
+        });
+        let runtime_dir = non_empty(var(RUNTIME_DIR_VARIABLE))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNTIME_DIR));
+        Identity {
+            pid: std::process::id(),
+            start_time,
+            pid_namespace,
+            command,
+            labels,
+            runtime_dir,
+        }
+    }
+}
+
+/// The user's directory under `runtime_dir`, created if missing and refused unless it is
+/// a real directory of this user that nobody else can write.
+pub fn user_dir(runtime_dir: &Path, uid: u32) -> io::Result<PathBuf> {
+    let dir = runtime_dir.join(record::user_dir_name(uid));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.file_type().is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    if meta.uid() != uid {
+        return Err(io::Error::other(format!(
+            "{} belongs to uid {}, not {uid}",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "{} is writable by others (mode {:o})",
+            dir.display(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(dir)
+}
+
+fn open_record(identity: &Identity) -> io::Result<(File, PathBuf)> {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let uid = unsafe { libc::geteuid() };
+    let dir = user_dir(&identity.runtime_dir, uid)?;
+    let path = dir.join(record::file_name(identity.pid, identity.pid_namespace));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || meta.uid() != uid {
+        return Err(io::Error::other(format!(
+            "{} is not a file of uid {uid}",
+            path.display()
+        )));
+    }
+    // A record left by an earlier process with this pid: made ours again.
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.set_len(record::SIZE as u64)?;
+    Ok((file, path))
+}
+
+extern "C" fn remove_record() {
+    // SAFETY: getpid touches no memory.
+    let pid = unsafe { libc::getpid() } as u32;
+    if OWNER.load(Ordering::Relaxed) != pid {
+        return;
+    }
+    if let Some(path) = RECORD_PATH.get() {
+        // SAFETY: a NUL-terminated path that lives as long as the process.
+        unsafe {
+            libc::unlink(path.as_ptr());
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The budgeted devices' figures, with the UUIDs found so far.
+fn snapshot(uuids: &[Option<String>]) -> Vec<DeviceFigures> {
+    crate::runtime::ledger()
+        .devices()
+        .filter(|(_, d)| d.budget() < UNRESOLVED)
+        .map(|(ordinal, d)| DeviceFigures {
+            ordinal: ordinal as u32,
+            uuid: uuids.get(ordinal).cloned().flatten(),
+            budget: d.budget(),
+            used: d.used(),
+            peak: d.peak(),
+            denials: d.denials(),
+            waits: 0,
+        })
+        .collect()
+}
+
+fn publish() {
+    let identity = Identity::read();
+    let (file, path) = match open_record(&identity) {
+        Ok(opened) => opened,
+        Err(error) => {
+            report::line(
+                LogLevel::Info,
+                format_args!(
+                    "cannot publish this process's figures ({error}); `cudabudget status` will not show it"
+                ),
+            );
+            return;
+        }
+    };
+    if let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) {
+        let _ = RECORD_PATH.set(c_path);
+        OWNER.store(identity.pid, Ordering::Relaxed);
+        // SAFETY: registers a plain extern "C" function.
+        unsafe {
+            libc::atexit(remove_record);
+        }
+    }
+    report::line(
+        LogLevel::Debug,
+        format_args!("publishing figures in {}", path.display()),
+    );
+
+    let mut record = Record {
+        pid: identity.pid,
+        start_time: identity.start_time,
+        pid_namespace: identity.pid_namespace,
+        job: identity.labels.job,
+        command: identity.command,
+        pod: identity.labels.pod,
+        namespace: identity.labels.namespace,
+        container: identity.labels.container,
+        ..Record::default()
+    };
+    let mut uuids: Vec<Option<String>> = vec![None; record::MAX_DEVICES];
+    let mut last_uuid_try = None::<Instant>;
+    let mut last_write = None::<Instant>;
+    let mut buf = [0u8; record::SIZE];
+    loop {
+        let mut devices = snapshot(&uuids);
+        let missing = devices.iter().any(|d| d.uuid.is_none());
+        if missing && last_uuid_try.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            // The driver answers once the program has initialised CUDA.
+            last_uuid_try = Some(Instant::now());
+            for d in devices.iter_mut().filter(|d| d.uuid.is_none()) {
+                let uuid = crate::nvml::cuda_uuid(d.ordinal as usize);
+                uuids[d.ordinal as usize].clone_from(&uuid);
+                d.uuid = uuid;
+            }
+        }
+        let due = last_write.is_none_or(|t| t.elapsed() >= HEARTBEAT);
+        if due || devices != record.devices {
+            record.devices = devices;
+            record.sequence += 1;
+            record.updated_ms = now_ms();
+            record.encode(&mut buf);
+            if file.write_all_at(&buf, 0).is_err() {
+                return;
+            }
+            last_write = Some(Instant::now());
+        }
+        std::thread::sleep(INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(vars: &[(&str, &str)], namespace_file: Option<&str>) -> Labels {
+        Labels::from_environment(
+            |name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v),
+            || namespace_file.map(str::to_string),
+        )
+    }
+
+    #[test]
+    fn the_job_is_the_scope_s_name() {
+        assert_eq!(
+            labels(&[("CUDABUDGET_SCOPE", "job:train")], None)
+                .job
+                .as_deref(),
+            Some("train")
+        );
+        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "process")], None).job, None);
+        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "job: ")], None).job, None);
+        assert_eq!(labels(&[], None), Labels::default());
+    }
+
+    #[test]
+    fn kubernetes_names_come_from_the_downward_api_variables_first() {
+        let vars = [
+            ("POD_NAME", "trainer-0"),
+            ("POD_NAMESPACE", "ml"),
+            ("CONTAINER_NAME", "main"),
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("HOSTNAME", "ignored"),
+        ];
+        let l = labels(&vars, Some("ignored-too"));
+        assert_eq!(l.pod.as_deref(), Some("trainer-0"));
+        assert_eq!(l.namespace.as_deref(), Some("ml"));
+        assert_eq!(l.container.as_deref(), Some("main"));
+    }
+
+    #[test]
+    fn inside_a_pod_the_hostname_and_service_account_name_the_pod() {
+        let vars = [
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("HOSTNAME", "web-7f9c"),
+        ];
+        let l = labels(&vars, Some("prod\n"));
+        assert_eq!(l.pod.as_deref(), Some("web-7f9c"));
+        assert_eq!(l.namespace.as_deref(), Some("prod"));
+        assert_eq!(l.container, None);
+        // Outside Kubernetes the hostname is just a hostname.
+        assert_eq!(
+            labels(&[("HOSTNAME", "laptop")], Some("x")),
+            Labels::default()
+        );
+    }
+}

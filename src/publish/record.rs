@@ -1,0 +1,444 @@
+//! The layout of a process's published record: what `cudabudget status` and the exporter
+//! read, and what [`crate::publish`] writes.
+//!
+//! Pure: bytes in, bytes out. The CLI compiles this file in by path (it must never link
+//! the library), so it uses nothing but `std`.
+//!
+//! A record is one file of [`SIZE`] bytes, little-endian, fixed offsets:
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | magic `b"CUDABREC"` |
+//! | 8 | version (u32) = [`VERSION`] |
+//! | 12 | size (u32) = [`SIZE`] |
+//! | 16 | checksum (u64): FNV-1a of the whole record with these 8 bytes zero |
+//! | 24 | pid (u32) |
+//! | 28 | device count (u32, at most [`MAX_DEVICES`]) |
+//! | 32 | start time of the process (u64, clock ticks since boot: `/proc/<pid>/stat` field 22) |
+//! | 40 | PID namespace (u64, the inode of `/proc/self/ns/pid`; 0 unknown) |
+//! | 48 | updated (u64, milliseconds since the Unix epoch) |
+//! | 56 | sequence (u64, one more at every write) |
+//! | 64 | string lengths (u16 each): job, command, pod, namespace, container; `u16::MAX` = absent |
+//! | 96 | strings, each in its own fixed field (see [`FIELDS`]) |
+//! | 1760 | devices, [`DEVICE_SIZE`] bytes each: ordinal (u32), flags (u32, bit 0: UUID known), budget, used, peak, denials, waits (u64 each), UUID (48 bytes) |
+//!
+//! Readers treat a record as untrusted: every length and count is checked against the
+//! layout, the checksum against the contents (a record read while it was being written
+//! fails it and is read again), and text is taken as lossy UTF-8.
+
+use std::fmt;
+
+pub const MAGIC: [u8; 8] = *b"CUDABREC";
+pub const VERSION: u32 = 1;
+/// The size of every record file.
+pub const SIZE: usize = 8192;
+/// Devices a record can hold: the library budgets ordinals 0..=63.
+pub const MAX_DEVICES: usize = 64;
+pub const DEVICE_SIZE: usize = 96;
+const UUID_LEN: usize = 48;
+const LENGTHS: usize = 64;
+const STRINGS: usize = 96;
+const DEVICES: usize = 1760;
+const ABSENT: u16 = u16::MAX;
+
+/// The text fields, in their order, with their capacity in bytes (longer text is cut at
+/// a character boundary).
+pub const FIELDS: [(&str, usize); 5] = [
+    ("job", 128),
+    ("command", 1024),
+    ("pod", 256),
+    ("namespace", 128),
+    ("container", 128),
+];
+
+const _: () = {
+    let mut end = STRINGS;
+    let mut i = 0;
+    while i < FIELDS.len() {
+        end += FIELDS[i].1;
+        i += 1;
+    }
+    assert!(end <= DEVICES);
+    assert!(DEVICES + MAX_DEVICES * DEVICE_SIZE <= SIZE);
+};
+
+/// One device's figures, as the process numbers its devices.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceFigures {
+    pub ordinal: u32,
+    pub uuid: Option<String>,
+    pub budget: u64,
+    pub used: u64,
+    pub peak: u64,
+    pub denials: u64,
+    pub waits: u64,
+}
+
+/// What one budgeted process publishes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    pub pid: u32,
+    pub start_time: u64,
+    pub pid_namespace: u64,
+    pub updated_ms: u64,
+    pub sequence: u64,
+    pub job: Option<String>,
+    pub command: String,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub container: Option<String>,
+    pub devices: Vec<DeviceFigures>,
+}
+
+/// Why bytes are not a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invalid {
+    Size(usize),
+    Magic,
+    Version(u32),
+    /// The checksum does not match: torn by a concurrent write, or damaged.
+    Checksum,
+    Field(&'static str),
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Invalid::Size(n) => write!(f, "{n} bytes, not {SIZE}"),
+            Invalid::Magic => write!(f, "not a cudabudget record"),
+            Invalid::Version(v) => write!(f, "record version {v}, this build reads {VERSION}"),
+            Invalid::Checksum => write!(f, "checksum mismatch"),
+            Invalid::Field(name) => write!(f, "field {name} out of bounds"),
+        }
+    }
+}
+
+/// FNV-1a, 64 bits.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+fn checksum(buf: &[u8; SIZE]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, &b) in buf.iter().enumerate() {
+        let b = if (16..24).contains(&i) { 0 } else { b };
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+fn put_u16(buf: &mut [u8], at: usize, v: u16) {
+    buf[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+fn put_u32(buf: &mut [u8], at: usize, v: u32) {
+    buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put_u64(buf: &mut [u8], at: usize, v: u64) {
+    buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn get_u16(buf: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([buf[at], buf[at + 1]])
+}
+fn get_u32(buf: &[u8], at: usize) -> u32 {
+    let mut b = [0; 4];
+    b.copy_from_slice(&buf[at..at + 4]);
+    u32::from_le_bytes(b)
+}
+fn get_u64(buf: &[u8], at: usize) -> u64 {
+    let mut b = [0; 8];
+    b.copy_from_slice(&buf[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// `text` cut to at most `max` bytes at a character boundary.
+pub fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+impl Record {
+    /// The record as the bytes of its file (checksum included). Text longer than its
+    /// field is cut; devices past [`MAX_DEVICES`] are left out.
+    pub fn encode(&self, buf: &mut [u8; SIZE]) {
+        buf.fill(0);
+        buf[0..8].copy_from_slice(&MAGIC);
+        put_u32(buf, 8, VERSION);
+        put_u32(buf, 12, SIZE as u32);
+        put_u32(buf, 24, self.pid);
+        let devices = &self.devices[..self.devices.len().min(MAX_DEVICES)];
+        put_u32(buf, 28, devices.len() as u32);
+        put_u64(buf, 32, self.start_time);
+        put_u64(buf, 40, self.pid_namespace);
+        put_u64(buf, 48, self.updated_ms);
+        put_u64(buf, 56, self.sequence);
+        let texts = [
+            self.job.as_deref(),
+            Some(self.command.as_str()),
+            self.pod.as_deref(),
+            self.namespace.as_deref(),
+            self.container.as_deref(),
+        ];
+        let mut at = STRINGS;
+        for (i, (text, (_, capacity))) in texts.iter().zip(FIELDS).enumerate() {
+            match text {
+                None => put_u16(buf, LENGTHS + 2 * i, ABSENT),
+                Some(text) => {
+                    let text = truncate(text, capacity);
+                    put_u16(buf, LENGTHS + 2 * i, text.len() as u16);
+                    buf[at..at + text.len()].copy_from_slice(text.as_bytes());
+                }
+            }
+            at += capacity;
+        }
+        for (i, d) in devices.iter().enumerate() {
+            let at = DEVICES + i * DEVICE_SIZE;
+            put_u32(buf, at, d.ordinal);
+            put_u64(buf, at + 8, d.budget);
+            put_u64(buf, at + 16, d.used);
+            put_u64(buf, at + 24, d.peak);
+            put_u64(buf, at + 32, d.denials);
+            put_u64(buf, at + 40, d.waits);
+            if let Some(uuid) = &d.uuid {
+                let uuid = truncate(uuid, UUID_LEN);
+                put_u32(buf, at + 4, 1);
+                buf[at + 48..at + 48 + uuid.len()].copy_from_slice(uuid.as_bytes());
+            }
+        }
+        let sum = checksum(buf);
+        put_u64(buf, 16, sum);
+    }
+
+    /// Reads a record, checking everything it relies on.
+    pub fn decode(bytes: &[u8]) -> Result<Record, Invalid> {
+        let buf: &[u8; SIZE] = bytes.try_into().map_err(|_| Invalid::Size(bytes.len()))?;
+        if buf[0..8] != MAGIC {
+            return Err(Invalid::Magic);
+        }
+        let version = get_u32(buf, 8);
+        if version != VERSION {
+            return Err(Invalid::Version(version));
+        }
+        if get_u32(buf, 12) as usize != SIZE {
+            return Err(Invalid::Field("size"));
+        }
+        if get_u64(buf, 16) != checksum(buf) {
+            return Err(Invalid::Checksum);
+        }
+        let count = get_u32(buf, 28) as usize;
+        if count > MAX_DEVICES {
+            return Err(Invalid::Field("device count"));
+        }
+        let mut texts: [Option<String>; 5] = Default::default();
+        let mut at = STRINGS;
+        for (i, (name, capacity)) in FIELDS.into_iter().enumerate() {
+            let len = get_u16(buf, LENGTHS + 2 * i);
+            if len != ABSENT {
+                let len = len as usize;
+                if len > capacity {
+                    return Err(Invalid::Field(name));
+                }
+                texts[i] = Some(String::from_utf8_lossy(&buf[at..at + len]).into_owned());
+            }
+            at += capacity;
+        }
+        let devices = (0..count)
+            .map(|i| {
+                let at = DEVICES + i * DEVICE_SIZE;
+                let uuid = (get_u32(buf, at + 4) & 1 == 1).then(|| {
+                    let field = &buf[at + 48..at + 48 + UUID_LEN];
+                    let len = field.iter().position(|&b| b == 0).unwrap_or(UUID_LEN);
+                    String::from_utf8_lossy(&field[..len]).into_owned()
+                });
+                DeviceFigures {
+                    ordinal: get_u32(buf, at),
+                    uuid,
+                    budget: get_u64(buf, at + 8),
+                    used: get_u64(buf, at + 16),
+                    peak: get_u64(buf, at + 24),
+                    denials: get_u64(buf, at + 32),
+                    waits: get_u64(buf, at + 40),
+                }
+            })
+            .collect();
+        let [job, command, pod, namespace, container] = texts;
+        Ok(Record {
+            pid: get_u32(buf, 24),
+            start_time: get_u64(buf, 32),
+            pid_namespace: get_u64(buf, 40),
+            updated_ms: get_u64(buf, 48),
+            sequence: get_u64(buf, 56),
+            job,
+            command: command.ok_or(Invalid::Field("command"))?,
+            pod,
+            namespace,
+            container,
+            devices,
+        })
+    }
+}
+
+/// The name of the directory that holds a user's records, inside the runtime directory
+/// (`/dev/shm` unless `CUDABUDGET_RUNTIME_DIR` says otherwise).
+pub fn user_dir_name(uid: u32) -> String {
+    format!("cudabudget-{uid}")
+}
+
+/// The user a directory named by [`user_dir_name`] belongs to.
+pub fn uid_of_dir_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("cudabudget-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The file name of the record of `pid` in PID namespace `namespace` (two containers
+/// that share a runtime directory can have the same pids).
+pub fn file_name(pid: u32, namespace: u64) -> String {
+    format!("{pid}-{namespace}.rec")
+}
+
+/// The pid and namespace a record's file name names.
+pub fn parse_file_name(name: &str) -> Option<(u32, u64)> {
+    let (pid, namespace) = name.strip_suffix(".rec")?.split_once('-')?;
+    let number = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    if !number(pid) || !number(namespace) {
+        return None;
+    }
+    let pid: u32 = pid.parse().ok().filter(|&pid| pid != 0)?;
+    Some((pid, namespace.parse().ok()?))
+}
+
+/// The start time (field 22, clock ticks since boot) in the text of `/proc/<pid>/stat`.
+/// The command name (field 2) may hold spaces and parentheses, so fields are counted
+/// after its last `)`.
+pub fn start_time_from_stat(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (state) is the first after the name: field 22 is the 20th from there.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// The inode in a `/proc/<pid>/ns/pid` link target (`pid:[4026531836]`).
+pub fn namespace_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Record {
+        Record {
+            pid: 4242,
+            start_time: 123_456,
+            pid_namespace: 4_026_531_836,
+            updated_ms: 1_700_000_000_000,
+            sequence: 7,
+            job: Some("train".into()),
+            command: "python train.py --lr 0.1".into(),
+            pod: Some("trainer-0".into()),
+            namespace: None,
+            container: Some("main".into()),
+            devices: vec![
+                DeviceFigures {
+                    ordinal: 0,
+                    uuid: Some("GPU-faceb00c-0000-0000-0000-000000000000".into()),
+                    budget: 8 << 30,
+                    used: 5 << 30,
+                    peak: 6 << 30,
+                    denials: 3,
+                    waits: 0,
+                },
+                DeviceFigures {
+                    ordinal: 3,
+                    uuid: None,
+                    budget: 1 << 30,
+                    ..Default::default()
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_as_it_was_written() {
+        let mut buf = [0u8; SIZE];
+        sample().encode(&mut buf);
+        assert_eq!(Record::decode(&buf), Ok(sample()));
+    }
+
+    #[test]
+    fn long_text_is_cut_at_a_character_boundary() {
+        let mut record = sample();
+        record.command = "é".repeat(600);
+        let mut buf = [0u8; SIZE];
+        record.encode(&mut buf);
+        let back = Record::decode(&buf).unwrap();
+        assert_eq!(back.command, "é".repeat(512));
+    }
+
+    #[test]
+    fn any_changed_byte_is_refused() {
+        let mut buf = [0u8; SIZE];
+        sample().encode(&mut buf);
+        for at in [0, 9, 13, 17, 25, 40, 100, 2000, SIZE - 1] {
+            let mut bad = buf;
+            bad[at] ^= 0x40;
+            assert!(Record::decode(&bad).is_err(), "byte {at}");
+        }
+        assert_eq!(Record::decode(&buf[..100]), Err(Invalid::Size(100)));
+    }
+
+    #[test]
+    fn counts_and_lengths_past_the_layout_are_refused_even_with_a_good_checksum() {
+        let mut buf = [0u8; SIZE];
+        sample().encode(&mut buf);
+        let reseal = |buf: &mut [u8; SIZE]| {
+            let sum = checksum(buf);
+            put_u64(buf, 16, sum);
+        };
+        let mut bad = buf;
+        put_u32(&mut bad, 28, 65);
+        reseal(&mut bad);
+        assert_eq!(Record::decode(&bad), Err(Invalid::Field("device count")));
+        let mut bad = buf;
+        put_u16(&mut bad, LENGTHS, 129);
+        reseal(&mut bad);
+        assert_eq!(Record::decode(&bad), Err(Invalid::Field("job")));
+        let mut bad = buf;
+        put_u32(&mut bad, 8, 2);
+        reseal(&mut bad);
+        assert_eq!(Record::decode(&bad), Err(Invalid::Version(2)));
+    }
+
+    #[test]
+    fn names_and_proc_fields_are_parsed_strictly() {
+        assert_eq!(uid_of_dir_name("cudabudget-1000"), Some(1000));
+        assert_eq!(uid_of_dir_name("cudabudget-"), None);
+        assert_eq!(uid_of_dir_name("cudabudget-1x"), None);
+        assert_eq!(
+            parse_file_name(&file_name(77, 4026531836)),
+            Some((77, 4026531836))
+        );
+        assert_eq!(parse_file_name("77-0.rec"), Some((77, 0)));
+        assert_eq!(parse_file_name("0-1.rec"), None);
+        assert_eq!(parse_file_name("77.rec"), None);
+        assert_eq!(parse_file_name("../7-1.rec"), None);
+        assert_eq!(parse_file_name("7-1.rec.tmp"), None);
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(start_time_from_stat(stat), Some(987_654));
+        assert_eq!(namespace_inode("pid:[4026531836]"), Some(4_026_531_836));
+        assert_eq!(namespace_inode("net:[1]"), None);
+    }
+}

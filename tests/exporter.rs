@@ -1,0 +1,321 @@
+//! `cudabudget exporter`: live processes' figures as Prometheus metrics, checked with the
+//! official Python client's parser (`prometheus_client`, from PyPI; `.ci/run` installs
+//! it).
+
+mod util;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+use util::cli::{Budgeted, cudabudget, output, stderr};
+use util::{GI, MI};
+
+/// An exporter on a free port of 127.0.0.1, stopped when dropped.
+struct Exporter {
+    child: Child,
+    address: String,
+}
+
+impl Exporter {
+    fn start(extra: &[&str]) -> Exporter {
+        let mut args = vec!["exporter", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let mut child = cudabudget(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the exporter");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        let address = first
+            .strip_prefix("cudabudget: exporter listening on http://")
+            .and_then(|rest| rest.strip_suffix("/metrics"))
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_string();
+        Exporter { child, address }
+    }
+
+    /// (status code, body) of `GET path`.
+    fn get(&self, path: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(&self.address).expect("connect to the exporter");
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("a status code");
+        assert!(
+            code != 200
+                || !path.starts_with("/metrics")
+                || head.contains("text/plain; version=0.0.4"),
+            "content type: {head}"
+        );
+        (code, body.to_string())
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One sample as the parser read it.
+#[derive(Debug)]
+struct Sample {
+    family_type: String,
+    name: String,
+    labels: serde_json::Map<String, Value>,
+    value: f64,
+}
+
+const PARSE: &str = r#"
+import json, sys
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:
+    sys.exit(3)
+samples = []
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        samples.append({"type": family.type, "name": s.name, "labels": s.labels, "value": s.value})
+print(json.dumps(samples))
+"#;
+
+/// The exposition text as the official parser reads it; fails the test if it does not
+/// parse.
+fn parse(text: &str) -> Vec<Sample> {
+    let mut child = Command::new("python3")
+        .args(["-c", PARSE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_ne!(
+        out.status.code(),
+        Some(3),
+        "the official Prometheus parser is not installed: run \
+         `python3 -m pip install prometheus_client` (.ci/run does)"
+    );
+    assert!(
+        out.status.success(),
+        "the exposition does not parse: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let samples: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    samples
+        .into_iter()
+        .map(|s| Sample {
+            family_type: s["type"].as_str().unwrap().to_string(),
+            name: s["name"].as_str().unwrap().to_string(),
+            labels: s["labels"].as_object().unwrap().clone(),
+            value: s["value"].as_f64().unwrap(),
+        })
+        .collect()
+}
+
+/// The value of `name` for the sample whose labels include `labels`.
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).and_then(Value::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+}
+
+#[test]
+fn live_processes_are_exported_in_a_format_the_official_parser_reads() {
+    let trainer = Budgeted::start(
+        &["alloc:1Gi", "alloc:8Gi", "sleep:30000"],
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("POD_NAME", "trainer-0"),
+            ("POD_NAMESPACE", "ml"),
+            ("CONTAINER_NAME", "main"),
+        ],
+    );
+    let server = Budgeted::start(
+        &["alloc:512Mi", "sleep:30000"],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    trainer.wait_for(1, |p| p["devices"][0]["denials"] == 1);
+    server.wait_for(1, |p| p["devices"][0]["used_bytes"] == 512 * MI);
+
+    let exporter = Exporter::start(&[]);
+    let (code, body) = exporter.get("/metrics");
+    assert_eq!(code, 200);
+    let samples = parse(&body);
+
+    let pid = trainer.pid().to_string();
+    let trainer_labels = [
+        ("pid", pid.as_str()),
+        ("job", ""),
+        ("device_index", "0"),
+        ("device_uuid", "GPU-faceb00c-0000-0000-0000-000000000000"),
+        ("namespace", "ml"),
+        ("pod", "trainer-0"),
+        ("container", "main"),
+    ];
+    let get = |name: &str| value(&samples, name, &trainer_labels);
+    assert_eq!(
+        get("cudabudget_memory_used_bytes"),
+        Some(GI as f64),
+        "{body}"
+    );
+    assert_eq!(get("cudabudget_memory_limit_bytes"), Some(2.0 * GI as f64));
+    assert_eq!(get("cudabudget_memory_peak_bytes"), Some(GI as f64));
+    assert_eq!(get("cudabudget_denials_total"), Some(1.0));
+    assert_eq!(get("cudabudget_waits_total"), Some(0.0));
+    assert_eq!(get("cudabudget_process_info"), Some(1.0));
+
+    let server_pid = server.pid().to_string();
+    assert_eq!(
+        value(
+            &samples,
+            "cudabudget_memory_used_bytes",
+            &[("pid", &server_pid), ("pod", "")]
+        ),
+        Some(512.0 * MI as f64)
+    );
+    assert!(value(&samples, "cudabudget_processes", &[]).unwrap() >= 2.0);
+    assert_eq!(
+        value(
+            &samples,
+            "cudabudget_gpu_memory_total_bytes",
+            &[("device_uuid", "GPU-faceb00c-0000-0000-0000-000000000000")]
+        ),
+        Some(80.0 * GI as f64)
+    );
+    let types: Vec<(&str, &str)> = samples
+        .iter()
+        .map(|s| (s.name.as_str(), s.family_type.as_str()))
+        .collect();
+    assert!(types.contains(&("cudabudget_denials_total", "counter")));
+    assert!(types.contains(&("cudabudget_memory_used_bytes", "gauge")));
+    assert!(
+        !samples.iter().any(|s| s.name.starts_with("vGPU_")),
+        "HAMi's names only when asked"
+    );
+}
+
+#[test]
+fn hami_names_are_exported_per_container_when_asked() {
+    let client = Budgeted::start(
+        &["alloc:1Gi", "sleep:30000"],
+        &[
+            ("CUDABUDGET_LIMIT", "3Gi"),
+            ("POD_NAME", "hami-pod"),
+            ("POD_NAMESPACE", "team-a"),
+            ("CONTAINER_NAME", "worker"),
+        ],
+    );
+    client.wait_for(1, |p| p["devices"][0]["used_bytes"] == GI);
+    let exporter = Exporter::start(&["--hami-names"]);
+    let (code, body) = exporter.get("/metrics");
+    assert_eq!(code, 200);
+    let samples = parse(&body);
+    let labels = [
+        ("podnamespace", "team-a"),
+        ("podname", "hami-pod"),
+        ("ctrname", "worker"),
+        ("vdeviceid", "0"),
+        ("deviceuuid", "GPU-faceb00c-0000-0000-0000-000000000000"),
+    ];
+    assert_eq!(
+        value(&samples, "vGPU_device_memory_usage_in_bytes", &labels),
+        Some(GI as f64),
+        "{body}"
+    );
+    assert_eq!(
+        value(&samples, "vGPU_device_memory_limit_in_bytes", &labels),
+        Some(3.0 * GI as f64)
+    );
+    // The project's own names are there too.
+    assert!(
+        value(
+            &samples,
+            "cudabudget_memory_used_bytes",
+            &[("pod", "hami-pod")]
+        )
+        .is_some()
+    );
+}
+
+#[test]
+fn other_paths_are_not_found_and_a_bad_address_is_a_usage_error() {
+    let exporter = Exporter::start(&[]);
+    assert_eq!(exporter.get("/nothing").0, 404);
+    assert_eq!(exporter.get("/").0, 200);
+    let out = output(&mut cudabudget(&["exporter", "--listen", "not-an-address"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("cudabudget: --listen \"not-an-address\""),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The metric names `text` refers to (`cudabudget_…`).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("cudabudget_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[test]
+fn the_dashboard_and_alerts_use_only_metrics_the_exporter_serves() {
+    let client = Budgeted::start(
+        &["alloc:1Mi", "sleep:30000"],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    client.wait_for(1, |_| true);
+    let exporter = Exporter::start(&[]);
+    let served: std::collections::BTreeSet<String> = parse(&exporter.get("/metrics").1)
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dashboard =
+        std::fs::read_to_string(format!("{root}/deploy/grafana/cudabudget.json")).unwrap();
+    let parsed: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    assert_eq!(parsed["uid"], "cudabudget");
+    assert!(!parsed["panels"].as_array().unwrap().is_empty());
+    let alerts = std::fs::read_to_string(format!("{root}/deploy/grafana/alerts.yaml")).unwrap();
+    for (file, text) in [("cudabudget.json", &dashboard), ("alerts.yaml", &alerts)] {
+        let used = metric_names(text);
+        assert!(!used.is_empty());
+        for name in used {
+            assert!(
+                served.contains(&name),
+                "{file} uses {name}, which is not served: {served:?}"
+            );
+        }
+    }
+}

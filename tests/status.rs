@@ -1,0 +1,350 @@
+//! `cudabudget status`: live budgeted processes publish their figures, and status reads
+//! them — and only trustworthy records of live processes.
+
+mod util;
+
+#[path = "../src/publish/record.rs"]
+#[allow(dead_code)]
+mod record;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use util::GI;
+use util::cli::{
+    Budgeted, cudabudget, find_process, output, record_of, scratch, status_json, stderr, stdout,
+};
+
+#[test]
+fn status_shows_a_budgeted_process_with_its_figures_and_the_gpu() {
+    let client = Budgeted::start(
+        &["alloc:1Gi", "alloc:4Gi", "sleep:20000"],
+        &[("CUDABUDGET_LIMIT", "2Gi")],
+    );
+    let process = client.wait_for(1, |p| p["devices"][0]["denials"] == 1);
+    assert_eq!(process["job"], serde_json::Value::Null);
+    assert!(
+        process["command"]
+            .as_str()
+            .unwrap()
+            .contains("client gpa alloc:1Gi"),
+        "{process}"
+    );
+    let device = &process["devices"][0];
+    assert_eq!(device["index"], 0);
+    assert_eq!(device["uuid"], "GPU-faceb00c-0000-0000-0000-000000000000");
+    assert_eq!(device["used_bytes"], GI);
+    assert_eq!(device["limit_bytes"], 2 * GI);
+    assert_eq!(device["peak_bytes"], GI);
+    assert_eq!(device["waits"], 0);
+    // The fake NVML's card: 80 GiB.
+    assert_eq!(device["physical_total_bytes"], 80 * GI);
+
+    let status = status_json(&[]);
+    let gpu = &status["gpus"][0];
+    assert_eq!(gpu["uuid"], "GPU-faceb00c-0000-0000-0000-000000000000");
+    assert_eq!(gpu["total_bytes"], 80 * GI);
+
+    let out = output(&mut cudabudget(&["status"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = stdout(&out);
+    let row = table
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(&client.pid().to_string()))
+        .unwrap_or_else(|| panic!("no row for {}:\n{table}", client.pid()));
+    for cell in ["1.00 GiB", "2.00 GiB", " 1 "] {
+        assert!(row.contains(cell), "{cell:?} not in {row:?}");
+    }
+    assert!(table.contains("GPU 0 GPU-faceb00c"), "{table}");
+}
+
+#[test]
+fn figures_follow_the_process_within_a_fraction_of_a_second() {
+    let client = Budgeted::start(
+        &["alloc:256Mi", "sleep:600", "alloc:512Mi", "sleep:20000"],
+        &[("CUDABUDGET_LIMIT", "4Gi")],
+    );
+    client.wait_for(1, |p| p["devices"][0]["used_bytes"] == 256 * util::MI);
+    let started = Instant::now();
+    client.wait_for(1, |p| p["devices"][0]["used_bytes"] == 768 * util::MI);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn kubernetes_names_come_from_the_environment() {
+    let client = Budgeted::start(
+        &["alloc:1Mi", "sleep:20000"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("POD_NAME", "trainer-0"),
+            ("POD_NAMESPACE", "ml"),
+            ("CONTAINER_NAME", "main"),
+        ],
+    );
+    let process = client.wait_for(1, |_| true);
+    assert_eq!(process["pod"], "trainer-0");
+    assert_eq!(process["namespace"], "ml");
+    assert_eq!(process["container"], "main");
+}
+
+#[test]
+fn a_process_killed_without_exiting_disappears_and_its_record_is_removed() {
+    let mut client = Budgeted::start(
+        &["alloc:1Mi", "sleep:20000"],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    client.wait_for(1, |_| true);
+    let pid = client.pid();
+    let record = record_of(pid).expect("a record while it runs");
+    client.kill(); // SIGKILL: no exit handler runs
+    assert!(record.exists(), "nothing else removes it");
+    let status = status_json(&[]);
+    assert!(find_process(&status, pid).is_none(), "{status}");
+    assert!(!record.exists(), "status cleaned the dead process's record");
+}
+
+#[test]
+fn a_process_that_exits_removes_its_own_record() {
+    let mut client = Budgeted::start(&["alloc:1Mi", "sleep:700"], &[("CUDABUDGET_LIMIT", "1Gi")]);
+    client.wait_for(1, |_| true);
+    let pid = client.pid();
+    let status = client.child.wait().unwrap();
+    assert!(status.success());
+    assert!(
+        record_of(pid).is_none(),
+        "the record of {pid} is left behind"
+    );
+}
+
+#[test]
+fn an_unbudgeted_process_publishes_nothing() {
+    let client = Budgeted::start(&["alloc:1Mi", "sleep:1500"], &[]);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(record_of(client.pid()).is_none());
+}
+
+/// A record as a process would write it, for a scratch runtime directory.
+fn write_record(dir: &std::path::Path, record: &record::Record) -> std::path::PathBuf {
+    let mut buf = [0u8; record::SIZE];
+    record.encode(&mut buf);
+    let path = dir.join(record::file_name(record.pid, record.pid_namespace));
+    std::fs::write(&path, buf).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+fn own_identity() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let link = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    (
+        record::start_time_from_stat(&stat).unwrap(),
+        record::namespace_inode(&link.to_string_lossy()).unwrap(),
+    )
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A runtime directory of its own (CUDABUDGET_RUNTIME_DIR, read by the CLI) with this
+/// user's records directory in it.
+fn runtime(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let base = scratch(test);
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let dir = base.join(record::user_dir_name(uid));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    (base, dir)
+}
+
+#[test]
+fn a_reused_pid_is_not_taken_for_the_process_that_wrote_the_record() {
+    let (base, dir) = runtime("reused-pid");
+    let (start, namespace) = own_identity();
+    let live = record::Record {
+        pid: std::process::id(),
+        start_time: start,
+        pid_namespace: namespace,
+        updated_ms: now_ms(),
+        command: "live".into(),
+        ..Default::default()
+    };
+    let live_path = write_record(&dir, &live);
+    let env = [("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())];
+    let status = status_json(&env);
+    assert!(
+        find_process(&status, std::process::id()).is_some(),
+        "{status}"
+    );
+
+    // The same pid, but started at another time: another process.
+    let reused = record::Record {
+        start_time: start + 1,
+        ..live
+    };
+    write_record(&dir, &reused);
+    let status = status_json(&env);
+    assert!(
+        find_process(&status, std::process::id()).is_none(),
+        "{status}"
+    );
+    assert!(!live_path.exists(), "the stale record is removed");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn records_from_another_pid_namespace_count_while_they_are_fresh() {
+    let (base, dir) = runtime("other-namespace");
+    let fresh = record::Record {
+        pid: 7,
+        start_time: 1,
+        pid_namespace: 1, // not ours: the pid cannot be checked from here
+        updated_ms: now_ms(),
+        command: "in a container".into(),
+        ..Default::default()
+    };
+    write_record(&dir, &fresh);
+    let abandoned = record::Record {
+        pid: 8,
+        updated_ms: now_ms() - 3_600_000,
+        ..fresh.clone()
+    };
+    let abandoned_path = write_record(&dir, &abandoned);
+    let status = status_json(&[("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())]);
+    assert!(find_process(&status, 7).is_some(), "{status}");
+    assert!(find_process(&status, 8).is_none(), "{status}");
+    assert!(!abandoned_path.exists());
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn untrusted_records_are_passed_over_without_harm() {
+    let (base, dir) = runtime("untrusted");
+    let (start, namespace) = own_identity();
+    let pid = std::process::id();
+    let name = record::file_name(pid, namespace);
+    // Garbage of the right size, under a live pid's name.
+    std::fs::write(dir.join(&name), vec![0xA5u8; record::SIZE]).unwrap();
+    // A record whose checksum does not match its contents.
+    let good = record::Record {
+        pid: 1,
+        start_time: 0,
+        pid_namespace: namespace,
+        updated_ms: now_ms(),
+        command: "x".into(),
+        ..Default::default()
+    };
+    let mut buf = [0u8; record::SIZE];
+    good.encode(&mut buf);
+    buf[2000] ^= 1;
+    std::fs::write(dir.join(record::file_name(1, namespace)), buf).unwrap();
+    // A symbolic link to someone else's file, and a file of the wrong size.
+    std::os::unix::fs::symlink("/etc/passwd", dir.join(record::file_name(2, namespace))).unwrap();
+    std::fs::write(dir.join(record::file_name(3, namespace)), b"short").unwrap();
+    let env = [("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())];
+    let status = status_json(&env);
+    assert_eq!(status["processes"], serde_json::json!([]), "{status}");
+    let skipped = status["skipped"].to_string();
+    assert!(skipped.contains(&name), "{status}");
+
+    // A record that is fine, but in a directory others may write: not trusted.
+    let trusted = record::Record {
+        pid,
+        start_time: start,
+        ..good
+    };
+    write_record(&dir, &trusted);
+    assert!(find_process(&status_json(&env), pid).is_some());
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let status = status_json(&env);
+    assert!(find_process(&status, pid).is_none(), "{status}");
+    assert!(
+        status["skipped"].to_string().contains("only it can write"),
+        "{status}"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn watch_prints_a_fresh_object_at_every_interval() {
+    let mut child = cudabudget(&["status", "--json", "--watch", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(900));
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let objects = text
+        .lines()
+        .filter(|l| l.starts_with("{\"processes\""))
+        .count();
+    assert!(objects >= 3, "{text}");
+}
+
+#[test]
+fn a_watch_interval_too_short_is_a_usage_error() {
+    let out = output(&mut cudabudget(&["status", "--watch", "0"]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with("cudabudget: --watch"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn cudabudget_runtime_dir_moves_the_records_for_the_library_and_the_cli_alike() {
+    let base = scratch("runtime-dir");
+    let base_arg = base.to_str().unwrap();
+    let client = Budgeted::start(
+        &["alloc:1Mi", "sleep:20000"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_RUNTIME_DIR", base_arg),
+        ],
+    );
+    let env = [("CUDABUDGET_RUNTIME_DIR", base_arg)];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while find_process(&status_json(&env), client.pid()).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "never published under {base_arg} (src/config.rs must accept CUDABUDGET_RUNTIME_DIR)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(record_of(client.pid()).is_none(), "nothing in /dev/shm");
+    drop(client);
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn a_job_s_processes_are_shown_under_its_name() {
+    let job = format!("status-{}", std::process::id());
+    let scope = format!("job:{job}");
+    let envs = [
+        ("CUDABUDGET_LIMIT", "3Gi"),
+        ("CUDABUDGET_SCOPE", scope.as_str()),
+    ];
+    let first = Budgeted::start(&["alloc:1Gi", "sleep:20000"], &envs);
+    let second = Budgeted::start(&["alloc:512Mi", "sleep:20000"], &envs);
+    let a = first.wait_for(1, |p| p["devices"][0]["used_bytes"].as_u64() > Some(0));
+    let b = second.wait_for(1, |p| p["devices"][0]["used_bytes"].as_u64() > Some(0));
+    assert_eq!(a["job"], job.as_str());
+    assert_eq!(b["job"], job.as_str());
+    assert_eq!(a["devices"][0]["limit_bytes"], 3 * GI);
+    let out = output(&mut cudabudget(&["status"]));
+    let table = stdout(&out);
+    assert!(
+        table.contains(&format!("job {job}: 2 processes")),
+        "{table}\n{a}\n{b}"
+    );
+}
