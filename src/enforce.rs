@@ -92,6 +92,7 @@ fn admit_or_wait<'d>(
     }
     let deadline = std::time::Instant::now() + patience;
     let budget = d.budget();
+    d.note_wait();
     loop {
         let woke = match d.job() {
             Some((job, index)) => job.wait_for_room(index, bytes, budget, deadline),

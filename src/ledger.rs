@@ -42,6 +42,8 @@ pub struct DeviceLedger {
     used: AtomicU64,
     peak: AtomicU64,
     denials: AtomicU64,
+    /// Allocations that waited for room (`CUDABUDGET_ON_EXCEED=wait:…`).
+    waits: AtomicU64,
     /// The part of `used` that no hook saw: the context, modules, and whatever the
     /// footprint reconciliation found beyond the tracked allocations.
     overhead: AtomicU64,
@@ -66,6 +68,7 @@ impl DeviceLedger {
             used: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             denials: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
             overhead: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             job_device: AtomicU64::new(NO_JOB),
@@ -242,6 +245,14 @@ impl DeviceLedger {
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |e| {
                 Some((e & !0xffff_ffff) | (e.wrapping_add(1) & 0xffff_ffff))
             });
+    }
+
+    pub fn waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
+    }
+
+    pub fn note_wait(&self) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn note_denial(&self) -> u64 {

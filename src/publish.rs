@@ -276,7 +276,7 @@ fn snapshot(uuids: &[Option<String>]) -> Vec<DeviceFigures> {
             used: d.used(),
             peak: d.peak(),
             denials: d.denials(),
-            waits: 0,
+            waits: d.waits(),
         })
         .collect()
 }

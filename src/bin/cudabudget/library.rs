@@ -21,7 +21,7 @@ pub const LIBRARY_NAME: &str = "libcudabudget.so";
 /// script asked for it (`cfg(cudabudget_embed)`); empty otherwise, and in `cargo check`
 /// builds, where the build script leaves an empty stand-in.
 #[cfg(cudabudget_embed)]
-static EMBEDDED: &[u8] = include_bytes!(env!("CUDABUDGET_EMBED_LIBRARY"));
+static EMBEDDED: &[u8] = include_bytes!(env!("CB_BUILD_EMBED_LIBRARY"));
 #[cfg(not(cudabudget_embed))]
 static EMBEDDED: &[u8] = &[];
 

@@ -43,9 +43,9 @@ pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// The command does not exist, as shells report it.
 pub const EXIT_NOT_FOUND: u8 = 127;
 
-/// The commit this binary was built from: `CUDABUDGET_COMMIT` at build time (a build
+/// The commit this binary was built from: `CB_BUILD_COMMIT` at build time (a build
 /// from a source archive), else what git says about the checkout cargo built.
-const COMMIT: &str = match option_env!("CUDABUDGET_COMMIT") {
+const COMMIT: &str = match option_env!("CB_BUILD_COMMIT") {
     Some(commit) => commit,
     None => git_version::git_version!(
         args = [
