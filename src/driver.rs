@@ -311,7 +311,8 @@ static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 pub fn real_dlsym() -> Option<DlsymFn> {
     let mut p = REAL_DLSYM.load(Ordering::Acquire);
     if p.is_null() {
-        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // GLIBC_2.17: aarch64's name for it before glibc 2.34.
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
             // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated names; it neither calls
             // dlsym nor allocates in a way that re-enters us.
             p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
