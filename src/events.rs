@@ -197,15 +197,31 @@ fn line(
         None => buffer.write_str("null"),
     })
     .and_then(|()| {
-        writeln!(
+        write!(
             buffer,
-            ",\"device\":{device},\"call\":{},\"request_bytes\":{},\"used_bytes\":{},\"limit_bytes\":{}}}",
+            ",\"device\":{device},\"call\":{},\"request_bytes\":{},\"used_bytes\":{},\"limit_bytes\":{}",
             JsonString(call),
             denial.requested,
             denial.used,
             denial.budget
         )
-    });
+    })
+    .and_then(|()| match crate::job::joined() {
+        // In a job: who holds the most of the device.
+        Some(ledger) if device < crate::ledger::MAX_DEVICES => {
+            buffer.write_str(",\"top_holders\":[")?;
+            let holders = ledger.top_holders(device);
+            for (k, (pid, used)) in holders.iter().filter(|h| h.0 != 0).enumerate() {
+                if k > 0 {
+                    buffer.write_str(",")?;
+                }
+                write!(buffer, "{{\"pid\":{pid},\"used_bytes\":{used}}}")?;
+            }
+            buffer.write_str("]")
+        }
+        _ => Ok(()),
+    })
+    .and_then(|()| writeln!(buffer, "}}"));
     (written.is_ok() && !buffer.overflow).then_some(buffer.len)
 }
 

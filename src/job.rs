@@ -611,6 +611,23 @@ impl Job {
         }
     }
 
+    /// The job's largest holders on `device`: up to five `(pid, bytes)`, largest first
+    /// (`(0, 0)` past the end). No allocation: for the denial events.
+    pub fn top_holders(&self, device: usize) -> [(u32, u64); 5] {
+        let mut top = [(0u32, 0u64); 5];
+        for i in 0..SLOTS {
+            let s = self.slot_at(i);
+            let pid = s.pid.load(Ordering::Acquire);
+            let used = s.used[device].load(Ordering::Acquire);
+            if pid == 0 || used == 0 || used <= top[4].1 {
+                continue;
+            }
+            top[4] = (pid, used);
+            top.sort_by_key(|h| std::cmp::Reverse(h.1));
+        }
+        top
+    }
+
     /// Processes in the job now (live slots), for the tests and `status`.
     pub fn members(&self) -> usize {
         (0..SLOTS)

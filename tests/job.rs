@@ -76,6 +76,28 @@ fn processes_of_one_job_share_one_budget() {
 }
 
 #[test]
+fn a_denial_event_in_a_job_names_the_top_holders() {
+    let dir = job_dir("events");
+    let events = format!("{dir}/denials.jsonl");
+    let mut e = envs(&dir, "job:ev", "1Gi");
+    e.push(("CUDABUDGET_EVENTS", events.as_str()));
+    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &e);
+    settle();
+    let run = client(&["alloc:100Mi", "alloc:500Mi"], &e);
+    let holder = finish(holder);
+    assert_eq!(holder.rc("alloc", 0), 0, "{holder:?}");
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+    let text = std::fs::read_to_string(&events).unwrap();
+    let line = text.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let top = v["top_holders"].as_array().expect(line);
+    assert_eq!(top.len(), 2, "{line}");
+    assert_eq!(top[0]["used_bytes"], 700 * MI, "{line}");
+    assert_eq!(top[1]["used_bytes"], 100 * MI, "{line}");
+    assert_eq!(v["job"], "ev", "{line}");
+}
+
+#[test]
 fn two_jobs_do_not_affect_each_other() {
     let dir = job_dir("two");
     let holder = spawn(&["alloc:700Mi", "sleep:1200"], &envs(&dir, "job:a", "1Gi"));
