@@ -714,6 +714,14 @@ mod tests {
             OnExceed::Wait(std::time::Duration::from_secs(30))
         );
         assert_eq!(
+            wait("wait:1h"),
+            OnExceed::Wait(std::time::Duration::from_secs(3600))
+        );
+        assert_eq!(
+            wait("wait:24h"),
+            OnExceed::Wait(std::time::Duration::from_secs(86_400))
+        );
+        assert_eq!(
             wait("wait:250ms"),
             OnExceed::Wait(std::time::Duration::from_millis(250))
         );
@@ -726,7 +734,7 @@ mod tests {
             OnExceed::Wait(std::time::Duration::from_millis(1500))
         );
         for bad in [
-            "retry", " ", "wait:", "wait:-1s", "wait:10d", "wait:25h", "wait:x",
+            "retry", " ", "wait:", "wait:-1s", "wait:10d", "wait:25h", "wait:x", "wait:.5",
         ] {
             refused(&[("CUDABUDGET_ON_EXCEED", bad)]);
         }

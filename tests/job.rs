@@ -216,6 +216,28 @@ print(rc, round(time.time() - t, 2))
 }
 
 #[test]
+fn a_request_larger_than_the_budget_or_made_during_a_capture_never_waits() {
+    let e = [
+        ("CUDABUDGET_LIMIT", "1Gi"),
+        ("CUDABUDGET_ON_EXCEED", "wait:5s"),
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+    ];
+    let t = Instant::now();
+    let run = util::budget_run("gpa", &["alloc:2Gi"], &e);
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // While a stream captures, nobody waits: the 700 MiB are refused at once.
+    let t = Instant::now();
+    let run = util::budget_run(
+        "gpa",
+        &["alloc:700Mi", "stream", "capture:0:relaxed", "alloc:700Mi"],
+        &e,
+    );
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
+#[test]
 fn a_damaged_or_foreign_ledger_refuses_cuda_with_one_line() {
     let dir = job_dir("corrupt");
     let e = envs(&dir, "job:bad", "1Gi");
