@@ -1128,16 +1128,17 @@ static REFRESHED_MS: [AtomicU64; ledger::MAX_DEVICES] =
 /// below the release threshold), and a view that still counted it would show less free
 /// memory than there is — which a framework sizing its pool from it (XLA) would believe.
 pub fn refresh_pools(device: usize, d: &DeviceLedger) {
-    let created = pools::created_of(device);
-    if (d.pool.charge() == 0 && created.is_empty()) || capture::any() {
-        return;
-    }
+    // The rate limit first: between refreshes a view costs two loads, no allocation.
     let Some(last) = REFRESHED_MS.get(device) else {
         return;
     };
     let now = report::monotonic_ms();
     let seen = last.load(Ordering::Relaxed);
-    if now.saturating_sub(seen) < 1000
+    if now.saturating_sub(seen) < 1000 || capture::any() {
+        return;
+    }
+    let created = pools::created_of(device);
+    if (d.pool.charge() == 0 && created.is_empty())
         || last
             .compare_exchange(seen, now, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()

@@ -51,6 +51,20 @@ struct Load {
 }
 
 static LOADS: Lock<Vec<Load>> = Lock::new(Vec::new());
+
+/// Keeps what `handle` holds on `device` (charged in `d`'s current books) until it goes.
+fn remember(handle: Handle, device: usize, d: &DeviceLedger, bytes: u64, resident: bool) {
+    if !resident {
+        LAZY.fetch_add(1, Ordering::AcqRel);
+    }
+    LOADS.lock().push(Load {
+        handle: handle as usize,
+        device,
+        bytes,
+        books: d.books_epoch(),
+        resident,
+    });
+}
 /// Libraries whose first look-up is still to come: while 0, look-ups take no lock.
 static LAZY: AtomicUsize = AtomicUsize::new(0);
 
@@ -135,15 +149,7 @@ pub fn load(
         let rc = real();
         if rc.is_ok() && !out.is_null() {
             // SAFETY: the driver just wrote the handle.
-            let handle = unsafe { *out };
-            LAZY.fetch_add(1, Ordering::AcqRel);
-            LOADS.lock().push(Load {
-                handle: handle as usize,
-                device,
-                bytes: 0,
-                books: d.books_epoch(),
-                resident: false,
-            });
+            remember(unsafe { *out }, device, d, 0, false);
         }
         return rc;
     }
@@ -158,17 +164,7 @@ pub fn load(
         let _ = unload(handle);
         return CuResult::OUT_OF_MEMORY;
     }
-    let resident = !lazy || grown > 0;
-    if !resident {
-        LAZY.fetch_add(1, Ordering::AcqRel);
-    }
-    LOADS.lock().push(Load {
-        handle: handle as usize,
-        device,
-        bytes: grown,
-        books: d.books_epoch(),
-        resident,
-    });
+    remember(handle, device, d, grown, !lazy || grown > 0);
     CuResult::SUCCESS
 }
 
@@ -273,13 +269,7 @@ pub fn another_context(
         let _ = destroy(handle);
         return CuResult::OUT_OF_MEMORY;
     }
-    LOADS.lock().push(Load {
-        handle: handle as usize,
-        device,
-        bytes: grown,
-        books: d.books_epoch(),
-        resident: true,
-    });
+    remember(handle, device, d, grown, true);
     rc
 }
 
