@@ -14,7 +14,7 @@ use crate::ledger::{self, BankGuard, Denial, DeviceLedger, Entry, Kind, Reservat
 use crate::pools;
 use crate::report;
 use crate::runtime::{self, Mode};
-use crate::{capture, footprint, graphs};
+use crate::{capture, footprint, gate, graphs};
 
 /// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
 /// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
@@ -167,6 +167,18 @@ fn trim_quietly(trim: impl FnOnce()) {
     }
 }
 
+/// Runs `f` (which settles a created pool's charge by the driver's figure) under
+/// [`GROWTH`], taken here unless this thread holds it: a settlement that read the
+/// figure before another thread's growth and wrote it after that growth's own
+/// settlement would leave the growth uncharged.
+fn with_growth<R>(f: impl FnOnce() -> R) -> R {
+    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(false) {
+        return f();
+    }
+    let _growth = growth_lock();
+    f()
+}
+
 /// A trim the program asked for (`cuMemPoolTrimTo` of a pool it created,
 /// `cuDeviceGraphMemTrim`): made between growths, never during one.
 pub fn program_trim(real: impl FnOnce() -> CuResult) -> CuResult {
@@ -286,15 +298,23 @@ fn alloc_from_created(
     rc
 }
 
-/// A pool the program created is gone: what it still holds (blocks not yet freed keep
-/// its reserve with the driver) stays charged; a pool with nothing live gives it all
-/// back. `live` is what it used just before.
-pub fn created_pool_destroyed(device: usize, charged: u64, live: Option<u64>) {
-    if live == Some(0)
-        && let Some(d) = runtime::budgeted(device)
-    {
-        d.release(charged);
-    }
+/// `cuMemPoolDestroy` (`real`) of a pool the program created: what it still holds
+/// (blocks not yet freed keep its reserve with the driver) stays charged; a pool with
+/// nothing in use gives it all back. Under [`GROWTH`], so that no allocation from the
+/// pool comes between the look at what it uses and its end.
+pub fn created_pool_destroyed(pool: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+    with_growth(|| {
+        let live = pools::figures(pool).map(|(_, used)| used);
+        let rc = real();
+        if rc.is_ok()
+            && let Some((device, charged)) = pools::unregister(pool)
+            && live == Some(0)
+            && let Some(d) = runtime::budgeted(device)
+        {
+            d.release(charged);
+        }
+        rc
+    })
 }
 
 /// Admits the growth `growth()` says an operation could cause; before a denial the pools
@@ -832,15 +852,23 @@ fn alloc_async_fast<F: FnOnce() -> CuResult>(
         return Err(real);
     };
     let lane = p.lane.get();
+    if !(1..ledger::LANES).contains(&lane) {
+        return Err(real);
+    }
+    // Inside the gate before the detour is looked at: a switch of the device's current
+    // pool waits for this call to reach the driver, or turns the detour on first.
+    let Some(pass) = gate::enter(lane) else {
+        return Err(real);
+    };
     let d0 = runtime::ledger().device(0);
     if !(runtime::known_single_device()
         && !capture::any()
-        && (1..ledger::LANES).contains(&lane)
         && d0.is_some_and(|d| p.take(0, d, bytes)))
     {
         return Err(real);
     }
     let rc = real();
+    drop(pass);
     let entry = Entry {
         bytes,
         device: 0,
@@ -901,6 +929,11 @@ pub fn alloc_pooled(
         // No capture ends while the guard is held, so it cannot be allocated instead.
         return real();
     }
+    // The device's current pool is looked at, and allocated from, with no switch of it
+    // in between (crate::gate).
+    let _pass = pool
+        .is_none()
+        .then(|| gate::wait_enter(private().map_or(0, PrivateCredit::lane)));
     // A pool the program created pays for itself, never from the credit of another.
     let created = match pool {
         Some(pool) => pools::created(pool).map(|_| pool),
@@ -1062,10 +1095,12 @@ pub fn context_gone(device: usize) {
     let Some(d) = runtime::ledger().device(device) else {
         return;
     };
-    for pool in pools::created_of(device) {
-        pools::set_charged(pool, 0);
-        pools::settle_created(pool, d);
-    }
+    with_growth(|| {
+        for pool in pools::created_of(device) {
+            pools::set_charged(pool, 0);
+            pools::settle_created(pool, d);
+        }
+    });
     let mut bank = d.pool.collect();
     if let Some(reserve) = pools::reserve(device) {
         settle_charge(d, &mut bank, reserve);
@@ -1082,7 +1117,7 @@ pub fn pool_trimmed(device: usize, pool: Handle) {
         return;
     };
     if pools::created(pool).is_some() {
-        pools::settle_created(pool, d);
+        with_growth(|| pools::settle_created(pool, d));
         return;
     }
     let mut bank = collect_all(d);

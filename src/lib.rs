@@ -15,6 +15,7 @@
 //! - `runtime`: the process-wide state and its lazy initialisation.
 //! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`, `loads`: what the hooks
 //!   decide.
+//! - `gate`: stream-ordered allocations against switches of a device's current pool.
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
 //! - `report`: what the user is told; `events`: the denial events (`CUDABUDGET_EVENTS`).
@@ -31,6 +32,7 @@ mod driver;
 mod enforce;
 mod events;
 mod footprint;
+mod gate;
 mod graphs;
 mod hooks;
 mod job;

@@ -202,6 +202,7 @@ fn install_fork_handler() {
         }
         crate::nvml::after_fork();
         crate::capture::after_fork();
+        crate::gate::after_fork();
         crate::pools::after_fork();
         crate::enforce::after_fork();
     }

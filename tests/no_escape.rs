@@ -641,3 +641,95 @@ print(big.value == small.value, first, destroyed, second)
         "the handle came back; 1000 MiB + 100 MiB do not fit in 1 GiB\n{stderr}"
     );
 }
+
+/// Fills the device with 32 MiB `cuMemAlloc`s until one is refused, then prints the
+/// most the fake device ever held (`{FILL}` in a script).
+const FILL: &str = r#"while cuda.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(32 << 20)) == 0:
+    pass
+cuda.fake_cuda_peak.restype = ctypes.c_ulonglong
+print("peak", cuda.fake_cuda_peak(0))"#;
+
+/// Runs `script` (which ends in `{FILL}`) under a 1 GiB budget with the fake driver's
+/// `pause` (`FAKE_CUDA_PAUSE`), and asserts that the device never held more.
+fn holds_a_gibibyte_with(pause: &str, script: &str) {
+    let script = script.replace("{FILL}", FILL);
+    let (ok, stdout, stderr) = python(
+        &script,
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_CUDA_PAUSE", pause),
+        ],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    let peak: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("peak "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak in {stdout:?}"));
+    assert!(
+        peak <= GI,
+        "the device held {} MiB under a 1 GiB budget\n{stderr}",
+        peak / MI
+    );
+}
+
+/// A stream-ordered allocation decides which pool pays before its driver call; a switch
+/// of the device's current pool (`cuDeviceSetMemPool`) that lands in between once made
+/// the driver grow the new pool with nothing charged for it. The driver's call is held
+/// for 300 ms here, as a preempted thread's would be, and the switch made meanwhile.
+#[test]
+fn a_pool_switch_during_another_threads_allocation_charges_the_pool_that_grew() {
+    let script = r#"
+import ctypes, threading, time
+{PRIMARY}
+{POOL_PROPS}
+pool = ctypes.c_void_p()
+assert cuda.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(Props(1, 0, 1, 0))) == 0
+maxed = ctypes.c_uint64(1 << 62)
+assert cuda.cuMemPoolSetAttribute(pool, 4, ctypes.byref(maxed)) == 0
+block = ctypes.c_uint64()
+def allocate():
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    assert cuda.cuMemAllocAsync(ctypes.byref(block), ctypes.c_size_t(4096), None) == 0
+t = threading.Thread(target=allocate)
+t.start()
+time.sleep(0.1)
+assert cuda.cuDeviceSetMemPool(0, pool) == 0
+t.join()
+assert cuda.cuMemFreeAsync(block, None) == 0
+assert cuda.cuCtxSynchronize() == 0
+default = ctypes.c_void_p()
+assert cuda.cuDeviceGetDefaultMemPool(ctypes.byref(default), 0) == 0
+assert cuda.cuMemPoolTrimTo(default, 0) == 0
+{FILL}
+"#;
+    holds_a_gibibyte_with("cuMemAllocAsync:300", script);
+}
+
+/// `cuMemPoolDestroy` of a pool the program created gives its charge back when nothing
+/// in it is in use; an allocation from that pool by another thread, landing between the
+/// look at its use and its end, once kept memory the books had given back. The driver's
+/// destroy is held for 300 ms here, and the allocation made meanwhile.
+#[test]
+fn an_allocation_from_a_pool_being_destroyed_stays_charged() {
+    let script = r#"
+import ctypes, threading, time
+{PRIMARY}
+{POOL_PROPS}
+pool = ctypes.c_void_p()
+assert cuda.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(Props(1, 0, 1, 0))) == 0
+rcs = []
+def destroy():
+    rcs.append(cuda.cuMemPoolDestroy(pool))
+t = threading.Thread(target=destroy)
+t.start()
+time.sleep(0.1)
+block = ctypes.c_uint64()
+late = cuda.cuMemAllocFromPoolAsync(ctypes.byref(block), ctypes.c_size_t(4096), pool, None)
+t.join()
+assert rcs == [0], rcs
+{FILL}
+"#;
+    holds_a_gibibyte_with("cuMemPoolDestroy:300", script);
+}

@@ -3,14 +3,13 @@
 //! [`crate::enforce`].
 
 use super::guard;
-use crate::capture;
 use crate::driver::{
     Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_ALLOCATION_TYPE_PINNED,
     MEM_LOCATION_TYPE_DEVICE, MemAllocationProp, MemLocation, MemPoolProps, real,
 };
 use crate::enforce::{self, array_bytes};
 use crate::runtime::{self, Mode};
-use crate::{pools, vmm};
+use crate::{gate, pools, vmm};
 
 /// # Safety
 /// As the driver's `cuMemAlloc_v2`.
@@ -401,18 +400,14 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
     guard("cuMemPoolDestroy", || {
-        // What the pool still has in use keeps its reserve with the driver after this.
-        let live = pools::created(pool)
-            .and_then(|_| pools::figures(pool))
-            .map(|(_, used)| used);
         // SAFETY: the caller's argument.
-        let rc = unsafe { real::cuMemPoolDestroy(pool) };
-        if rc.is_ok()
-            && let Some((device, charged)) = pools::unregister(pool)
-        {
-            enforce::created_pool_destroyed(device, charged, live);
+        let destroy = || unsafe { real::cuMemPoolDestroy(pool) };
+        if pools::created(pool).is_none() {
+            return destroy();
         }
-        rc
+        // A device's current pool, when destroyed, hands the device back to its default
+        // pool: a switch like cuDeviceSetMemPool's (crate::gate).
+        gate::closed(|| enforce::created_pool_destroyed(pool, destroy))
     })
 }
 
@@ -465,21 +460,15 @@ fn set_device_pool(
     pool: Handle,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    // Stream-ordered calls leave the fast path (which allocates on the pool credit)
-    // before the pool is current, not after: another thread's allocation in between
-    // would come from the created pool on the default pool's credit.
-    let created = pools::created(pool).is_some();
-    if created {
-        capture::detour(true);
-    }
-    let rc = real();
-    if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
-        pools::made_current(device as usize, pool);
-    }
-    if created {
-        capture::detour(false);
-    }
-    rc
+    // No stream-ordered allocation is between its look at the current pool and its
+    // driver call while the pool changes (crate::gate); those after see the new pool.
+    gate::closed(|| {
+        let rc = real();
+        if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
+            pools::made_current(device as usize, pool);
+        }
+        rc
+    })
 }
 
 /// # Safety

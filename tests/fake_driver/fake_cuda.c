@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 typedef unsigned long long u64;
 
@@ -39,6 +40,10 @@ static int g_eager;          /* CUDA_MODULE_LOADING=EAGER: libraries load at onc
 static u64 g_stack_threads;  /* FAKE_CUDA_STACK_THREADS: threads a stack limit is paid for */
 static u64 g_launch_local;   /* FAKE_CUDA_LAUNCH_LOCAL_BYTES: a context's first launch grows local memory */
 static int g_free_refuses_async; /* FAKE_CUDA_FREE_REFUSES_ASYNC */
+/* FAKE_CUDA_PAUSE=<call>:<ms>: that call sleeps first, before it looks at anything (so a
+ * test can make another thread's call land inside it, as a preempted thread would). */
+static char g_pause_call[64];
+static unsigned g_pause_ms;
 static int g_nvis;
 static int g_vis[MAX_DEV]; /* ordinal -> physical index */
 static u64 g_used[MAX_DEV]; /* by physical index */
@@ -240,6 +245,12 @@ static void load_config_locked(void) {
     g_stack_threads = env_u64("FAKE_CUDA_STACK_THREADS", 1024);
     g_launch_local = env_u64("FAKE_CUDA_LAUNCH_LOCAL_BYTES", 0);
     g_free_refuses_async = env_u64("FAKE_CUDA_FREE_REFUSES_ASYNC", 0) != 0;
+    const char *pause = getenv("FAKE_CUDA_PAUSE");
+    const char *colon = pause ? strchr(pause, ':') : NULL;
+    if (colon && (size_t)(colon - pause) < sizeof g_pause_call) {
+        memcpy(g_pause_call, pause, (size_t)(colon - pause));
+        g_pause_ms = (unsigned)strtoul(colon + 1, NULL, 10);
+    }
 
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     g_nvis = 0;
@@ -1634,7 +1645,10 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     END
 }
 
+static void pause_in(const char *call);
+
 CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    pause_in("cuMemPoolDestroy");
     BEGIN;
     if (!pool_known(pool) || pool->is_default) FAIL(CUDA_ERROR_INVALID_VALUE);
     pool->destroyed = 1;
@@ -1728,7 +1742,13 @@ static CUresult async_alloc(CUdeviceptr *dptr, u64 size, struct fake_pool *pool,
     END
 }
 
+/* FAKE_CUDA_PAUSE: outside the fake's lock, so other threads' calls go on meanwhile. */
+static void pause_in(const char *call) {
+    if (g_pause_ms && strcmp(g_pause_call, call) == 0) usleep(g_pause_ms * 1000u);
+}
+
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    pause_in("cuMemAllocAsync");
     return async_alloc(dptr, bytes, NULL, stream, 0);
 }
 

@@ -1,0 +1,194 @@
+//! The gate between stream-ordered allocations and changes of a device's current pool.
+//!
+//! A stream-ordered allocation decides who pays for it — the default pool's credit, or a
+//! pool the program created and made current (`cuDeviceSetMemPool`) — before its driver
+//! call. A switch of the current pool between that decision and the call would make the
+//! driver allocate from the other pool: one that grows with nothing charged for it.
+//!
+//! So an allocation is *inside* from before it looks at the current pool until the
+//! driver has answered ([`enter`]), and a switch (or the destruction of a pool the
+//! program made current) *closes* the gate, waits until nobody is inside, makes its
+//! driver call and opens the gate again ([`closed`]). An allocation that finds the gate
+//! closed leaves the fast path, or waits (a switch is one driver call).
+//!
+//! Entering is one locked add on the thread's own cache line and one load; switches are
+//! rare and pay for the waiting. Both sides are sequentially consistent (a Dekker
+//! handshake): either the switch sees the allocation inside and waits for it, or the
+//! allocation sees the gate closed.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::ledger::LANES;
+
+/// One counter per lane, each on a cache line of its own: lane 0 is shared by the
+/// threads that have no lane of their own.
+#[repr(align(128))]
+struct Inside(AtomicU32);
+
+static INSIDE: [Inside; LANES] = [const { Inside(AtomicU32::new(0)) }; LANES];
+
+/// Switches under way.
+static CLOSED: AtomicU32 = AtomicU32::new(0);
+
+/// Held by an allocation inside the gate; leaving is dropping it.
+pub struct Pass(usize);
+
+impl Drop for Pass {
+    #[inline(always)]
+    fn drop(&mut self) {
+        INSIDE[self.0].0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[inline(always)]
+fn slot(lane: usize) -> usize {
+    if lane < LANES { lane } else { 0 }
+}
+
+/// Enters the gate for the calling thread (its `lane`, 0 when it has none), or `None`
+/// when a switch has closed it.
+#[inline(always)]
+pub fn enter(lane: usize) -> Option<Pass> {
+    let lane = slot(lane);
+    INSIDE[lane].0.fetch_add(1, Ordering::SeqCst);
+    if CLOSED.load(Ordering::SeqCst) == 0 {
+        return Some(Pass(lane));
+    }
+    INSIDE[lane].0.fetch_sub(1, Ordering::Release);
+    None
+}
+
+/// Enters the gate, waiting while a switch has it closed.
+pub fn wait_enter(lane: usize) -> Pass {
+    loop {
+        if let Some(pass) = enter(lane) {
+            return pass;
+        }
+        while CLOSED.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Runs `switch` (a change of which pool a device's stream-ordered allocations come
+/// from) with the gate closed and nobody inside.
+pub fn closed<R>(switch: impl FnOnce() -> R) -> R {
+    /// Opens the gate again, a panic in `switch` included.
+    struct Open;
+    impl Drop for Open {
+        fn drop(&mut self) {
+            CLOSED.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    CLOSED.fetch_add(1, Ordering::SeqCst);
+    let _open = Open;
+    while INSIDE.iter().any(|i| i.0.load(Ordering::SeqCst) != 0) {
+        std::thread::yield_now();
+    }
+    switch()
+}
+
+/// In the child of `fork()`: only the forking thread came along, and it was in no
+/// hook.
+pub fn after_fork() {
+    for i in &INSIDE {
+        i.0.store(0, Ordering::Release);
+    }
+    CLOSED.store(0, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Barrier};
+    use std::time::Duration;
+
+    /// The gate is process-wide: its tests take turns.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        TURN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    #[test]
+    fn a_switch_waits_for_an_allocation_inside_and_closes_the_gate_to_new_ones() {
+        let _turn = serial();
+        let pass = enter(3).expect("open");
+        let switched = Arc::new(AtomicBool::new(false));
+        let inside_seen = Arc::new(AtomicBool::new(false));
+        let barrier = Arc::new(Barrier::new(2));
+        let t = {
+            let (switched, inside_seen, barrier) =
+                (switched.clone(), inside_seen.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                closed(|| {
+                    // The allocation inside left before the switch was made.
+                    inside_seen.store(INSIDE[3].0.load(Ordering::SeqCst) != 0, Ordering::SeqCst);
+                    switched.store(true, Ordering::SeqCst);
+                });
+            })
+        };
+        barrier.wait();
+        while CLOSED.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!switched.load(Ordering::SeqCst), "the switch waited");
+        assert!(enter(5).is_none(), "a new allocation finds the gate closed");
+        assert!(enter(0).is_none(), "lane 0 too");
+        drop(pass);
+        t.join().unwrap();
+        assert!(switched.load(Ordering::SeqCst));
+        assert!(!inside_seen.load(Ordering::SeqCst));
+        assert!(enter(5).is_some(), "open again");
+        assert!(INSIDE.iter().all(|i| i.0.load(Ordering::SeqCst) == 0));
+    }
+
+    #[test]
+    fn threads_without_a_lane_share_lane_zero_and_a_lane_past_the_table_is_zero() {
+        let _turn = serial();
+        let a = enter(0).unwrap();
+        let b = enter(LANES + 7).unwrap();
+        assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 2);
+        drop(a);
+        assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 1);
+        drop(b);
+        assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn wait_enter_gets_in_once_the_switch_is_over() {
+        let _turn = serial();
+        let barrier = Arc::new(Barrier::new(2));
+        let done = Arc::new(AtomicBool::new(false));
+        let t = {
+            let (barrier, done) = (barrier.clone(), done.clone());
+            std::thread::spawn(move || {
+                closed(|| {
+                    barrier.wait();
+                    std::thread::sleep(Duration::from_millis(30));
+                    done.store(true, Ordering::SeqCst);
+                });
+            })
+        };
+        barrier.wait();
+        let pass = wait_enter(2);
+        assert!(done.load(Ordering::SeqCst), "entered only after the switch");
+        drop(pass);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_forked_child_starts_with_the_gate_open_and_nobody_inside() {
+        let _turn = serial();
+        let pass = enter(4).unwrap();
+        CLOSED.fetch_add(1, Ordering::SeqCst);
+        after_fork();
+        assert!(INSIDE.iter().all(|i| i.0.load(Ordering::SeqCst) == 0));
+        assert_eq!(CLOSED.load(Ordering::SeqCst), 0);
+        std::mem::forget(pass);
+        assert_eq!(closed(|| 7), 7, "a switch in the child does not wait");
+    }
+}
