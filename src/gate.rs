@@ -11,12 +11,15 @@
 //! driver call and opens the gate again ([`closed`]). An allocation that finds the gate
 //! closed leaves the fast path, or waits (a switch is one driver call).
 //!
-//! Entering is one locked add on the thread's own cache line and one load; switches are
-//! rare and pay for the waiting. Both sides are sequentially consistent (a Dekker
-//! handshake): either the switch sees the allocation inside and waits for it, or the
-//! allocation sees the gate closed.
+//! Either the switch sees the allocation inside and waits for it, or the allocation sees
+//! the gate closed (a Dekker handshake). The fences it needs are paid by the switches,
+//! which are rare: with `membarrier(2)` registered ([`prepare`]), entering is two plain
+//! stores and a load on the thread's own cache line, and a switch makes every running
+//! thread of the process execute a full barrier before it looks. Where the kernel or a
+//! seccomp profile refuses `membarrier`, entering is a locked add (sequentially
+//! consistent on both sides).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, compiler_fence};
 
 use crate::ledger::LANES;
 
@@ -30,13 +33,57 @@ static INSIDE: [Inside; LANES] = [const { Inside(AtomicU32::new(0)) }; LANES];
 /// Switches under way.
 static CLOSED: AtomicU32 = AtomicU32::new(0);
 
+/// Whether `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` is registered for the process:
+/// the fence is then the switch's, not the allocation's.
+static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+/// Registers the process for expedited private memory barriers (once, at the library's
+/// initialisation; a kernel older than 4.14 or a seccomp profile may refuse, and the
+/// gate then fences on the allocation's side).
+pub fn prepare() {
+    // SAFETY: membarrier takes two integer arguments and touches no memory of ours.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+            0 as libc::c_long,
+        )
+    };
+    if rc == 0 {
+        ASYMMETRIC.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Makes every running thread of the process execute a full memory barrier; false when
+/// the kernel refused.
+fn barrier_everywhere() -> bool {
+    // SAFETY: as in `prepare`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+            0 as libc::c_long,
+        )
+    };
+    rc == 0
+}
+
 /// Held by an allocation inside the gate; leaving is dropping it.
 pub struct Pass(usize);
 
 impl Drop for Pass {
     #[inline(always)]
     fn drop(&mut self) {
-        INSIDE[self.0].0.fetch_sub(1, Ordering::Release);
+        let inside = &INSIDE[self.0].0;
+        if self.0 != 0 {
+            // The thread's own lane: nobody else writes it.
+            inside.store(inside.load(Ordering::Relaxed) - 1, Ordering::Release);
+        } else {
+            inside.fetch_sub(1, Ordering::Release);
+        }
     }
 }
 
@@ -50,11 +97,22 @@ fn slot(lane: usize) -> usize {
 #[inline(always)]
 pub fn enter(lane: usize) -> Option<Pass> {
     let lane = slot(lane);
-    INSIDE[lane].0.fetch_add(1, Ordering::SeqCst);
-    if CLOSED.load(Ordering::SeqCst) == 0 {
-        return Some(Pass(lane));
+    let inside = &INSIDE[lane].0;
+    if lane != 0 && ASYMMETRIC.load(Ordering::Relaxed) {
+        // Only this thread writes its own lane: a plain store, and the switch's
+        // membarrier orders it before the load below.
+        inside.store(inside.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        if CLOSED.load(Ordering::Relaxed) == 0 {
+            return Some(Pass(lane));
+        }
+    } else {
+        inside.fetch_add(1, Ordering::SeqCst);
+        if CLOSED.load(Ordering::SeqCst) == 0 {
+            return Some(Pass(lane));
+        }
     }
-    INSIDE[lane].0.fetch_sub(1, Ordering::Release);
+    inside.fetch_sub(1, Ordering::Release);
     None
 }
 
@@ -82,6 +140,11 @@ pub fn closed<R>(switch: impl FnOnce() -> R) -> R {
     }
     CLOSED.fetch_add(1, Ordering::SeqCst);
     let _open = Open;
+    if ASYMMETRIC.load(Ordering::SeqCst) && !barrier_everywhere() {
+        // Registered, yet refused: never the case on Linux; fall back to waiting out a
+        // scheduling quantum, after which any store an allocation made is visible.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     while INSIDE.iter().any(|i| i.0.load(Ordering::SeqCst) != 0) {
         std::thread::yield_now();
     }
@@ -178,6 +241,64 @@ mod tests {
         assert!(done.load(Ordering::SeqCst), "entered only after the switch");
         drop(pass);
         t.join().unwrap();
+    }
+
+    /// Threads inside the gate see the same "current pool" on entering and on leaving,
+    /// while another thread switches it as fast as it can.
+    fn no_switch_lands_inside() {
+        use std::sync::atomic::AtomicU64;
+        static CURRENT: AtomicU64 = AtomicU64::new(0);
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (10..14)
+            .map(|lane| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let (mut inside, mut torn) = (0u64, 0u64);
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Some(pass) = enter(lane) {
+                            let seen = CURRENT.load(Ordering::Relaxed);
+                            for _ in 0..50 {
+                                std::hint::spin_loop();
+                            }
+                            torn += u64::from(CURRENT.load(Ordering::Relaxed) != seen);
+                            drop(pass);
+                            inside += 1;
+                        }
+                    }
+                    (inside, torn)
+                })
+            })
+            .collect();
+        for _ in 0..3000 {
+            closed(|| CURRENT.fetch_add(1, Ordering::Relaxed));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (inside, torn) = readers
+            .into_iter()
+            .map(|r| r.join().unwrap())
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+        assert!(inside > 0, "the readers got in");
+        assert_eq!(torn, 0, "switches landed inside {torn} of {inside} passes");
+    }
+
+    #[test]
+    fn no_switch_lands_inside_with_fences_on_both_sides() {
+        let _turn = serial();
+        if ASYMMETRIC.load(Ordering::SeqCst) {
+            return; // the other mode is on for the process (prepare ran first)
+        }
+        no_switch_lands_inside();
+    }
+
+    #[test]
+    fn no_switch_lands_inside_with_membarrier() {
+        let _turn = serial();
+        prepare();
+        assert!(
+            ASYMMETRIC.load(Ordering::SeqCst),
+            "membarrier registered (Linux ≥ 4.14)"
+        );
+        no_switch_lands_inside();
     }
 
     #[test]
