@@ -308,10 +308,13 @@ pub fn created_pool_destroyed(pool: Handle, real: impl FnOnce() -> CuResult) -> 
         let rc = real();
         if rc.is_ok()
             && let Some((device, charged)) = pools::unregister(pool)
-            && live == Some(0)
             && let Some(d) = runtime::budgeted(device)
         {
-            d.release(charged);
+            if live == Some(0) {
+                d.release(charged);
+            } else {
+                pools::retire(device, charged);
+            }
         }
         rc
     })
@@ -1101,6 +1104,7 @@ pub fn context_gone(device: usize) {
             pools::settle_created(pool, d);
         }
     });
+    d.charge(pools::retired(device));
     let mut bank = d.pool.collect();
     if let Some(reserve) = pools::reserve(device) {
         settle_charge(d, &mut bank, reserve);

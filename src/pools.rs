@@ -46,6 +46,24 @@ static HOST_POOLS: AtomicU64 = AtomicU64::new(0);
 /// one it created (0 otherwise): `cuMemAllocAsync` then allocates from that pool.
 static CURRENT_CREATED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
+/// What pools the program destroyed while blocks of theirs were still in use stay
+/// charged, per device: the driver keeps their reserve until those blocks are freed,
+/// which the library cannot follow (the pool's handle is gone). That memory is not a
+/// context's either: it stays charged across a teardown of the device's contexts.
+static RETIRED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// A pool destroyed on `device` with blocks in use keeps its charge `bytes`.
+pub fn retire(device: usize, bytes: u64) {
+    if let Some(retired) = RETIRED.get(device) {
+        retired.fetch_add(bytes, Ordering::AcqRel);
+    }
+}
+
+/// What destroyed pools keep charged on `device` ([`retire`]).
+pub fn retired(device: usize) -> u64 {
+    RETIRED.get(device).map_or(0, |r| r.load(Ordering::Acquire))
+}
+
 /// Where a pool's memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Place {
@@ -300,6 +318,9 @@ pub fn after_fork() {
         slot.charged.store(0, Ordering::Release);
     }
     HOST_POOLS.store(0, Ordering::Release);
+    for retired in &RETIRED {
+        retired.store(0, Ordering::Release);
+    }
     for current in &CURRENT_CREATED {
         current.store(0, Ordering::Release);
     }

@@ -1749,11 +1749,12 @@ fn run_property(cases: u64, master: u64, native: bool, shrink_on: bool) {
 
 /// Minimal programs of failures the property once found, replayed on every run: each
 /// must hold. (Their configuration comes from the seed, as for `PROPTEST_PROGRAM`.)
-const REGRESSIONS: &[(&str, &str)] = &[(
-    "a graph's free node freed a block the books kept; the driver gave its address to \
+const REGRESSIONS: &[(&str, &str)] = &[
+    (
+        "a graph's free node freed a block the books kept; the driver gave its address to \
      a cuMemAlloc, whose stream-ordered free then returned the old block's size as pool \
      credit after a trim, and a stream-ordered allocation grew the pool past the budget",
-    "seed 0x5b3a880e9f6c52ba
+        "seed 0x5b3a880e9f6c52ba
 0 managed 0 106786101
 0 async 2 2 10485760
 0 stream 0 0
@@ -1769,7 +1770,33 @@ const REGRESSIONS: &[(&str, &str)] = &[(
 0 alloc 5 58720256
 0 freeasync 8 1
 0 async 8 1 84335",
-)];
+    ),
+    (
+        "a pool destroyed with a block in use keeps its reserve with the driver, and that \
+         memory outlives the device's contexts; a teardown of the last context cleared its \
+         charge, and a cuMemCreate then passed the budget (100 000 sequences found it)",
+        "seed 0x337468c61a8b5597
+0 release 1
+0 pool 1 1
+0 poolasync 15 100 1 1067450368
+0 pooldestroy 1
+0 ctxcreate 2 1
+0 ctxdestroy 2
+0 vcreate 1 1 130023424",
+    ),
+    (
+        "the same, with a stream-ordered allocation after a new context",
+        "seed 0x4202bf4946bc15da
+0 release 1
+0 pool 1 1
+0 poolasync 4 3 1 1073741824
+0 pooldestroy 1
+0 ctxcreate 0 1
+0 ctxdestroy 0
+0 ctxcreate 1 1
+0 async 11 100 46422169",
+    ),
+];
 
 #[test]
 fn the_failures_the_property_once_found_stay_fixed() {
