@@ -40,9 +40,11 @@ static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 
-/// Registers the process for expedited private memory barriers (once, at the library's
-/// initialisation; a kernel older than 4.14 or a seccomp profile may refuse, and the
-/// gate then fences on the allocation's side).
+/// Registers the process for expedited private memory barriers (once, on a thread of
+/// the library's: see `publish::start`). Until it has, and where a kernel older than
+/// 4.14 or a seccomp profile refuses, the gate fences on the allocation's side; either
+/// way is correct at any moment, since a switch uses `membarrier` only once the
+/// registration is complete.
 pub fn prepare() {
     // SAFETY: membarrier takes two integer arguments and touches no memory of ours.
     let rc = unsafe {
@@ -98,7 +100,8 @@ fn slot(lane: usize) -> usize {
 pub fn enter(lane: usize) -> Option<Pass> {
     let lane = slot(lane);
     let inside = &INSIDE[lane].0;
-    if lane != 0 && ASYMMETRIC.load(Ordering::Relaxed) {
+    // Acquire: the loads below come after the registration that made it true.
+    if lane != 0 && ASYMMETRIC.load(Ordering::Acquire) {
         // Only this thread writes its own lane: a plain store, and the switch's
         // membarrier orders it before the load below.
         inside.store(inside.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -140,9 +143,11 @@ pub fn closed<R>(switch: impl FnOnce() -> R) -> R {
     }
     CLOSED.fetch_add(1, Ordering::SeqCst);
     let _open = Open;
-    if ASYMMETRIC.load(Ordering::SeqCst) && !barrier_everywhere() {
-        // Registered, yet refused: never the case on Linux; fall back to waiting out a
-        // scheduling quantum, after which any store an allocation made is visible.
+    // Whether or not this thread has seen the registration yet: an allocation that
+    // entered the cheap way saw it complete, so the barrier is not refused then.
+    if !barrier_everywhere() && ASYMMETRIC.load(Ordering::SeqCst) {
+        // Registered, yet refused: not a case Linux has; wait out a scheduling quantum,
+        // after which any store an allocation made is visible.
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     while INSIDE.iter().any(|i| i.0.load(Ordering::SeqCst) != 0) {
@@ -269,8 +274,12 @@ mod tests {
                 })
             })
             .collect();
-        for _ in 0..3000 {
+        for _ in 0..1000 {
             closed(|| CURRENT.fetch_add(1, Ordering::Relaxed));
+            // Open a while between switches, as between a program's pool switches.
+            for _ in 0..2000 {
+                std::hint::spin_loop();
+            }
         }
         stop.store(true, Ordering::Relaxed);
         let (inside, torn) = readers

@@ -57,6 +57,9 @@ pub fn start() {
         .name("cudabudget-pub".into())
         .stack_size(256 << 10)
         .spawn(|| {
+            // Off the program's threads: in a process that already has threads, the
+            // registration waits for an RCU grace period (milliseconds).
+            crate::gate::prepare();
             let _ = std::panic::catch_unwind(publish);
         });
     if let Err(error) = spawned {

@@ -94,7 +94,6 @@ fn init() -> Mode {
             Ok(BUDGETED) => {
                 report::install_exit_summary();
                 install_fork_handler();
-                crate::gate::prepare();
                 crate::publish::start();
             }
             Ok(_) => {}
