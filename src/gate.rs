@@ -30,12 +30,22 @@ struct Inside(AtomicU32);
 
 static INSIDE: [Inside; LANES] = [const { Inside(AtomicU32::new(0)) }; LANES];
 
-/// Switches under way.
-static CLOSED: AtomicU32 = AtomicU32::new(0);
+/// What every allocation reads, on a cache line that nothing written often shares.
+#[repr(align(128))]
+struct Shared {
+    /// Switches under way.
+    closed: AtomicU32,
+    /// Whether `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` is registered for the
+    /// process: the fence is then the switch's, not the allocation's.
+    asymmetric: AtomicBool,
+}
 
-/// Whether `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` is registered for the process:
-/// the fence is then the switch's, not the allocation's.
-static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
+static SHARED: Shared = Shared {
+    closed: AtomicU32::new(0),
+    asymmetric: AtomicBool::new(false),
+};
+static CLOSED: &AtomicU32 = &SHARED.closed;
+static ASYMMETRIC: &AtomicBool = &SHARED.asymmetric;
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
@@ -57,6 +67,20 @@ pub fn prepare() {
     if rc == 0 {
         ASYMMETRIC.store(true, Ordering::SeqCst);
     }
+    crate::report::line(
+        crate::config::LogLevel::Debug,
+        format_args!(
+            "membarrier: {}",
+            if rc == 0 {
+                "registered (pool switches pay the fences)".to_string()
+            } else {
+                format!(
+                    "refused ({}); stream-ordered allocations fence themselves",
+                    std::io::Error::last_os_error()
+                )
+            }
+        ),
+    );
 }
 
 /// Makes every running thread of the process execute a full memory barrier; false when
