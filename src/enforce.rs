@@ -837,7 +837,19 @@ pub fn alloc_async(
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     alloc_async_fast(bytes, dptr, real)
-        .unwrap_or_else(|real| alloc_pooled("cuMemAllocAsync", bytes, None, stream, dptr, real))
+        .unwrap_or_else(|real| alloc_async_slow(bytes, stream, dptr, real))
+}
+
+/// The stream-ordered allocation the fast path declined, out of line: inlined, the full
+/// path made the hook too large for the driver's call in the fast path to be inlined.
+#[inline(never)]
+fn alloc_async_slow(
+    bytes: u64,
+    stream: Handle,
+    dptr: *mut DevicePtr,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    alloc_pooled("cuMemAllocAsync", bytes, None, stream, dptr, real)
 }
 
 /// A stream-ordered allocation in a process that sees one device, from the thread's own
@@ -855,23 +867,21 @@ fn alloc_async_fast<F: FnOnce() -> CuResult>(
         return Err(real);
     };
     let lane = p.lane.get();
-    if !(1..ledger::LANES).contains(&lane) {
-        return Err(real);
-    }
     // Inside the gate before the detour is looked at: a switch of the device's current
     // pool waits for this call to reach the driver, or turns the detour on first.
-    let Some(pass) = gate::enter(lane) else {
+    if !(1..ledger::LANES).contains(&lane) || !gate::enter_own(lane) {
         return Err(real);
-    };
+    }
     let d0 = runtime::ledger().device(0);
     if !(runtime::known_single_device()
         && !capture::any()
         && d0.is_some_and(|d| p.take(0, d, bytes)))
     {
+        gate::leave_own(lane);
         return Err(real);
     }
     let rc = real();
-    drop(pass);
+    gate::leave_own(lane);
     let entry = Entry {
         bytes,
         device: 0,

@@ -118,6 +118,37 @@ fn slot(lane: usize) -> usize {
     if lane < LANES { lane } else { 0 }
 }
 
+/// The fast path's way in: [`enter`] for the thread's own lane (1..[`LANES`]), with no
+/// guard; the caller [`leave_own`]s once the driver has answered, whatever it did.
+#[inline(always)]
+pub fn enter_own(lane: usize) -> bool {
+    let inside = &INSIDE[lane % LANES].0;
+    // Acquire: the loads below come after the registration that made it true.
+    if ASYMMETRIC.load(Ordering::Acquire) {
+        // Only this thread writes its own lane: a plain store, and the switch's
+        // membarrier orders it before the load below.
+        inside.store(inside.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        if CLOSED.load(Ordering::Relaxed) == 0 {
+            return true;
+        }
+    } else {
+        inside.fetch_add(1, Ordering::SeqCst);
+        if CLOSED.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+    }
+    leave_own(lane);
+    false
+}
+
+/// Leaves the gate [`enter_own`] entered.
+#[inline(always)]
+pub fn leave_own(lane: usize) {
+    let inside = &INSIDE[lane % LANES].0;
+    inside.store(inside.load(Ordering::Relaxed) - 1, Ordering::Release);
+}
+
 /// Enters the gate for the calling thread (its `lane`, 0 when it has none), or `None`
 /// when a switch has closed it.
 #[inline(always)]

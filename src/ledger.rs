@@ -820,7 +820,7 @@ impl<const B: usize> LaneTable<B> {
 
     /// Records `key` in `lane`'s region; false when its bucket is full. Only the thread
     /// that holds `lane` may call this.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&self, key: u64, entry: Entry, lane: usize) -> bool {
         if key == EMPTY || key == BUSY || !(1..LANES).contains(&lane) {
             return false;

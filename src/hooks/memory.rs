@@ -251,9 +251,13 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_async(bytes as u64, stream, dptr, || unsafe {
-            real::cuMemAllocAsync(dptr, bytes, stream)
-        })
+        enforce::alloc_async(
+            bytes as u64,
+            stream,
+            dptr,
+            #[inline(always)]
+            || unsafe { real::cuMemAllocAsync(dptr, bytes, stream) },
+        )
     })
 }
 
@@ -267,9 +271,13 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_async(bytes as u64, stream, dptr, || unsafe {
-            real::cuMemAllocAsync_ptsz(dptr, bytes, stream)
-        })
+        enforce::alloc_async(
+            bytes as u64,
+            stream,
+            dptr,
+            #[inline(always)]
+            || unsafe { real::cuMemAllocAsync_ptsz(dptr, bytes, stream) },
+        )
     })
 }
 
@@ -323,9 +331,12 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::free_async(dptr, stream, || unsafe {
-            real::cuMemFreeAsync(dptr, stream)
-        })
+        enforce::free_async(
+            dptr,
+            stream,
+            #[inline(always)]
+            || unsafe { real::cuMemFreeAsync(dptr, stream) },
+        )
     })
 }
 
@@ -335,9 +346,12 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuRe
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::free_async(dptr, stream, || unsafe {
-            real::cuMemFreeAsync_ptsz(dptr, stream)
-        })
+        enforce::free_async(
+            dptr,
+            stream,
+            #[inline(always)]
+            || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) },
+        )
     })
 }
 
