@@ -12,7 +12,7 @@
 //! - [`ledger`]: per-device reservations and the address table (pure, thread-safe).
 //! - `job`: a job's shared books (`CUDABUDGET_SCOPE=job:…`), in shared memory.
 //! - `driver`, `nvml`: the real libraries, from our own handles.
-//! - `runtime`: the process-wide state and its lazy initialisation.
+//! - `runtime`: the process-wide state; `lifecycle`: initialisation, `fork()` and exit.
 //! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`, `loads`: what the hooks
 //!   decide.
 //! - `gate`: stream-ordered allocations against switches of a device's current pool.
@@ -37,6 +37,7 @@ mod graphs;
 mod hooks;
 mod job;
 pub mod ledger;
+mod lifecycle;
 mod loads;
 mod lock;
 mod nvml;

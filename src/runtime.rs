@@ -1,19 +1,17 @@
 //! The process-wide state the hooks share: whether the library budgets at all, the
 //! configuration, the ledger, and which device a call is for.
 //!
-//! Initialisation is a state machine in one atomic (bytehound's pattern), entered lazily
-//! by the first hook that needs it — never by a constructor or by `dlsym`. After that,
-//! deciding what to do costs a hook one relaxed load.
+//! The mode is a state machine in one atomic (bytehound's pattern), decided lazily
+//! ([`crate::lifecycle`]) by the first hook that needs it — never by a constructor or by
+//! `dlsym`. After that, deciding what to do costs a hook one relaxed load.
 
-use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
-use crate::config::{Config, LogLevel};
-use crate::driver::{self, CuResult, real};
+use crate::config::Config;
+use crate::driver::{CuResult, real};
 use crate::ledger::{AddrTable, DeviceLedger, Ledger, PointerMap, UNBUDGETED, UNRESOLVED};
 use crate::quantity::Limit;
-use crate::report;
 
 /// What the hooks do in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,11 +41,6 @@ static POINTERS: PointerMap = PointerMap::new();
 /// Array handles (`CUarray`, `CUmipmappedArray`) and what they hold.
 static ARRAYS: AddrTable<{ 1 << 12 }> = AddrTable::new();
 
-thread_local! {
-    /// Set while this thread initialises, so a hook it re-enters does not wait on itself.
-    static INITIALISING: Cell<bool> = const { Cell::new(false) };
-}
-
 /// The mode, initialising on first use.
 #[inline]
 pub fn mode() -> Mode {
@@ -56,159 +49,44 @@ pub fn mode() -> Mode {
         PASSTHROUGH => Mode::Passthrough,
         REFUSED => Mode::Refused,
         NO_DRIVER => Mode::NoDriver,
-        _ => init(),
+        _ => crate::lifecycle::init(),
     }
 }
 
-/// Works out the mode. No thread ever waits for another here (a waiter could hold the
-/// loader lock that the initialising thread's `dlopen` needs): each thread that arrives
-/// before the answer is published computes it itself, and the first answer stands.
-#[cold]
-fn init() -> Mode {
-    if INITIALISING.with(Cell::get) {
-        // Re-entered from our own initialisation: let the driver answer.
-        return Mode::Passthrough;
+/// The state a decision ([`crate::lifecycle`]) arrived at, as stored.
+fn state_of(mode: Mode) -> u8 {
+    match mode {
+        Mode::Budgeted => BUDGETED,
+        Mode::Passthrough => PASSTHROUGH,
+        Mode::Refused => REFUSED,
+        Mode::NoDriver => NO_DRIVER,
     }
-    let decided = decide_once(decide);
-    let state = match &decided {
-        Ok(state) => *state,
-        Err(_) => REFUSED,
-    };
-    if STATE
-        .compare_exchange(UNINIT, state, Ordering::AcqRel, Ordering::Acquire)
+}
+
+/// Publishes the process's mode, once: true for the one caller whose answer stands.
+pub(crate) fn settle_mode(mode: Mode) -> bool {
+    STATE
+        .compare_exchange(UNINIT, state_of(mode), Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
-    {
-        // Only the thread whose answer stands tells the user, once.
-        match decided {
-            Err(Some(error)) => report::config_error(&error),
-            Err(None) => report::line(
-                LogLevel::Error,
-                format_args!(
-                    "internal error while reading the configuration; CUDA is disabled for this process"
-                ),
-            ),
-            Ok(NO_DRIVER) => report::line(
-                LogLevel::Error,
-                format_args!("cannot open libcuda.so.1 from the library; CUDA calls will fail"),
-            ),
-            Ok(BUDGETED) => {
-                report::install_exit_summary();
-                install_fork_handler();
-                crate::publish::start();
-            }
-            Ok(_) => {}
-        }
-    }
-    mode()
 }
 
-/// Runs `decide` with the thread marked as initialising, and unmarks it whatever
-/// happens. A panic inside is `Err(None)`: the process is refused, never left
-/// unbudgeted (a thread still marked would answer `Passthrough` for good).
-fn decide_once(
-    decide: impl FnOnce() -> Result<u8, crate::config::ConfigError> + std::panic::UnwindSafe,
-) -> Result<u8, Option<crate::config::ConfigError>> {
-    INITIALISING.with(|c| c.set(true));
-    let decided = std::panic::catch_unwind(decide);
-    INITIALISING.with(|c| c.set(false));
-    match decided {
-        Ok(decided) => decided.map_err(Some),
-        Err(_) => Err(None),
-    }
-}
-
-fn decide() -> Result<u8, crate::config::ConfigError> {
-    let config = Config::from_env()?;
-    report::set_level(config.log);
-    let unbudgeted = config.is_unbudgeted();
+/// Keeps the configuration (the first one set stands).
+pub(crate) fn set_config(config: Config) {
     let _ = CONFIG.set(config);
-    if unbudgeted {
-        // The driver's table fills on first use (driver::real): a process with no
-        // budget opens nothing it did not open itself.
-        return Ok(PASSTHROUGH);
-    }
-    if !driver::load() {
-        return Ok(NO_DRIVER);
-    }
-    let joining = std::time::Instant::now();
-    if let Some(path) = job_path()
-        && let Err(why) = crate::job::join(&path)
-    {
-        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
-            report::line(
-                LogLevel::Error,
-                format_args!(
-                    "job ledger {path}: {why}; CUDA is disabled for this process \
-                     (a job's budget is never replaced by a per-process one)"
-                ),
-            );
-        }
-        return Ok(REFUSED);
-    }
-    if let Some(job) = crate::job::joined() {
-        report::line(
-            LogLevel::Debug,
-            format_args!(
-                "joined job ledger {} in {:.1} µs",
-                job.path(),
-                joining.elapsed().as_secs_f64() * 1e6
-            ),
-        );
-        extern "C" fn leave_job() {
-            if let Some(job) = crate::job::joined() {
-                job.leave();
-            }
-        }
-        // SAFETY: registers a plain extern "C" function.
-        unsafe { libc::atexit(leave_job) };
-    }
-    Ok(BUDGETED)
 }
 
-/// The job ledger's file, when the budget is a job's: `CUDABUDGET_SCOPE=job:<name>`, or
-/// HAMi's shared cache file when HAMi's variables set the budget.
-fn job_path() -> Option<String> {
-    let config = CONFIG.get()?;
-    match &config.scope {
-        crate::config::Scope::Job(name) => Some(crate::job::path_for(name)),
-        crate::config::Scope::Process => config
-            .hami_shared_cache
-            .as_deref()
-            .map(crate::job::path_for_hami),
-    }
-}
-
-/// A child of `fork()` cannot use its parent's CUDA context: it starts with an empty
-/// ledger of its own.
-fn install_fork_handler() {
-    extern "C" fn child() {
-        // Stores only: no lock is taken and nothing waits, whatever the parent's other
-        // threads were doing (they did not come along).
-        // SAFETY: an at-fork child handler, the one place these may run.
-        unsafe {
-            for (_, d) in LEDGER.devices() {
-                d.clear_in_child();
-            }
-            POINTERS.reset_in_child();
-            ARRAYS.reset_in_child();
-            crate::vmm::reset_in_child();
-            crate::graphs::reset_in_child();
-            crate::enforce::reset_in_child();
-            crate::footprint::after_fork();
-            crate::loads::after_fork();
-            crate::job::after_fork();
-            crate::wait::after_fork();
-        }
-        crate::nvml::after_fork();
-        crate::capture::after_fork();
-        crate::gate::after_fork();
-        crate::pools::after_fork();
-        crate::enforce::after_fork();
-    }
-    // SAFETY: registers a plain extern "C" function that only stores to memory.
+/// In the child of `fork()`: empty books and address tables.
+///
+/// # Safety
+/// Only from an at-fork child handler.
+pub(crate) unsafe fn reset_in_child() {
+    // SAFETY: the caller's guarantee.
     unsafe {
-        libc::pthread_atfork(None, None, Some(child));
+        for (_, d) in LEDGER.devices() {
+            d.clear_in_child();
+        }
+        POINTERS.reset_in_child();
+        ARRAYS.reset_in_child();
     }
 }
 
@@ -387,24 +265,5 @@ pub fn refusal(mode: Mode) -> Option<CuResult> {
         Mode::Budgeted | Mode::Passthrough => None,
         Mode::Refused => Some(CuResult::NOT_PERMITTED),
         Mode::NoDriver => Some(CuResult::SHARED_OBJECT_INIT_FAILED),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_while_deciding_refuses_and_leaves_the_thread_able_to_decide_again() {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let decided = decide_once(|| panic!("injected"));
-        std::panic::set_hook(previous);
-        assert!(matches!(decided, Err(None)));
-        assert!(
-            !INITIALISING.with(Cell::get),
-            "the thread is not left initialising"
-        );
-        assert_eq!(decide_once(|| Ok(BUDGETED)).ok(), Some(BUDGETED));
     }
 }
