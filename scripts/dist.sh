@@ -227,14 +227,18 @@ if [[ " ${BUILT[*]} " == *" aarch64 "* ]] && command -v qemu-aarch64-static >/de
       [[ $mode == linked ]] && bin=$A64/client_linked
       got=$("${Q[@]}" "$bin" $mode alloc:5Gi alloc:4Gi info 2>&1 | grep -E '^(alloc|info)' | tr '\n' ' ' || true)
       rcs=$(grep -o 'alloc rc=[0-9]*' <<<"$got" | tr '\n' ' ')
-      if [[ $mode == dlsym ]]; then
-        # Known: the exported dlsym is x86_64-only (src/hooks/dlsym.rs), so plain dlsym
-        # look-ups reach the driver unbudgeted on aarch64. Reported, not judged.
-        echo "INFO aarch64/$mode budget 8Gi: [$rcs] (alloc rc=0 twice: not budgeted, no dlsym interposer on aarch64)"
-      else
-        verdict "aarch64/${mode}_budget_applies" "[$got]" test "$rcs" = "alloc rc=0 alloc rc=2 "
-      fi
+      verdict "aarch64/${mode}_budget_applies" "[$got]" test "$rcs" = "alloc rc=0 alloc rc=2 "
     done
+    # The exported dlsym forwards RTLD_NEXT with the caller's return address intact: a
+    # third-party preload after ours that wraps getpagesize through RTLD_NEXT still
+    # reaches libc's (else it would find itself and recurse until the stack overflows).
+    if "${ZCC[@]}" -shared -fPIC -o "$A64/libthirdparty.so" tests/fake_driver/thirdparty.c -ldl; then
+      QT=(qemu-aarch64-static -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH="$A64"
+          -E LD_PRELOAD="$DIST/aarch64/libcudabudget.so:$A64/libthirdparty.so" -E CUDABUDGET_LIMIT=8Gi -E CUDABUDGET_LOG=off)
+      got=$("${QT[@]}" "$A64/client" dlsym pagesize alloc:9Gi 2>&1 | grep -E '^(pagesize|alloc)' | tr '\n' ' ' || true)
+      verdict aarch64/rtld_next_preload_still_works "[$got]" \
+        bash -c '[[ $1 =~ pagesize\ .*value=[1-9] && $1 == *"alloc rc=2"* ]]' _ "$got"
+    fi
   else
     echo "dist.sh: zig cc could not build the aarch64 fake driver; skipping the emulated check" >&2
   fi

@@ -5,7 +5,7 @@
 //! relative to *us*. Our `dlsym` is therefore a naked function: it asks [`route`] what
 //! to do and either returns our hook or tail-jumps to glibc's `dlsym` with the caller's
 //! arguments and return address untouched. The only arch-specific code is the few
-//! instructions below (x86_64).
+//! instructions below (x86_64 and aarch64).
 
 use std::ffi::{CStr, c_char, c_void};
 
@@ -74,6 +74,33 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "ret",
         "2:",
         "jmp rdx",
+        route = sym route,
+    )
+}
+
+/// # Safety
+/// As glibc's `dlsym`.
+#[cfg(all(target_arch = "aarch64", not(test)))]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // Save the frame and link registers and the two arguments, ask `route` (its `Route`
+    // comes back in x0/x1), then either return its answer (x0) or restore everything
+    // and branch to x1 through x16, so that glibc's dlsym sees our caller's return
+    // address in x30 (and a `bti c` landing pad accepts a branch through x16).
+    core::arch::naked_asm!(
+        "stp x29, x30, [sp, #-32]!",
+        "mov x29, sp",
+        "stp x0, x1, [sp, #16]",
+        "bl {route}",
+        "cbnz x1, 2f",
+        "ldp x29, x30, [sp], #32",
+        "ret",
+        "2:",
+        "mov x16, x1",
+        "ldp x0, x1, [sp, #16]",
+        "ldp x29, x30, [sp], #32",
+        "br x16",
         route = sym route,
     )
 }
