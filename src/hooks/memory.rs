@@ -417,7 +417,12 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuMemPoolDestroy(pool) };
         if pools::created(pool).is_none() {
-            return destroy();
+            let rc = destroy();
+            if rc.is_ok() {
+                // A host pool (or one never seen): forgotten, its slot free again.
+                let _ = pools::unregister(pool);
+            }
+            return rc;
         }
         // A device's current pool, when destroyed, hands the device back to its default
         // pool: a switch like cuDeviceSetMemPool's (crate::gate).
