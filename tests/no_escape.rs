@@ -650,15 +650,16 @@ cuda.fake_cuda_peak.restype = ctypes.c_ulonglong
 print("peak", cuda.fake_cuda_peak(0))"#;
 
 /// Runs `script` (which ends in `{FILL}`) under a 1 GiB budget with the fake driver's
-/// `pause` (`FAKE_CUDA_PAUSE`), and asserts that the device never held more.
-fn holds_a_gibibyte_with(pause: &str, script: &str) {
+/// `pause` (in `knob`: `FAKE_CUDA_PAUSE` or `FAKE_CUDA_PAUSE_AFTER`), and asserts that the
+/// device never held more.
+fn holds_a_gibibyte_with(pause: &str, script: &str, knob: &str) {
     let script = script.replace("{FILL}", FILL);
     let (ok, stdout, stderr) = python(
         &script,
         &[
             ("CUDABUDGET_LIMIT", "1Gi"),
             ("CUDABUDGET_LOG", "error"),
-            ("FAKE_CUDA_PAUSE", pause),
+            (knob, pause),
         ],
     );
     assert!(ok, "{stdout}\n{stderr}");
@@ -704,7 +705,7 @@ assert cuda.cuDeviceGetDefaultMemPool(ctypes.byref(default), 0) == 0
 assert cuda.cuMemPoolTrimTo(default, 0) == 0
 {FILL}
 "#;
-    holds_a_gibibyte_with("cuMemAllocAsync:300", script);
+    holds_a_gibibyte_with("cuMemAllocAsync:300", script, "FAKE_CUDA_PAUSE");
 }
 
 /// `cuMemPoolDestroy` of a pool the program created gives its charge back when nothing
@@ -731,5 +732,68 @@ t.join()
 assert rcs == [0], rcs
 {FILL}
 "#;
-    holds_a_gibibyte_with("cuMemPoolDestroy:300", script);
+    holds_a_gibibyte_with("cuMemPoolDestroy:300", script, "FAKE_CUDA_PAUSE");
+}
+
+/// Creates a 256 MiB VMM handle `h` on device 0 and reserves `va` for it (`{VMM}`).
+const VMM: &str = r#"h = ctypes.c_uint64()
+assert cuda.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(256 << 20), ctypes.byref(Props(1, 0, 1, 0)), ctypes.c_uint64(0)) == 0
+va = ctypes.c_uint64()
+assert cuda.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(256 << 20), ctypes.c_size_t(0), ctypes.c_uint64(0), ctypes.c_uint64(0)) == 0
+def map_it():
+    return cuda.cuMemMap(va, ctypes.c_size_t(256 << 20), ctypes.c_size_t(0), h, ctypes.c_uint64(0))"#;
+
+/// A handle mapped by one thread and released by another while the driver's map is
+/// returning: the mapping keeps the memory. The books once saw the release before the
+/// mapping and gave the 256 MiB back while the driver kept them.
+#[test]
+fn a_release_racing_a_map_keeps_the_mapped_memory_charged() {
+    let script = r#"
+import ctypes, threading, time
+{PRIMARY}
+{POOL_PROPS}
+{VMM}
+rcs = []
+t = threading.Thread(target=lambda: rcs.append(map_it()))
+t.start()
+time.sleep(0.1)
+rcs.append(cuda.cuMemRelease(h))
+t.join()
+assert rcs == [0, 0], rcs
+{FILL}
+"#
+    .replace("{VMM}", VMM);
+    holds_a_gibibyte_with("cuMemMap:300", &script, "FAKE_CUDA_PAUSE_AFTER");
+}
+
+/// A reference taken by one thread (`cuMemRetainAllocationHandle`) while another
+/// releases and unmaps: the new reference keeps the memory. The books once counted the
+/// reference after the release and unmap had given the memory back.
+#[test]
+fn a_retain_racing_a_release_keeps_the_memory_charged() {
+    let script = r#"
+import ctypes, threading, time
+{PRIMARY}
+{POOL_PROPS}
+{VMM}
+assert map_it() == 0
+rcs = []
+def retain():
+    r = ctypes.c_uint64()
+    rcs.append(cuda.cuMemRetainAllocationHandle(ctypes.byref(r), ctypes.c_void_p(va.value)))
+t = threading.Thread(target=retain)
+t.start()
+time.sleep(0.1)
+rcs.append(cuda.cuMemRelease(h))
+rcs.append(cuda.cuMemUnmap(va, ctypes.c_size_t(256 << 20)))
+t.join()
+assert rcs == [0, 0, 0], rcs
+{FILL}
+"#
+    .replace("{VMM}", VMM);
+    holds_a_gibibyte_with(
+        "cuMemRetainAllocationHandle:300",
+        &script,
+        "FAKE_CUDA_PAUSE_AFTER",
+    );
 }

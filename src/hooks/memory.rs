@@ -167,11 +167,14 @@ unsafe fn driver_rejects(
 pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
     guard("cuMemRelease", || {
         // SAFETY: the caller's argument.
-        let rc = unsafe { real::cuMemRelease(handle) };
-        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
-            let returned = vmm::lock().released(handle);
-            give_back(returned);
+        let release = || unsafe { real::cuMemRelease(handle) };
+        if runtime::mode() != Mode::Budgeted {
+            return release();
         }
+        // The books follow the driver's order: the lock is held across the driver's
+        // call (see `vmm_call`).
+        let (rc, returned) = vmm_call(release, |v| v.released(handle));
+        give_back(returned.flatten());
         rc
     })
 }
@@ -188,11 +191,11 @@ pub unsafe extern "C" fn cuMemMap(
 ) -> CuResult {
     guard("cuMemMap", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuMemMap(ptr, size, offset, handle, flags) };
-        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
-            vmm::lock().mapped(ptr, size as u64, handle);
+        let map = || unsafe { real::cuMemMap(ptr, size, offset, handle, flags) };
+        if runtime::mode() != Mode::Budgeted {
+            return map();
         }
-        rc
+        vmm_call(map, |v| v.mapped(ptr, size as u64, handle)).0
     })
 }
 
@@ -202,12 +205,13 @@ pub unsafe extern "C" fn cuMemMap(
 pub unsafe extern "C" fn cuMemUnmap(ptr: DevicePtr, size: usize) -> CuResult {
     guard("cuMemUnmap", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuMemUnmap(ptr, size) };
-        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
-            let returned = vmm::lock().unmapped(ptr, size as u64);
-            for r in returned {
-                give_back(Some(r));
-            }
+        let unmap = || unsafe { real::cuMemUnmap(ptr, size) };
+        if runtime::mode() != Mode::Budgeted {
+            return unmap();
+        }
+        let (rc, returned) = vmm_call(unmap, |v| v.unmapped(ptr, size as u64));
+        for r in returned.into_iter().flatten() {
+            give_back(Some(r));
         }
         rc
     })
@@ -224,13 +228,29 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
 ) -> CuResult {
     guard("cuMemRetainAllocationHandle", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuMemRetainAllocationHandle(handle, addr) };
-        if rc.is_ok() && !handle.is_null() && runtime::mode() == Mode::Budgeted {
-            // SAFETY: the driver wrote the handle.
-            vmm::lock().retained(unsafe { *handle });
+        let retain = || unsafe { real::cuMemRetainAllocationHandle(handle, addr) };
+        if runtime::mode() != Mode::Budgeted || handle.is_null() {
+            return retain();
         }
-        rc
+        // SAFETY: the driver wrote the handle (the closure runs only on success).
+        vmm_call(retain, |v| v.retained(unsafe { *handle })).0
     })
+}
+
+/// Makes the driver's VMM call `real` and, when it succeeded, the matching change to the
+/// books (`books`), with the books locked across both: another thread's map, unmap,
+/// retain or release of the same handle then comes wholly before or wholly after, in
+/// the driver and in the books alike. (Made in between, a release could see no mapping
+/// the driver already had, or miss a reference it had just given, and give back memory
+/// the driver keeps.) These calls are short and never call back into the library.
+fn vmm_call<R>(
+    real: impl FnOnce() -> CuResult,
+    books: impl FnOnce(&mut vmm::Vmm) -> R,
+) -> (CuResult, Option<R>) {
+    let mut v = vmm::lock();
+    let rc = real();
+    let changed = rc.is_ok().then(|| books(&mut v));
+    (rc, changed)
 }
 
 fn give_back(returned: vmm::Returned) {

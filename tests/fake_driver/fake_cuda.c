@@ -44,6 +44,10 @@ static int g_free_refuses_async; /* FAKE_CUDA_FREE_REFUSES_ASYNC */
  * test can make another thread's call land inside it, as a preempted thread would). */
 static char g_pause_call[64];
 static unsigned g_pause_ms;
+/* FAKE_CUDA_PAUSE_AFTER=<call>:<ms>: that call sleeps once its work is done, before it
+ * returns (a preempted caller that has not yet seen the answer). */
+static char g_pause_after_call[64];
+static unsigned g_pause_after_ms;
 static int g_nvis;
 static int g_vis[MAX_DEV]; /* ordinal -> physical index */
 static u64 g_used[MAX_DEV]; /* by physical index */
@@ -250,6 +254,12 @@ static void load_config_locked(void) {
     if (colon && (size_t)(colon - pause) < sizeof g_pause_call) {
         memcpy(g_pause_call, pause, (size_t)(colon - pause));
         g_pause_ms = (unsigned)strtoul(colon + 1, NULL, 10);
+    }
+    pause = getenv("FAKE_CUDA_PAUSE_AFTER");
+    colon = pause ? strchr(pause, ':') : NULL;
+    if (colon && (size_t)(colon - pause) < sizeof g_pause_after_call) {
+        memcpy(g_pause_after_call, pause, (size_t)(colon - pause));
+        g_pause_after_ms = (unsigned)strtoul(colon + 1, NULL, 10);
     }
 
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
@@ -1532,7 +1542,21 @@ struct mapping {
 static struct mapping *g_maps;
 static size_t g_nmaps, g_capmaps;
 
+static void pause_after(const char *call) {
+    if (g_pause_after_ms && strcmp(g_pause_after_call, call) == 0) usleep(g_pause_after_ms * 1000u);
+}
+
+static CUresult mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                        unsigned long long flags);
+
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    CUresult rc = mem_map(ptr, size, offset, handle, flags);
+    pause_after("cuMemMap");
+    return rc;
+}
+
+static CUresult mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
     BEGIN;
     struct entry *e = tfind(handle);
@@ -1573,7 +1597,15 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 }
 
 /* The handle mapped at addr (anywhere inside a mapping), with one more reference. */
+static CUresult retain_handle(CUmemGenericAllocationHandle *handle, void *addr);
+
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    CUresult rc = retain_handle(handle, addr);
+    pause_after("cuMemRetainAllocationHandle");
+    return rc;
+}
+
+static CUresult retain_handle(CUmemGenericAllocationHandle *handle, void *addr) {
     BEGIN;
     if (!handle) FAIL(CUDA_ERROR_INVALID_VALUE);
     u64 a = (u64)(uintptr_t)addr;
