@@ -249,13 +249,19 @@ mod tests {
         use std::sync::atomic::AtomicU64;
         static CURRENT: AtomicU64 = AtomicU64::new(0);
         let stop = Arc::new(AtomicBool::new(false));
+        // Readers that have been inside once: the switches start when all have (on a
+        // loaded machine they could otherwise all be over before a reader ran).
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let readers: Vec<_> = (10..14)
             .map(|lane| {
-                let stop = stop.clone();
+                let (stop, started) = (stop.clone(), started.clone());
                 std::thread::spawn(move || {
                     let (mut inside, mut torn) = (0u64, 0u64);
                     while !stop.load(Ordering::Relaxed) {
                         if let Some(pass) = enter(lane) {
+                            if inside == 0 {
+                                started.fetch_add(1, Ordering::SeqCst);
+                            }
                             let seen = CURRENT.load(Ordering::Relaxed);
                             for _ in 0..50 {
                                 std::hint::spin_loop();
@@ -269,6 +275,9 @@ mod tests {
                 })
             })
             .collect();
+        while started.load(Ordering::SeqCst) < 4 {
+            std::thread::yield_now();
+        }
         for _ in 0..3000 {
             closed(|| CURRENT.fetch_add(1, Ordering::Relaxed));
         }
