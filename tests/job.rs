@@ -380,3 +380,54 @@ fn set_mode(path: &str, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
+
+#[test]
+fn the_debug_log_names_the_job_ledger_joined() {
+    // Where a job's books are, for whoever troubleshoots it: CUDABUDGET_LOG=debug says.
+    let dir = job_dir("logpath");
+    let mut e = envs(&dir, "job:named", "1Gi");
+    e.push(("CUDABUDGET_LOG", "debug"));
+    let run = client(&["alloc:1Mi"], &e);
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    let path = format!("{dir}/cudabudget-{}-job-named", unsafe_uid());
+    assert!(
+        run.stderr
+            .contains(&format!("joined job ledger {path} in ")),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_process_that_exits_gives_its_share_back_at_once() {
+    // A member that ends (exit, not killed) leaves the job: the next process sees the
+    // whole budget free, before anything looks for dead members.
+    let dir = job_dir("leave");
+    let e = envs(&dir, "job:leave", "1Gi");
+    let first = client(&["alloc:700Mi"], &e);
+    assert_eq!(first.rc("alloc", 0), 0, "{first:?}");
+    let next = client(&["info"], &e);
+    assert_eq!(next.num("info", 0, "free"), GI, "{next:?}");
+}
+
+#[test]
+fn a_waiting_allocation_goes_through_soon_after_its_holder_is_killed() {
+    // A killed holder frees nothing and wakes nobody: the waiter finds it dead (it
+    // looks every 100 ms while it waits, at most once a second per job) and goes
+    // through long before its patience runs out.
+    let dir = job_dir("killwait");
+    let e = envs(&dir, "job:kw", "1Gi");
+    let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
+    settle();
+    let mut waiting = e.clone();
+    waiting.push(("CUDABUDGET_ON_EXCEED", "wait:20s"));
+    let t = Instant::now();
+    let waiter = spawn(&["alloc:800Mi"], &waiting);
+    std::thread::sleep(Duration::from_millis(500));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let run = finish(waiter);
+    let waited = t.elapsed();
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert!(waited < Duration::from_secs(8), "{waited:?}");
+}
