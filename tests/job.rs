@@ -431,3 +431,114 @@ fn a_waiting_allocation_goes_through_soon_after_its_holder_is_killed() {
     assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
     assert!(waited < Duration::from_secs(8), "{waited:?}");
 }
+
+/// A process's threads: device 0's primary context current in each, `alloc(n)` and
+/// `free(p)` through the driver API.
+const THREADS_PRELUDE: &str = r#"
+import ctypes, threading, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+MI = 1 << 20
+def alloc(n):
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    p = ctypes.c_uint64()
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n))
+    return rc, p.value
+def free(p):
+    assert cuda.cuMemFree_v2(ctypes.c_uint64(p)) == 0
+"#;
+
+fn python_threads(script: &str, patience: &str) -> String {
+    let (ok, out, err) = util::python_under_library(
+        &format!("{THREADS_PRELUDE}{script}"),
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_ON_EXCEED", patience),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    out
+}
+
+#[test]
+fn waiting_threads_are_served_in_arrival_order() {
+    // 900 MiB held; a 700 MiB request waits, then a 200 MiB one. When 300 MiB come
+    // back the small one would fit, but the large one waits before it: it is not
+    // overtaken. When the rest comes back both go, the large one first.
+    let out = python_threads(
+        r#"
+rc, a = alloc(300 * MI); assert rc == 0
+rc, b = alloc(600 * MI); assert rc == 0
+order = []
+def want(n, name):
+    rc, p = alloc(n)
+    order.append((name, rc, round(time.time() - t0, 2)))
+t0 = time.time()
+big = threading.Thread(target=want, args=(700 * MI, "big")); big.start()
+time.sleep(0.3)
+small = threading.Thread(target=want, args=(200 * MI, "small")); small.start()
+time.sleep(0.3)
+free(a)
+time.sleep(0.7)
+freed_all = round(time.time() - t0, 2)
+free(b)
+big.join(); small.join()
+print(order, freed_all)
+"#,
+        "wait:10s",
+    );
+    let (order, freed_all) = out.trim().rsplit_once(' ').unwrap();
+    let freed_all: f64 = freed_all.parse().unwrap();
+    assert!(
+        order.starts_with("[('big', 0, ") && order.contains("('small', 0, "),
+        "{out}"
+    );
+    let small_at: f64 = order
+        .split("('small', 0, ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert!(small_at >= freed_all, "the small request overtook: {out}");
+    assert!(
+        small_at < freed_all + 2.0,
+        "the small request waited on after the large one went: {out}"
+    );
+}
+
+#[test]
+fn a_free_wakes_a_waiting_thread_at_once() {
+    // Two threads hand 700 MiB of a 1 GiB budget back and forth 30 times: each holds it
+    // 20 ms while the other waits for it, and asks again once the other has it. A free
+    // wakes the waiter at once; a waiter that found out only at its next look (every
+    // 100 ms) would take some 3 s.
+    let out = python_threads(
+        r#"
+cv = threading.Condition()
+got = [0]
+def player(me):
+    for _ in range(15):
+        with cv:
+            cv.wait_for(lambda: got[0] % 2 == me)
+        rc, p = alloc(700 * MI)
+        assert rc == 0, rc
+        with cv:
+            got[0] += 1
+            cv.notify_all()
+        time.sleep(0.02)
+        free(p)
+t0 = time.time()
+ts = [threading.Thread(target=player, args=(me,)) for me in (0, 1)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(round(time.time() - t0, 2))
+"#,
+        "wait:20s",
+    );
+    let took: f64 = out.trim().parse().unwrap();
+    assert!(took < 1.8, "{out}");
+}
