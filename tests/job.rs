@@ -542,3 +542,110 @@ print(round(time.time() - t0, 2))
     let took: f64 = out.trim().parse().unwrap();
     assert!(took < 1.8, "{out}");
 }
+
+/// Runs `script` (after [`THREADS_PRELUDE`]) as a member of job `name`, in `dir`, with a
+/// 1 GiB budget and `patience`; `CHILD` in the script is a program that runs the
+/// prelude then `exec(sys.argv[1])`, for other members of the job started with
+/// `member(code)` (a `subprocess.Popen` with pipes).
+fn python_job(dir: &str, name: &str, script: &str, patience: &str) -> String {
+    let members = r#"
+import subprocess, sys
+CHILD = "import sys\n" + PRELUDE + "\nexec(sys.argv[1])\n"
+def member(code):
+    return subprocess.Popen([sys.executable, "-c", CHILD, code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+"#;
+    let script = format!("PRELUDE = {THREADS_PRELUDE:?}\n{THREADS_PRELUDE}{members}{script}");
+    let scope = format!("job:{name}");
+    let (ok, out, err) = util::python_under_library(
+        &script,
+        &[
+            ("CUDABUDGET_JOB_DIR", dir),
+            ("CUDABUDGET_SCOPE", scope.as_str()),
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_ON_EXCEED", patience),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    out
+}
+
+#[test]
+fn waiting_members_of_a_job_are_served_in_arrival_order() {
+    // As for threads, across the processes of a job: this process holds 900 MiB; one
+    // member waits for 700 MiB, then another for 200 MiB. 300 MiB back: the small one
+    // still waits behind the large one; the rest back: both go, at once.
+    let dir = job_dir("order");
+    let out = python_job(
+        &dir,
+        "order",
+        r#"
+rc, a = alloc(300 * MI); assert rc == 0
+rc, b = alloc(600 * MI); assert rc == 0
+want = """
+print("asking", flush=True)
+rc, p = alloc(int(sys.argv[2]) * MI)
+print(rc, time.time(), flush=True)
+"""
+def ask(n):
+    m = subprocess.Popen([sys.executable, "-c", CHILD, want, str(n)], stdout=subprocess.PIPE,
+                         text=True, bufsize=1)
+    assert m.stdout.readline().strip() == "asking"
+    time.sleep(0.3)
+    return m
+big = ask(700)
+small = ask(200)
+free(a)
+time.sleep(0.7)
+freed_all = time.time()
+free(b)
+(big_rc, big_at), (small_rc, small_at) = [tuple(m.stdout.readline().split()) for m in (big, small)]
+big.wait(); small.wait()
+print(big_rc, small_rc, float(big_at) - freed_all, float(small_at) - freed_all)
+"#,
+        "wait:10s",
+    );
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(&fields[..2], ["0", "0"], "{out}");
+    let big_after: f64 = fields[2].parse().unwrap();
+    let small_after: f64 = fields[3].parse().unwrap();
+    assert!(small_after >= 0.0, "the small request overtook: {out}");
+    assert!(big_after >= 0.0 && big_after < 2.0, "{out}");
+    assert!(small_after < 2.0, "{out}");
+}
+
+#[test]
+fn a_free_wakes_a_waiting_member_of_the_job_at_once() {
+    // Two processes of a job hand 700 MiB of its 1 GiB back and forth 30 times, each
+    // holding it 20 ms while the other waits for it. A free wakes the other process at
+    // once; finding out at its next look (every 100 ms) would take some 3 s.
+    let dir = job_dir("pingpong");
+    let out = python_job(
+        &dir,
+        "pingpong",
+        r#"
+player = """
+def turn(first):
+    if not first:
+        assert sys.stdin.readline().strip() == "go"
+    rc, p = alloc(700 * MI)
+    assert rc == 0, rc
+    print("go", flush=True)
+    time.sleep(0.02)
+    free(p)
+"""
+other = member(player + "\nfor i in range(15): turn(False)\n")
+exec(player.replace("sys.stdin.readline()", "other.stdout.readline()").replace(
+    'print("go", flush=True)', 'other.stdin.write("go\\n"); other.stdin.flush()'))
+t0 = time.time()
+for i in range(15):
+    turn(i == 0)
+assert other.wait() == 0
+print(round(time.time() - t0, 2))
+"#,
+        "wait:20s",
+    );
+    let took: f64 = out.trim().parse().unwrap();
+    assert!(took < 1.8, "{out}");
+}
