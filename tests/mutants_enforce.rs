@@ -642,3 +642,35 @@ fn the_views_follow_the_pools_given_back_at_most_once_a_second() {
         run.dump()
     );
 }
+
+/// The same for a pool the program created: its memory that the driver gave back
+/// leaves the views a second later.
+#[test]
+fn the_views_follow_a_created_pool_given_back() {
+    let run = budget(
+        &[
+            "newpool",
+            "poolasyncin:0:4Ki",
+            "info",
+            "freeasync:0",
+            "sync",
+            "sleep:1200",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("poolasyncin", 0), 0, "{}", run.dump());
+    assert_eq!(
+        run.num("info", 0, "free"),
+        8 * GI - 32 * MI,
+        "{}",
+        run.dump()
+    );
+    assert_eq!(
+        run.num("info", 1, "free"),
+        8 * GI,
+        "the created pool's reserve went back to the driver\n{}",
+        run.dump()
+    );
+}
