@@ -371,6 +371,13 @@ mod tests {
             drop(pass);
             assert_eq!(INSIDE[lane].0.load(Ordering::SeqCst), 0, "lane {lane}");
         }
+        // Past the table, from its very end on, threads count on lane 0.
+        for lane in [LANES, LANES + 1] {
+            let pass = enter(lane).expect("open");
+            assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 1, "lane {lane}");
+            drop(pass);
+            assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0, "lane {lane}");
+        }
     }
 
     #[test]
