@@ -911,6 +911,19 @@ mod tests {
         }
     }
 
+    /// A symbolic link where the ledger should be is refused, not followed: the
+    /// ledger's checks (owner, mode) are of the file at that name, and whoever could
+    /// plant a link would choose where the job's books go.
+    #[test]
+    fn a_symbolic_link_in_place_of_the_ledger_is_refused() {
+        let job = fresh_job("symlink");
+        let link = format!("{}.link", job.path());
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(job.path(), &link).unwrap();
+        let why = open(&link).err().expect("a link is refused");
+        assert!(why.starts_with("cannot open it: "), "{why}");
+    }
+
     /// A directory that does not exist: the reason is the open's, in words.
     #[test]
     fn a_ledger_that_cannot_be_opened_says_why() {
