@@ -716,3 +716,23 @@ print(rc, round(time.time() - t0, 2), round(time.process_time() - c0, 3))
         "a wait of {waited} s used {cpu} s of CPU: {out}"
     );
 }
+
+#[test]
+fn a_process_started_with_its_standard_input_closed_joins_its_job() {
+    // A daemon may start with descriptor 0 closed: the ledger's file may then be opened
+    // as descriptor 0, which is a descriptor like any other.
+    use std::os::unix::process::CommandExt;
+    let dir = job_dir("nostdin");
+    let e = envs(&dir, "job:nostdin", "1Gi");
+    let mut cmd = command(&["alloc:1Mi"], &e);
+    // SAFETY: close(2) is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::close(0);
+            Ok(())
+        });
+    }
+    let run = util::run(cmd);
+    assert_eq!(run.rc("init", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+}
