@@ -470,3 +470,19 @@ fn forget_contexts(device: usize) {
         CHARGE[device].store(SETTLED, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model nobody measured is charged the README's 640 MiB, above every model's
+    /// measured figure, so that an unmeasured context is never under-charged by the
+    /// default; a measured model gets its own figure.
+    #[test]
+    fn an_unmeasured_model_is_charged_640_mib_above_every_measured_one() {
+        assert_eq!(DEFAULT_CONTEXT, 640 * 1024 * 1024);
+        assert_eq!(model_estimate("NVIDIA H200"), Some(518 * 1024 * 1024));
+        assert!(model_estimate("NVIDIA H200").unwrap() < DEFAULT_CONTEXT);
+        assert_eq!(model_estimate("Tesla T4"), None);
+    }
+}

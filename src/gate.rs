@@ -309,13 +309,19 @@ mod tests {
         use std::sync::atomic::AtomicU64;
         static CURRENT: AtomicU64 = AtomicU64::new(0);
         let stop = Arc::new(AtomicBool::new(false));
+        // Readers that have been inside once: the switches start when all have (on a
+        // loaded machine they could otherwise all be over before a reader ran).
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let readers: Vec<_> = (10..14)
             .map(|lane| {
-                let stop = stop.clone();
+                let (stop, started) = (stop.clone(), started.clone());
                 std::thread::spawn(move || {
                     let (mut inside, mut torn) = (0u64, 0u64);
                     while !stop.load(Ordering::Relaxed) {
                         if let Some(pass) = enter(lane) {
+                            if inside == 0 {
+                                started.fetch_add(1, Ordering::SeqCst);
+                            }
                             let seen = CURRENT.load(Ordering::Relaxed);
                             for _ in 0..50 {
                                 std::hint::spin_loop();
@@ -329,6 +335,9 @@ mod tests {
                 })
             })
             .collect();
+        while started.load(Ordering::SeqCst) < 4 {
+            std::thread::yield_now();
+        }
         for _ in 0..1000 {
             closed(|| CURRENT.fetch_add(1, Ordering::Relaxed));
             // Open a while between switches, as between a program's pool switches.
@@ -363,6 +372,76 @@ mod tests {
             "membarrier registered (Linux ≥ 4.14)"
         );
         no_switch_lands_inside();
+    }
+
+    /// With membarrier registered a switch pays one barrier, not a nap: a program that
+    /// switches its current pool often (one `cuDeviceSetMemPool` per phase) is not slowed
+    /// by 10 ms a switch.
+    #[test]
+    fn a_switch_with_membarrier_takes_no_nap() {
+        let _turn = serial();
+        prepare();
+        assert!(ASYMMETRIC.load(Ordering::SeqCst), "membarrier registered");
+        let t = std::time::Instant::now();
+        for i in 0..200 {
+            assert_eq!(closed(|| i), i);
+        }
+        // 200 naps of 10 ms would take 2 s; 200 barriers take well under a second
+        // even on a loaded machine.
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+
+    /// Threads without a lane of their own (more threads than lanes) share lane 0, with
+    /// membarrier registered too: however they interleave, none of their entries is lost,
+    /// so once they have all left a switch finds nobody inside and does not wait for ever.
+    #[test]
+    fn threads_sharing_lane_zero_leave_the_gate_empty() {
+        let _turn = serial();
+        prepare();
+        assert!(ASYMMETRIC.load(Ordering::SeqCst), "membarrier registered");
+        let start = Arc::new(Barrier::new(4));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let start = start.clone();
+                std::thread::spawn(move || {
+                    start.wait();
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < Duration::from_millis(300) {
+                        for _ in 0..1000 {
+                            let pass = enter(0).expect("open");
+                            std::hint::black_box(&pass);
+                            drop(pass);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0, "nobody is inside");
+        assert_eq!(closed(|| 1), 1);
+    }
+
+    /// A thread with a lane of its own enters on that lane (its own cache line: with
+    /// membarrier, plain stores), not on the lane that the threads without one share.
+    #[test]
+    fn a_thread_with_a_lane_enters_on_its_own_lane() {
+        let _turn = serial();
+        for lane in [1, 3, LANES - 1] {
+            let pass = enter(lane).expect("open");
+            assert_eq!(INSIDE[lane].0.load(Ordering::SeqCst), 1, "lane {lane}");
+            assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0, "lane {lane}");
+            drop(pass);
+            assert_eq!(INSIDE[lane].0.load(Ordering::SeqCst), 0, "lane {lane}");
+        }
+        // Past the table, from its very end on, threads count on lane 0.
+        for lane in [LANES, LANES + 1] {
+            let pass = enter(lane).expect("open");
+            assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 1, "lane {lane}");
+            drop(pass);
+            assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0, "lane {lane}");
+        }
     }
 
     #[test]

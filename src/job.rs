@@ -835,6 +835,166 @@ mod tests {
         assert!(refused.contains("all 1024 process slots"), "{refused}");
     }
 
+    /// FNV-1a (64-bit) as its authors define it, for the check below.
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    /// The header checksum is part of layout version 1: FNV-1a over the little-endian
+    /// magic, version, slot count, device count and size. Every build of version 1 must
+    /// compute it alike, or processes of a job running two builds would refuse each
+    /// other's ledger as damaged.
+    #[test]
+    fn the_header_checksum_is_fnv1a_over_the_layout_fields() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(
+            fnv1a(b"a"),
+            0xaf63_dc4c_8601_ec8c,
+            "FNV-1a's published test vector"
+        );
+        for (magic, version, slots, devices, size) in [
+            (
+                MAGIC,
+                VERSION,
+                SLOTS as u32,
+                DEVICES as u32,
+                FILE_BYTES as u64,
+            ),
+            (1, 2, 3, 4, 5),
+            (u64::MAX, u32::MAX, 0, u32::MAX, u64::MAX),
+        ] {
+            let mut bytes = Vec::new();
+            bytes.extend_from_slice(&magic.to_le_bytes());
+            bytes.extend_from_slice(&version.to_le_bytes());
+            bytes.extend_from_slice(&slots.to_le_bytes());
+            bytes.extend_from_slice(&devices.to_le_bytes());
+            bytes.extend_from_slice(&size.to_le_bytes());
+            assert_eq!(
+                checksum(magic, version, slots, devices, size),
+                fnv1a(&bytes)
+            );
+        }
+    }
+
+    /// The ledger lives in /dev/shm, which is memory: it is the header and 1024 slots,
+    /// about a megabyte, never more than 2 MiB.
+    #[test]
+    fn a_jobs_ledger_takes_less_than_two_mib() {
+        let job = fresh_job("size");
+        let len = std::fs::metadata(job.path()).unwrap().len();
+        assert!(len > (SLOTS * 64 * 8) as u64, "{len}");
+        assert!(len < 2 << 20, "{len}");
+    }
+
+    /// A ledger of another layout whose header is consistent (its own checksum right, the
+    /// file of this build's size) is refused, naming the layout, whichever of the slot
+    /// count, the device count or the recorded size differs.
+    #[test]
+    fn a_self_consistent_header_of_another_layout_is_refused() {
+        for field in ["slots", "devices", "size"] {
+            let job = fresh_job(&format!("layout-{field}"));
+            // SAFETY: the test's own mapping of a header nobody else uses.
+            let h = unsafe { &mut *(job.base as *mut Header) };
+            match field {
+                "slots" => h.slots = 2 * SLOTS as u32,
+                "devices" => h.devices = 8,
+                _ => h.size = 2 * FILE_BYTES as u64,
+            }
+            h.check = checksum(h.magic, h.version, h.slots, h.devices, h.size);
+            let why = open(job.path()).err().expect(field);
+            assert!(
+                why.contains("does not match this build's layout"),
+                "{field}: {why}"
+            );
+        }
+    }
+
+    /// A symbolic link where the ledger should be is refused, not followed: the
+    /// ledger's checks (owner, mode) are of the file at that name, and whoever could
+    /// plant a link would choose where the job's books go.
+    #[test]
+    fn a_symbolic_link_in_place_of_the_ledger_is_refused() {
+        let job = fresh_job("symlink");
+        let link = format!("{}.link", job.path());
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(job.path(), &link).unwrap();
+        let why = open(&link).err().expect("a link is refused");
+        assert!(why.starts_with("cannot open it: "), "{why}");
+    }
+
+    /// A directory that does not exist: the reason is the open's, in words.
+    #[test]
+    fn a_ledger_that_cannot_be_opened_says_why() {
+        let why = open("/nonexistent-cudabudget-dir/ledger").err().unwrap();
+        assert!(
+            why.starts_with("cannot open it: No such file or directory"),
+            "{why}"
+        );
+    }
+
+    /// A device's admission lock excludes every other member while a live member holds
+    /// it, whichever slot the holder has (slot 0 included), and whoever is in the slot
+    /// after it: the others wait, and get it once it is let go.
+    #[test]
+    fn a_live_members_lock_keeps_the_others_waiting() {
+        for holder_slot in [0usize, 1] {
+            let dir = std::env::temp_dir().join(format!(
+                "cb-job-unit-{}-lock{holder_slot}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("ledger");
+            let path = path.to_str().unwrap();
+            let (first, second) = (open(path).unwrap(), open(path).unwrap());
+            assert_eq!((first.slot, second.slot), (0, 1));
+            let (holder, waiter) = if holder_slot == 0 {
+                (first, second)
+            } else {
+                (second, first)
+            };
+            let waiter: &'static Job = Box::leak(Box::new(waiter));
+            let held = holder.lock(2);
+            let done = std::sync::Arc::new(AtomicU32::new(0));
+            let t = {
+                let done = done.clone();
+                std::thread::spawn(move || {
+                    waiter.charge(2, 100);
+                    done.store(1, Ordering::SeqCst);
+                })
+            };
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert_eq!(
+                done.load(Ordering::SeqCst),
+                0,
+                "slot {holder_slot}: the lock of a live member was taken"
+            );
+            drop(held);
+            t.join().unwrap();
+            assert_eq!(done.load(Ordering::SeqCst), 1);
+            assert_eq!(holder.used(2), 100);
+        }
+    }
+
+    /// A process's start time is what tells it from a later process with the same pid:
+    /// later processes have later start times (clock ticks since boot).
+    #[test]
+    fn a_later_process_has_a_later_start_time() {
+        let me = start_time(std::process::id()).unwrap();
+        assert!(start_time(1).unwrap() <= me);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut child = std::process::Command::new("sleep")
+            .arg("1")
+            .spawn()
+            .unwrap();
+        let later = start_time(child.id()).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(later > me, "{later} after {me}");
+    }
+
     #[test]
     fn a_reused_pid_is_not_taken_for_the_process_that_had_it() {
         let me = std::process::id();

@@ -453,3 +453,31 @@ fn in_a_real_pid_namespace_memory_no_call_names_is_reconciled_within_a_second() 
         "{run:?}"
     );
 }
+
+#[test]
+fn in_a_real_pid_namespace_a_context_nvml_was_too_slow_to_measure_is_charged_the_estimate() {
+    // NVML starts after the 2 s the first context waits for it: nothing measured the
+    // device before the context, and NVML never lists this process (host pids). When
+    // NVML comes up the context is charged CUDABUDGET_CONTEXT_MEMORY, as the README
+    // says, not the nothing that the device's use minus an unknown "before" would give.
+    let cmd = util::client_command(
+        "gpa",
+        &["sleep:2500", "info", "alloc:7Gi", "alloc:425Mi"],
+        &[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("CUDABUDGET_CONTEXT_MEMORY", "600Mi"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+            ("FAKE_NVML_INIT_DELAY_MS", "3000"),
+        ],
+        Some(&util::lib_path()),
+    );
+    let Some(cmd) = in_new_pid_namespace(&cmd) else {
+        eprintln!("skipped: this machine cannot create a PID namespace (unshare -Urpf)");
+        return;
+    };
+    let run = util::run(cmd);
+    assert_eq!(run.num("info", 0, "free"), 8 * GI - 600 * MI, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+}

@@ -286,13 +286,20 @@ fn a_bad_device_option_is_refused_before_anything_runs() {
 fn malformed_scope_and_policy_are_refused_before_anything_runs() {
     let message =
         assert_refused_before_running("scope", &["--limit", "1Gi", "--scope", "job:a/b"], &[]);
-    assert!(message.contains("job name"), "{message}");
+    // The message names the option as the user typed it, not the variable it becomes.
+    assert!(
+        message.starts_with("cudabudget: --scope \"job:a/b\": job name"),
+        "{message}"
+    );
     let message = assert_refused_before_running(
         "policy",
         &["--limit", "1Gi", "--on-exceed", "wait:forever"],
         &[],
     );
-    assert!(message.contains("duration"), "{message}");
+    assert!(
+        message.starts_with("cudabudget: --on-exceed \"wait:forever\": duration"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -210,6 +210,26 @@ fn without_nvml_the_context_is_charged_as_an_estimate_and_said_once() {
 }
 
 #[test]
+fn where_nvml_is_up_but_does_not_know_the_device_the_context_is_charged_as_an_estimate() {
+    // As under MIG: NVML starts, but CUDA's device (an instance) is none of NVML's
+    // devices, so nothing measures the context. It is charged the estimate, never
+    // taken to hold nothing.
+    let run = budget_run(
+        "gpa",
+        &["sleep:300", "info", "alloc:1400Mi", "alloc:1Mi"],
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_CONTEXT_MEMORY", "648Mi"),
+            ("FAKE_NVML_FOREIGN_UUIDS", "1"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+        ],
+    );
+    assert_eq!(run.num("info", 0, "free"), 2 * GI - 648 * MI, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+}
+
+#[test]
 fn a_malformed_context_memory_refuses_cuda() {
     let run = budget_run(
         "gpa",

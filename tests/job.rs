@@ -380,3 +380,359 @@ fn set_mode(path: &str, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
+
+#[test]
+fn the_debug_log_names_the_job_ledger_joined() {
+    // Where a job's books are, for whoever troubleshoots it: CUDABUDGET_LOG=debug says.
+    let dir = job_dir("logpath");
+    let mut e = envs(&dir, "job:named", "1Gi");
+    e.push(("CUDABUDGET_LOG", "debug"));
+    let run = client(&["alloc:1Mi"], &e);
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    let path = format!("{dir}/cudabudget-{}-job-named", unsafe_uid());
+    assert!(
+        run.stderr
+            .contains(&format!("joined job ledger {path} in ")),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_process_that_exits_gives_its_share_back_at_once() {
+    // A member that ends (exit, not killed) leaves the job: the next process sees the
+    // whole budget free, before anything looks for dead members.
+    let dir = job_dir("leave");
+    let e = envs(&dir, "job:leave", "1Gi");
+    let first = client(&["alloc:700Mi"], &e);
+    assert_eq!(first.rc("alloc", 0), 0, "{first:?}");
+    let next = client(&["info"], &e);
+    assert_eq!(next.num("info", 0, "free"), GI, "{next:?}");
+}
+
+#[test]
+fn a_waiting_allocation_goes_through_soon_after_its_holder_is_killed() {
+    // A killed holder frees nothing and wakes nobody: the waiter finds it dead (it
+    // looks every 100 ms while it waits, at most once a second per job) and goes
+    // through long before its patience runs out.
+    let dir = job_dir("killwait");
+    let e = envs(&dir, "job:kw", "1Gi");
+    let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
+    settle();
+    let mut waiting = e.clone();
+    waiting.push(("CUDABUDGET_ON_EXCEED", "wait:20s"));
+    let t = Instant::now();
+    let waiter = spawn(&["alloc:800Mi"], &waiting);
+    std::thread::sleep(Duration::from_millis(500));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let run = finish(waiter);
+    let waited = t.elapsed();
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert!(waited < Duration::from_secs(8), "{waited:?}");
+}
+
+/// A process's threads: device 0's primary context current in each, `alloc(n)` and
+/// `free(p)` through the driver API.
+const THREADS_PRELUDE: &str = r#"
+import ctypes, threading, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+MI = 1 << 20
+def alloc(n):
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    p = ctypes.c_uint64()
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n))
+    return rc, p.value
+def free(p):
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    assert cuda.cuMemFree_v2(ctypes.c_uint64(p)) == 0
+"#;
+
+fn python_threads(script: &str, patience: &str) -> String {
+    let (ok, out, err) = util::python_under_library(
+        &format!("{THREADS_PRELUDE}{script}"),
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_ON_EXCEED", patience),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    out
+}
+
+#[test]
+fn waiting_threads_are_served_in_arrival_order() {
+    // 900 MiB held; a 700 MiB request waits, then a 200 MiB one. When 300 MiB come
+    // back the small one would fit, but the large one waits before it: it is not
+    // overtaken. When the rest comes back both go, at once.
+    let out = python_threads(
+        r#"
+rc, a = alloc(300 * MI); assert rc == 0
+rc, b = alloc(600 * MI); assert rc == 0
+got = {}
+def want(n, name):
+    rc, p = alloc(n)
+    got[name] = (rc, time.time())
+big = threading.Thread(target=want, args=(700 * MI, "big")); big.start()
+time.sleep(0.3)
+small = threading.Thread(target=want, args=(200 * MI, "small")); small.start()
+time.sleep(0.3)
+free(a)
+time.sleep(0.7)
+freed_all = time.time()
+free(b)
+big.join(); small.join()
+print(got["big"][0], got["small"][0], got["big"][1] - freed_all, got["small"][1] - freed_all)
+"#,
+        "wait:10s",
+    );
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(&fields[..2], ["0", "0"], "{out}");
+    let big_after: f64 = fields[2].parse().unwrap();
+    let small_after: f64 = fields[3].parse().unwrap();
+    assert!(small_after >= 0.0, "the small request overtook: {out}");
+    assert!((0.0..2.0).contains(&big_after), "{out}");
+    assert!(
+        small_after < 2.0,
+        "the small request waited on after the large one went: {out}"
+    );
+}
+
+#[test]
+fn a_free_wakes_a_waiting_thread_at_once() {
+    // Two threads hand 700 MiB of a 1 GiB budget back and forth 60 times: each holds it
+    // 10 ms while the other waits for it, and asks again once the other has it. A free
+    // wakes the waiter at once; a waiter that found out only at its next look (every
+    // 100 ms) would take some 5 s.
+    let out = python_threads(
+        r#"
+cv = threading.Condition()
+got = [0]
+def player(me):
+    for _ in range(30):
+        with cv:
+            cv.wait_for(lambda: got[0] % 2 == me)
+        rc, p = alloc(700 * MI)
+        assert rc == 0, rc
+        with cv:
+            got[0] += 1
+            cv.notify_all()
+        time.sleep(0.01)
+        free(p)
+t0 = time.time()
+ts = [threading.Thread(target=player, args=(me,)) for me in (0, 1)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(round(time.time() - t0, 2))
+"#,
+        "wait:20s",
+    );
+    let took: f64 = out.trim().parse().unwrap();
+    assert!(took < 3.5, "{out}");
+}
+
+/// Runs `script` (after [`THREADS_PRELUDE`]) as a member of job `name`, in `dir`, with a
+/// 1 GiB budget and `patience`; `CHILD` in the script is a program that runs the
+/// prelude then `exec(sys.argv[1])`, for other members of the job started with
+/// `member(code)` (a `subprocess.Popen` with pipes).
+fn python_job(dir: &str, name: &str, script: &str, patience: &str) -> String {
+    let members = r#"
+import subprocess, sys
+CHILD = "import sys\n" + PRELUDE + "\nexec(sys.argv[1])\n"
+def member(code):
+    return subprocess.Popen([sys.executable, "-c", CHILD, code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+"#;
+    let script = format!("PRELUDE = {THREADS_PRELUDE:?}\n{THREADS_PRELUDE}{members}{script}");
+    let scope = format!("job:{name}");
+    let (ok, out, err) = util::python_under_library(
+        &script,
+        &[
+            ("CUDABUDGET_JOB_DIR", dir),
+            ("CUDABUDGET_SCOPE", scope.as_str()),
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_ON_EXCEED", patience),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    out
+}
+
+#[test]
+fn waiting_members_of_a_job_are_served_in_arrival_order() {
+    // As for threads, across the processes of a job: this process holds 900 MiB; one
+    // member waits for 700 MiB, then another for 200 MiB. 300 MiB back: the small one
+    // still waits behind the large one; the rest back: both go, at once.
+    let dir = job_dir("order");
+    let out = python_job(
+        &dir,
+        "order",
+        r#"
+rc, a = alloc(300 * MI); assert rc == 0
+rc, b = alloc(600 * MI); assert rc == 0
+want = """
+print("asking", flush=True)
+rc, p = alloc(int(sys.argv[2]) * MI)
+print(rc, time.time(), flush=True)
+"""
+def ask(n):
+    m = subprocess.Popen([sys.executable, "-c", CHILD, want, str(n)], stdout=subprocess.PIPE,
+                         text=True, bufsize=1)
+    assert m.stdout.readline().strip() == "asking"
+    time.sleep(0.3)
+    return m
+big = ask(700)
+small = ask(200)
+free(a)
+time.sleep(0.7)
+freed_all = time.time()
+free(b)
+(big_rc, big_at), (small_rc, small_at) = [tuple(m.stdout.readline().split()) for m in (big, small)]
+big.wait(); small.wait()
+print(big_rc, small_rc, float(big_at) - freed_all, float(small_at) - freed_all)
+"#,
+        "wait:10s",
+    );
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(&fields[..2], ["0", "0"], "{out}");
+    let big_after: f64 = fields[2].parse().unwrap();
+    let small_after: f64 = fields[3].parse().unwrap();
+    assert!(small_after >= 0.0, "the small request overtook: {out}");
+    assert!((0.0..2.0).contains(&big_after), "{out}");
+    assert!(small_after < 2.0, "{out}");
+}
+
+#[test]
+fn a_free_wakes_a_waiting_member_of_the_job_at_once() {
+    // Two processes of a job hand 700 MiB of its 1 GiB back and forth 60 times, each
+    // holding it 10 ms while the other waits for it. A free wakes the other process at
+    // once; finding out at its next look (every 100 ms) would take some 5 s.
+    let dir = job_dir("pingpong");
+    let out = python_job(
+        &dir,
+        "pingpong",
+        r#"
+player = """
+def turn(first):
+    if not first:
+        assert sys.stdin.readline().strip() == "go"
+    rc, p = alloc(700 * MI)
+    assert rc == 0, rc
+    print("go", flush=True)
+    time.sleep(0.01)
+    free(p)
+"""
+other = member(player + "\nfor i in range(30): turn(False)\n")
+exec(player.replace("sys.stdin.readline()", "other.stdout.readline()").replace(
+    'print("go", flush=True)', 'other.stdin.write("go\\n"); other.stdin.flush()'))
+t0 = time.time()
+for i in range(30):
+    turn(i == 0)
+assert other.wait() == 0
+print(round(time.time() - t0, 2))
+"#,
+        "wait:20s",
+    );
+    let took: f64 = out.trim().parse().unwrap();
+    assert!(took < 3.5, "{out}");
+}
+
+#[test]
+fn a_request_for_the_whole_budget_waits_for_it() {
+    // 100 MiB held by another thread, freed after half a second: a request for exactly
+    // the budget could fit then, so it waits for it rather than being refused at once.
+    let out = python_threads(
+        r#"
+rc, p = alloc(100 * MI); assert rc == 0
+def later():
+    time.sleep(0.5)
+    free(p)
+threading.Thread(target=later).start()
+t0 = time.time()
+rc, q = alloc(1024 * MI)
+print(rc, round(time.time() - t0, 2))
+"#,
+        "wait:5s",
+    );
+    let mut fields = out.split_whitespace();
+    assert_eq!(fields.next(), Some("0"), "{out}");
+    let waited: f64 = fields.next().unwrap().parse().unwrap();
+    assert!((0.3..3.0).contains(&waited), "{out}");
+}
+
+#[test]
+fn a_waiting_thread_sleeps() {
+    // A wait is a sleep on a futex, not a loop: a thread that waits a second for room
+    // that never comes uses next to no CPU time.
+    let out = python_threads(
+        r#"
+rc, p = alloc(700 * MI); assert rc == 0
+c0, t0 = time.process_time(), time.time()
+rc, q = alloc(700 * MI)
+print(rc, round(time.time() - t0, 2), round(time.process_time() - c0, 3))
+"#,
+        "wait:1s",
+    );
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields[0], "2", "refused in the end: {out}");
+    let waited: f64 = fields[1].parse().unwrap();
+    let cpu: f64 = fields[2].parse().unwrap();
+    assert!(waited >= 1.0, "{out}");
+    assert!(
+        cpu < 0.25,
+        "a wait of {waited} s used {cpu} s of CPU: {out}"
+    );
+}
+
+#[test]
+fn a_waiting_member_of_a_job_sleeps() {
+    // As for a process's own budget: a member that waits a second for room in its job
+    // sleeps on the job's futex, using next to no CPU time.
+    let dir = job_dir("sleeps");
+    let out = python_job(
+        &dir,
+        "sleeps",
+        r#"
+rc, p = alloc(700 * MI); assert rc == 0
+c0, t0 = time.process_time(), time.time()
+rc, q = alloc(700 * MI)
+print(rc, round(time.time() - t0, 2), round(time.process_time() - c0, 3))
+"#,
+        "wait:1s",
+    );
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields[0], "2", "refused in the end: {out}");
+    let waited: f64 = fields[1].parse().unwrap();
+    let cpu: f64 = fields[2].parse().unwrap();
+    assert!(waited >= 1.0, "{out}");
+    assert!(
+        cpu < 0.25,
+        "a wait of {waited} s used {cpu} s of CPU: {out}"
+    );
+}
+
+#[test]
+fn a_process_started_with_its_standard_input_closed_joins_its_job() {
+    // A daemon may start with descriptor 0 closed: the ledger's file may then be opened
+    // as descriptor 0, which is a descriptor like any other.
+    use std::os::unix::process::CommandExt;
+    let dir = job_dir("nostdin");
+    let e = envs(&dir, "job:nostdin", "1Gi");
+    let mut cmd = command(&["alloc:1Mi"], &e);
+    // SAFETY: close(2) is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::close(0);
+            Ok(())
+        });
+    }
+    let run = util::run(cmd);
+    assert_eq!(run.rc("init", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+}

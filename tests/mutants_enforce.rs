@@ -602,3 +602,75 @@ fn a_pool_that_outlives_the_last_context_is_charged_again() {
         run.dump()
     );
 }
+
+/// Pool memory the driver gave back (a synchronize below the release threshold) leaves
+/// the views at most once a second, as the README says: a view within a second of the
+/// last one still shows the pool's reserve, the first view after a second shows it gone.
+/// The views stay cheap (no pool query each time), and never follow the pools faster.
+#[test]
+fn the_views_follow_the_pools_given_back_at_most_once_a_second() {
+    let run = budget(
+        &[
+            "async:4Ki",
+            "info",
+            "freeasync:0",
+            "sync",
+            "info",
+            "sleep:1200",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("sync", 0), 0, "{}", run.dump());
+    assert_eq!(
+        run.num("info", 0, "free"),
+        8 * GI - 32 * MI,
+        "{}",
+        run.dump()
+    );
+    assert_eq!(
+        run.num("info", 1, "free"),
+        8 * GI - 32 * MI,
+        "within a second of the last view the pool's charge is not refreshed\n{}",
+        run.dump()
+    );
+    assert_eq!(
+        run.num("info", 2, "free"),
+        8 * GI,
+        "a second later the view follows the driver's empty pool\n{}",
+        run.dump()
+    );
+}
+
+/// The same for a pool the program created: its memory that the driver gave back
+/// leaves the views a second later.
+#[test]
+fn the_views_follow_a_created_pool_given_back() {
+    let run = budget(
+        &[
+            "newpool",
+            "poolasyncin:0:4Ki",
+            "info",
+            "freeasync:0",
+            "sync",
+            "sleep:1200",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("poolasyncin", 0), 0, "{}", run.dump());
+    assert_eq!(
+        run.num("info", 0, "free"),
+        8 * GI - 32 * MI,
+        "{}",
+        run.dump()
+    );
+    assert_eq!(
+        run.num("info", 1, "free"),
+        8 * GI,
+        "the created pool's reserve went back to the driver\n{}",
+        run.dump()
+    );
+}

@@ -348,3 +348,19 @@ fn a_job_s_processes_are_shown_under_its_name() {
         "{table}\n{a}\n{b}"
     );
 }
+
+#[test]
+fn status_counts_the_allocations_that_waited() {
+    // With CUDABUDGET_ON_EXCEED=wait:…, a request that does not fit waits (here in
+    // vain: nothing is freed) and status counts it among the waits, as well as the
+    // denial it ends in.
+    let client = Budgeted::start(
+        &["alloc:1Gi", "alloc:1536Mi", "sleep:20000"],
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_ON_EXCEED", "wait:200ms"),
+        ],
+    );
+    let process = client.wait_for(1, |p| p["devices"][0]["denials"] == 1);
+    assert_eq!(process["devices"][0]["waits"], 1, "{process}");
+}

@@ -172,6 +172,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     if (!inited()) return NVML_ERROR_UNINITIALIZED;
     if (!uuid || !device || !*uuid) return NVML_ERROR_INVALID_ARGUMENT;
+    /* FAKE_NVML_FOREIGN_UUIDS=1: no CUDA UUID is an NVML device's, as under MIG, where
+     * CUDA names the instance ("MIG-…") and NVML lists the whole GPU. */
+    const char *foreign = getenv("FAKE_NVML_FOREIGN_UUIDS");
+    if (foreign && *foreign == '1') return NVML_ERROR_NOT_FOUND;
     for (unsigned p = 0; p < g_count; p++) {
         char u[64];
         uuid_string(p, u, sizeof u);
