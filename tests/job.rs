@@ -736,3 +736,34 @@ fn a_process_started_with_its_standard_input_closed_joins_its_job() {
     assert_eq!(run.rc("init", 0), 0, "{run:?}");
     assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
 }
+
+#[test]
+fn a_member_that_exits_takes_only_its_own_share_out_of_the_job() {
+    // One member holds 400 MiB; another allocates, frees, allocates again and exits.
+    // The job's books then hold exactly the first member's 400 MiB.
+    let dir = job_dir("ownshare");
+    let e = envs(&dir, "job:own", "1Gi");
+    let holder = spawn(&["alloc:400Mi", "sleep:3000"], &e);
+    settle();
+    let other = client(&["alloc:100Mi", "free:0", "alloc:300Mi"], &e);
+    assert_eq!(other.rc("alloc", 1), 0, "{other:?}");
+    let view = client(&["info"], &e);
+    finish(holder);
+    assert_eq!(view.num("info", 0, "free"), GI - 400 * MI, "{view:?}");
+}
+
+#[test]
+fn each_members_context_counts_against_the_jobs_budget() {
+    // Where nothing measures a context, each member's is charged the estimate (at its
+    // first view or allocation), to the job's books as well as its own.
+    let dir = job_dir("contexts");
+    let mut e = envs(&dir, "job:ctx", "1Gi");
+    e.push(("FAKE_NVML_ABSENT", "1"));
+    e.push(("CUDABUDGET_CONTEXT_MEMORY", "300Mi"));
+    let holder = spawn(&["info", "sleep:2000"], &e);
+    settle();
+    let view = client(&["info", "alloc:425Mi"], &e);
+    finish(holder);
+    assert_eq!(view.num("info", 0, "free"), GI - 600 * MI, "{view:?}");
+    assert_eq!(view.rc("alloc", 0), 2, "{view:?}");
+}
