@@ -792,6 +792,38 @@ mod tests {
         assert_eq!(dead.used[0].load(Ordering::Acquire), 0);
     }
 
+    /// The same takeover on the way to a charge (memory the driver already handed out,
+    /// which looks for no dead members first): the dead holder's share leaves the books
+    /// with its lock.
+    #[test]
+    fn a_charge_takes_a_dead_members_lock_over_and_drops_its_share() {
+        let job = fresh_job("steal-charge");
+        let dead = job.slot_at(7);
+        dead.pid.store(dead_pid(), Ordering::Release);
+        dead.used[0].store(100, Ordering::Release);
+        job.device(0).total.store(100 + 50, Ordering::Release);
+        job.device(0).lock.store(7 + 1, Ordering::Release);
+        job.charge(0, 10);
+        assert_eq!(job.used(0), 10);
+        assert_eq!(job.own(0), 10);
+        assert_eq!(dead.used[0].load(Ordering::Acquire), 0);
+        assert_eq!(job.device(0).lock.load(Ordering::Acquire), 0);
+    }
+
+    /// A lock word that names no slot (a damaged ledger) holds nobody: it is taken over
+    /// and the total derived again from the slots.
+    #[test]
+    fn a_lock_word_naming_no_slot_is_taken_over() {
+        let job = fresh_job("steal-noslot");
+        job.device(3).total.store(50, Ordering::Release);
+        job.device(3)
+            .lock
+            .store(SLOTS as u64 + 1, Ordering::Release);
+        job.charge(3, 10);
+        assert_eq!(job.used(3), 10);
+        assert_eq!(job.device(3).lock.load(Ordering::Acquire), 0);
+    }
+
     #[test]
     fn a_dead_processs_share_goes_back_before_a_denial_and_a_live_one_stays() {
         let job = fresh_job("reclaim");
