@@ -1010,6 +1010,37 @@ mod tests {
         }
     }
 
+    /// The denial events name the job's five largest holders, largest first, whatever
+    /// the order of their slots; members that hold nothing are not named.
+    #[test]
+    fn the_top_holders_are_the_five_largest_largest_first() {
+        let job = fresh_job("top");
+        let me = std::process::id();
+        for (i, used) in [70u64, 0, 60, 50, 40, 30, 5, 20].into_iter().enumerate() {
+            let s = job.slot_at(10 + i);
+            s.pid.store(me + i as u32, Ordering::Release);
+            s.used[2].store(used, Ordering::Release);
+        }
+        let top = job.top_holders(2);
+        assert_eq!(
+            top,
+            [
+                (me, 70),
+                (me + 2, 60),
+                (me + 3, 50),
+                (me + 4, 40),
+                (me + 5, 30)
+            ]
+        );
+        let few = fresh_job("top-few");
+        few.slot_at(3).pid.store(me, Ordering::Release);
+        few.slot_at(3).used[0].store(9, Ordering::Release);
+        assert_eq!(
+            few.top_holders(0),
+            [(me, 9), (0, 0), (0, 0), (0, 0), (0, 0)]
+        );
+    }
+
     /// A process's start time is what tells it from a later process with the same pid:
     /// later processes have later start times (clock ticks since boot).
     #[test]
