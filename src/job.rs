@@ -792,6 +792,38 @@ mod tests {
         assert_eq!(dead.used[0].load(Ordering::Acquire), 0);
     }
 
+    /// The same takeover on the way to a charge (memory the driver already handed out,
+    /// which looks for no dead members first): the dead holder's share leaves the books
+    /// with its lock.
+    #[test]
+    fn a_charge_takes_a_dead_members_lock_over_and_drops_its_share() {
+        let job = fresh_job("steal-charge");
+        let dead = job.slot_at(7);
+        dead.pid.store(dead_pid(), Ordering::Release);
+        dead.used[0].store(100, Ordering::Release);
+        job.device(0).total.store(100 + 50, Ordering::Release);
+        job.device(0).lock.store(7 + 1, Ordering::Release);
+        job.charge(0, 10);
+        assert_eq!(job.used(0), 10);
+        assert_eq!(job.own(0), 10);
+        assert_eq!(dead.used[0].load(Ordering::Acquire), 0);
+        assert_eq!(job.device(0).lock.load(Ordering::Acquire), 0);
+    }
+
+    /// A lock word that names no slot (a damaged ledger) holds nobody: it is taken over
+    /// and the total derived again from the slots.
+    #[test]
+    fn a_lock_word_naming_no_slot_is_taken_over() {
+        let job = fresh_job("steal-noslot");
+        job.device(3).total.store(50, Ordering::Release);
+        job.device(3)
+            .lock
+            .store(SLOTS as u64 + 1, Ordering::Release);
+        job.charge(3, 10);
+        assert_eq!(job.used(3), 10);
+        assert_eq!(job.device(3).lock.load(Ordering::Acquire), 0);
+    }
+
     #[test]
     fn a_dead_processs_share_goes_back_before_a_denial_and_a_live_one_stays() {
         let job = fresh_job("reclaim");
@@ -976,6 +1008,37 @@ mod tests {
             assert_eq!(done.load(Ordering::SeqCst), 1);
             assert_eq!(holder.used(2), 100);
         }
+    }
+
+    /// The denial events name the job's five largest holders, largest first, whatever
+    /// the order of their slots; members that hold nothing are not named.
+    #[test]
+    fn the_top_holders_are_the_five_largest_largest_first() {
+        let job = fresh_job("top");
+        let me = std::process::id();
+        for (i, used) in [70u64, 0, 60, 50, 40, 30, 5, 20].into_iter().enumerate() {
+            let s = job.slot_at(10 + i);
+            s.pid.store(me + i as u32, Ordering::Release);
+            s.used[2].store(used, Ordering::Release);
+        }
+        let top = job.top_holders(2);
+        assert_eq!(
+            top,
+            [
+                (me, 70),
+                (me + 2, 60),
+                (me + 3, 50),
+                (me + 4, 40),
+                (me + 5, 30)
+            ]
+        );
+        let few = fresh_job("top-few");
+        few.slot_at(3).pid.store(me, Ordering::Release);
+        few.slot_at(3).used[0].store(9, Ordering::Release);
+        assert_eq!(
+            few.top_holders(0),
+            [(me, 9), (0, 0), (0, 0), (0, 0), (0, 0)]
+        );
     }
 
     /// A process's start time is what tells it from a later process with the same pid:

@@ -736,3 +736,76 @@ fn a_process_started_with_its_standard_input_closed_joins_its_job() {
     assert_eq!(run.rc("init", 0), 0, "{run:?}");
     assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
 }
+
+#[test]
+fn a_member_that_exits_takes_only_its_own_share_out_of_the_job() {
+    // One member holds 400 MiB; another allocates, frees, allocates again and exits.
+    // The job's books then hold exactly the first member's 400 MiB.
+    let dir = job_dir("ownshare");
+    let e = envs(&dir, "job:own", "1Gi");
+    let holder = spawn(&["alloc:400Mi", "sleep:3000"], &e);
+    settle();
+    let other = client(&["alloc:100Mi", "free:0", "alloc:300Mi"], &e);
+    assert_eq!(other.rc("alloc", 1), 0, "{other:?}");
+    let view = client(&["info"], &e);
+    finish(holder);
+    assert_eq!(view.num("info", 0, "free"), GI - 400 * MI, "{view:?}");
+}
+
+#[test]
+fn each_members_context_counts_against_the_jobs_budget() {
+    // Where nothing measures a context, each member's is charged the estimate (at its
+    // first view or allocation), to the job's books as well as its own.
+    let dir = job_dir("contexts");
+    let mut e = envs(&dir, "job:ctx", "1Gi");
+    e.push(("FAKE_NVML_ABSENT", "1"));
+    e.push(("CUDABUDGET_CONTEXT_MEMORY", "300Mi"));
+    let holder = spawn(&["info", "sleep:2000"], &e);
+    settle();
+    let view = client(&["info", "alloc:425Mi"], &e);
+    finish(holder);
+    assert_eq!(view.num("info", 0, "free"), GI - 600 * MI, "{view:?}");
+    assert_eq!(view.rc("alloc", 0), 2, "{view:?}");
+}
+
+#[test]
+fn a_member_whose_memory_went_with_its_context_holds_nothing_in_the_job() {
+    // A reset of the primary context frees everything allocated in it: the process's
+    // share of the job goes back with it.
+    let dir = job_dir("teardown");
+    let e = envs(&dir, "job:teardown", "1Gi");
+    let holder = spawn(&["alloc:700Mi", "ctxreset:0", "ctx:0", "sleep:1500"], &e);
+    std::thread::sleep(Duration::from_millis(600));
+    let view = client(&["info"], &e);
+    let holder = finish(holder);
+    assert_eq!(holder.rc("ctxreset", 0), 0, "{holder:?}");
+    assert_eq!(view.num("info", 0, "free"), GI, "{view:?}");
+}
+
+#[test]
+fn a_forked_child_is_not_its_parents_member() {
+    // The child of fork() does not share its parent's slot: when it exits, the
+    // parent's share stays in the job's books.
+    let dir = job_dir("fork");
+    let out = python_job(
+        &dir,
+        "fork",
+        r#"
+import os
+rc, p = alloc(700 * MI); assert rc == 0
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)
+os.waitpid(pid, 0)
+view = member("""
+f = ctypes.c_size_t(); t = ctypes.c_size_t()
+assert cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t)) == 0
+print(f.value // MI, flush=True)
+""")
+print(view.stdout.readline().strip())
+view.wait()
+"#,
+        "fail",
+    );
+    assert_eq!(out.trim(), "324", "{out}");
+}
