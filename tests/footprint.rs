@@ -42,6 +42,36 @@ fn a_modules_globals_are_charged_at_its_load_and_given_back_at_its_unload() {
 }
 
 #[test]
+fn a_load_the_driver_refuses_returns_the_drivers_error() {
+    // No current context: the driver refuses the load (201), and so does the hook.
+    let run = budget_run(
+        "gpa",
+        &["ctxpop", "modload", "libload"],
+        &[("CUDABUDGET_LIMIT", "1Gi"), MODULE_300MI, NVML_BLIND],
+    );
+    assert_eq!(run.rc("modload", 0), 201, "{run:?}");
+    assert_eq!(run.rc("libload", 0), 201, "{run:?}");
+}
+
+#[test]
+fn a_load_that_costs_nothing_is_never_refused() {
+    // Over its budget already (its context's estimate alone is larger), the process
+    // can still load a module that holds no device memory: there is nothing to refuse.
+    let run = budget_run(
+        "gpa",
+        &["info", "modload", "alloc:1Mi"],
+        &[
+            ("CUDABUDGET_LIMIT", "100Mi"),
+            ("CUDABUDGET_CONTEXT_MEMORY", "200Mi"),
+            ("FAKE_NVML_ABSENT", "1"),
+        ],
+    );
+    assert_eq!(run.num("info", 0, "free"), 0, "{run:?}");
+    assert_eq!(run.rc("modload", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+}
+
+#[test]
 fn a_lazily_loaded_librarys_globals_are_charged_at_its_first_look_up() {
     let run = budget_run(
         "gpa",
