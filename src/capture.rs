@@ -83,9 +83,15 @@ pub fn end(real: impl FnOnce() -> CuResult) -> CuResult {
 /// thread makes a call of its own outside relaxed mode while the capture is on (one that
 /// came between the driver's start and the count would be refused and break it); not
 /// counted when the driver refuses it.
+///
+/// The driver starts it with the gate closed and nobody inside ([`crate::gate`]): a
+/// stream-ordered call that found no capture under way reaches the driver before the
+/// capture starts, or waits and looks again. Otherwise a free that found none, made on
+/// the stream just as its capture started, would become a node of the graph (nothing
+/// freed) with the block's charge given back.
 pub fn begin(real: impl FnOnce() -> CuResult) -> CuResult {
     ACTIVE.fetch_add(1, Ordering::AcqRel);
-    let rc = real();
+    let rc = crate::gate::closed(real);
     if !rc.is_ok() {
         let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
             Some(n.saturating_sub(1))

@@ -217,6 +217,10 @@ pub fn launch_graph(
     if runtime::mode() != Mode::Budgeted {
         return real();
     }
+    // No capture of the stream starts between the look at it and the driver's answer
+    // (crate::capture::begin): launched into one, nothing would run, yet the blocks of
+    // the graph's free nodes would be given back.
+    let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane));
     if let Some(_recorded) = capture::recording(stream) {
         // Launched into a capture: a node of that graph, nothing runs now (no capture
         // ends while the guard is held, so it cannot run for real instead).
@@ -489,14 +493,23 @@ fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<C
     let Some(p) = private() else {
         return Err(real);
     };
+    let lane = p.lane.get();
+    // Inside the gate from before the look at the captures until the driver's answer:
+    // a capture of the stream starts before the look or after the free (crate::capture).
+    if !(1..ledger::LANES).contains(&lane) || !gate::enter_own(lane) {
+        return Err(real);
+    }
     if capture::any() {
+        gate::leave_own(lane);
         return Err(real);
     }
     let mark = ledger::clears();
-    let Some(entry) = runtime::pointers().remove_own(ptr, p.lane.get()) else {
+    let Some(entry) = runtime::pointers().remove_own(ptr, lane) else {
+        gate::leave_own(lane);
         return Err(real);
     };
     let rc = real();
+    gate::leave_own(lane);
     // A clear that starts after this check moves the device's epoch when it ends, which
     // voids credit given under the old one.
     if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(&entry) {
@@ -512,7 +525,10 @@ fn free_async_slow(ptr: DevicePtr, stream: Handle, real: impl FnOnce() -> CuResu
     if mode != Mode::Budgeted {
         return pass(runtime::refusal(mode), real);
     }
-    if capture::capturing(stream) {
+    // No capture of the stream starts (crate::capture::begin) nor ends
+    // (crate::capture::end) between the look at it and the driver's answer.
+    let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane));
+    if let Some(_recorded) = capture::recording(stream) {
         // Recorded into a graph: nothing is freed until the graph runs, so the block
         // stays charged (and recorded, for a free of it outside the graph).
         return real();
@@ -936,17 +952,16 @@ pub fn alloc_pooled(
         Ok(found) => found,
         Err(refusal) => return pass(refusal, real),
     };
+    // The device's current pool is looked at, and allocated from, with no switch of it
+    // in between, and no capture of the stream starts between the look at it and the
+    // driver's answer (crate::gate).
+    let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane));
     if let Some(_recorded) = capture::recording(stream) {
         // A memory node of the graph being captured, not memory yet: charged when the
         // graph's memory is reserved (crate::graphs), neither charged nor refused here.
         // No capture ends while the guard is held, so it cannot be allocated instead.
         return real();
     }
-    // The device's current pool is looked at, and allocated from, with no switch of it
-    // in between (crate::gate).
-    let _pass = pool
-        .is_none()
-        .then(|| gate::wait_enter(private().map_or(0, PrivateCredit::lane)));
     // A pool the program created pays for itself, never from the credit of another.
     let created = match pool {
         Some(pool) => pools::created(pool).map(|_| pool),

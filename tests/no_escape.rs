@@ -735,6 +735,70 @@ assert rcs == [0], rcs
     holds_a_gibibyte_with("cuMemPoolDestroy:300", script, "FAKE_CUDA_PAUSE");
 }
 
+/// A stream-ordered free and the start of a capture of its stream by another thread:
+/// the free either reaches the driver before the capture starts (the block is freed)
+/// or is recorded into the graph (the block stays allocated, and charged). Once, a
+/// capture that started between the library's look at the stream and the driver's call
+/// made the free a node of the graph, nothing freed, yet the block's 256 MiB went back
+/// to the thread's credit: its next allocation, paid from that credit, made the pool
+/// grow with nothing charged (128 MiB here). The driver's free is held for 300 ms here, and the capture
+/// started meanwhile. The thread that frees is the one that allocated (`freer_allocated`:
+/// the fast path) or another (the full path).
+fn a_capture_starting_during_a_free(freer_allocated: bool) {
+    let script = r#"
+import ctypes, threading, time
+{PRIMARY}
+stream = ctypes.c_void_p()
+assert cuda.cuStreamCreate(ctypes.byref(stream), 0) == 0
+block = ctypes.c_uint64()
+def allocate():
+    assert cuda.cuMemAllocAsync(ctypes.byref(block), ctypes.c_size_t(256 << 20), stream) == 0
+ready, freed, ended = threading.Event(), threading.Event(), threading.Event()
+rcs = []
+def free():
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    if FREER_ALLOCATED:
+        allocate()
+        ready.set()
+    rcs.append(cuda.cuMemFreeAsync(block, stream))
+    freed.set()
+    ended.wait()
+    again = ctypes.c_uint64()
+    rcs.append(cuda.cuMemAllocAsync(ctypes.byref(again), ctypes.c_size_t(128 << 20), stream))
+if not FREER_ALLOCATED:
+    allocate()
+    ready.set()
+t = threading.Thread(target=free)
+t.start()
+ready.wait()
+time.sleep(0.1)
+assert cuda.cuStreamBeginCapture_v2(stream, 0) == 0
+freed.wait()
+graph = ctypes.c_void_p()
+assert cuda.cuStreamEndCapture(stream, ctypes.byref(graph)) == 0
+assert cuda.cuGraphDestroy(graph) == 0
+ended.set()
+t.join()
+assert rcs == [0, 0], rcs
+{FILL}
+"#
+    .replace(
+        "FREER_ALLOCATED",
+        if freer_allocated { "True" } else { "False" },
+    );
+    holds_a_gibibyte_with("cuMemFreeAsync:300", &script, "FAKE_CUDA_PAUSE");
+}
+
+#[test]
+fn a_capture_starting_during_a_free_by_the_allocating_thread_keeps_the_block_charged() {
+    a_capture_starting_during_a_free(true);
+}
+
+#[test]
+fn a_capture_starting_during_a_free_by_another_thread_keeps_the_block_charged() {
+    a_capture_starting_during_a_free(false);
+}
+
 /// Creates a 256 MiB VMM handle `h` on device 0 and reserves `va` for it (`{VMM}`).
 const VMM: &str = r#"h = ctypes.c_uint64()
 assert cuda.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(256 << 20), ctypes.byref(Props(1, 0, 1, 0)), ctypes.c_uint64(0)) == 0

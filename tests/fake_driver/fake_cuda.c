@@ -1819,7 +1819,10 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int ptsz) {
     END
 }
 
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) { return free_async(dptr, stream, 0); }
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    pause_in("cuMemFreeAsync");
+    return free_async(dptr, stream, 0);
+}
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) { return free_async(dptr, stream, 1); }
 
