@@ -242,6 +242,18 @@ pub fn launch_graph(
             Err(rc) => return rc,
         }
     }
+    // The blocks the graph's free nodes name leave the table before the driver's call:
+    // once the launch has freed one, the driver may give its address to another
+    // thread's allocation, whose record must not be the one taken out after.
+    let pointers = runtime::pointers();
+    let taken: Vec<(DevicePtr, Entry)> = if launch {
+        frees
+            .into_iter()
+            .filter_map(|ptr| pointers.remove(ptr).map(|entry| (ptr, entry)))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let rc = real();
     for (device, d, reservation) in admitted {
         // The driver's figure first, then the estimate goes; when the driver cannot
@@ -252,20 +264,15 @@ pub fn launch_graph(
             reservation.commit();
         }
     }
-    if launch && rc.is_ok() {
-        for ptr in frees {
-            freed_elsewhere(ptr);
+    for (ptr, entry) in taken {
+        if rc.is_ok() {
+            // Freed by the launch, with no free call the library saw.
+            release(entry);
+        } else {
+            restore(pointers, ptr, entry);
         }
     }
     rc
-}
-
-/// The driver freed `ptr` without a free call the library saw (a graph's free node):
-/// its record goes, and its charge with it.
-fn freed_elsewhere(ptr: DevicePtr) {
-    if let Some(entry) = runtime::pointers().remove(ptr) {
-        release(entry);
-    }
 }
 
 /// A stream-ordered allocation from a pool the program created: the growth it could

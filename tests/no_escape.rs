@@ -799,6 +799,43 @@ fn a_capture_starting_during_a_free_by_another_thread_keeps_the_block_charged() 
     a_capture_starting_during_a_free(false);
 }
 
+/// A graph whose free node names a block the program has already freed, launched while
+/// another thread's allocation gets that address from the driver: the new block stays
+/// charged. Once, the launch's bookkeeping after the driver's answer removed whatever
+/// was recorded at the free node's address — the new block, 256 MiB — and gave its
+/// charge back. The launch's return is held for 300 ms here, and the allocation made
+/// meanwhile.
+#[test]
+fn an_allocation_at_a_graph_free_nodes_address_during_its_launch_stays_charged() {
+    let script = r#"
+import ctypes, threading, time
+{PRIMARY}
+block = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(block), ctypes.c_size_t(256 << 20)) == 0
+graph = ctypes.c_void_p()
+assert cuda.cuGraphCreate(ctypes.byref(graph), 0) == 0
+node = ctypes.c_void_p()
+assert cuda.cuGraphAddMemFreeNode(ctypes.byref(node), graph, None, ctypes.c_size_t(0), block) == 0
+exe = ctypes.c_void_p()
+assert cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, ctypes.c_uint64(0)) == 0
+assert cuda.cuMemFree_v2(block) == 0
+again = ctypes.c_uint64()
+rcs = []
+def reuse():
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    time.sleep(0.1)
+    rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(again), ctypes.c_size_t(256 << 20)))
+t = threading.Thread(target=reuse)
+t.start()
+cuda.cuGraphLaunch(exe, None)
+t.join()
+assert rcs == [0], rcs
+assert again.value == block.value, "the driver gave the freed address again"
+{FILL}
+"#;
+    holds_a_gibibyte_with("cuGraphLaunch:300", script, "FAKE_CUDA_PAUSE_AFTER");
+}
+
 /// Creates a 256 MiB VMM handle `h` on device 0 and reserves `va` for it (`{VMM}`).
 const VMM: &str = r#"h = ctypes.c_uint64()
 assert cuda.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(256 << 20), ctypes.byref(Props(1, 0, 1, 0)), ctypes.c_uint64(0)) == 0

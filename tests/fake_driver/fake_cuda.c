@@ -2174,7 +2174,11 @@ CUresult cuGraphUpload(CUgraphExec exec, CUstream stream) { return exec_call(exe
 
 CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream) { return exec_call(exec, stream, 1, 0); }
 
-CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) { return exec_call(exec, stream, 0, 1); }
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    CUresult rc = exec_call(exec, stream, 0, 1);
+    pause_after("cuGraphLaunch");
+    return rc;
+}
 
 CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) { return exec_call(exec, stream, 1, 1); }
 
