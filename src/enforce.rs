@@ -220,7 +220,7 @@ pub fn launch_graph(
     // No capture of the stream starts between the look at it and the driver's answer
     // (crate::capture::begin): launched into one, nothing would run, yet the blocks of
     // the graph's free nodes would be given back.
-    let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane));
+    let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane_held));
     if let Some(_recorded) = capture::recording(stream) {
         // Launched into a capture: a node of that graph, nothing runs now (no capture
         // ends while the guard is held, so it cannot run for real instead).
@@ -533,8 +533,9 @@ fn free_async_slow(ptr: DevicePtr, stream: Handle, real: impl FnOnce() -> CuResu
         return pass(runtime::refusal(mode), real);
     }
     // No capture of the stream starts (crate::capture::begin) nor ends
-    // (crate::capture::end) between the look at it and the driver's answer.
-    let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane));
+    // (crate::capture::end) between the look at it and the driver's answer. A thread
+    // that only frees claims no lane (it would keep credit it has no exit to give back).
+    let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane_held));
     if let Some(_recorded) = capture::recording(stream) {
         // Recorded into a graph: nothing is freed until the graph runs, so the block
         // stays charged (and recorded, for a free of it outside the graph).
@@ -664,6 +665,11 @@ const EXITED: usize = usize::MAX - 1;
 impl PrivateCredit {
     /// The thread's lane, claiming one on first use (0: none).
     #[inline]
+    /// The thread's lane as it is, without claiming one (gate::enter takes any value).
+    fn lane_held(&self) -> usize {
+        self.lane.get()
+    }
+
     fn lane(&self) -> usize {
         let lane = self.lane.get();
         if (1..ledger::LANES).contains(&lane) {
