@@ -269,6 +269,29 @@ mod tests {
         assert!(INSIDE.iter().all(|i| i.0.load(Ordering::SeqCst) == 0));
     }
 
+    /// The fast path's way in, in both fence modes: inside while the gate is open (its
+    /// own lane counts it until it leaves), turned away and not counted while a switch
+    /// has it closed.
+    #[test]
+    fn enter_own_gets_in_while_open_and_is_turned_away_while_closed() {
+        let _turn = serial();
+        let was = ASYMMETRIC.load(Ordering::SeqCst);
+        for asymmetric in [false, true] {
+            ASYMMETRIC.store(asymmetric, Ordering::SeqCst);
+            assert!(enter_own(4), "open: in (asymmetric {asymmetric})");
+            assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 1);
+            leave_own(4);
+            assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
+            CLOSED.fetch_add(1, Ordering::SeqCst);
+            let got_in = enter_own(4);
+            let counted = INSIDE[4].0.load(Ordering::SeqCst);
+            CLOSED.fetch_sub(1, Ordering::SeqCst);
+            assert!(!got_in, "closed: turned away (asymmetric {asymmetric})");
+            assert_eq!(counted, 0, "and not counted");
+        }
+        ASYMMETRIC.store(was, Ordering::SeqCst);
+    }
+
     #[test]
     fn threads_without_a_lane_share_lane_zero_and_a_lane_past_the_table_is_zero() {
         let _turn = serial();
