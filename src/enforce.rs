@@ -503,7 +503,7 @@ fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<C
     let lane = p.lane.get();
     // Inside the gate from before the look at the captures until the driver's answer:
     // a capture of the stream starts before the look or after the free (crate::capture).
-    if !(1..ledger::LANES).contains(&lane) || !gate::enter_own(lane) {
+    if !gate::enter_own(lane) {
         return Err(real);
     }
     if capture::any() {
@@ -663,13 +663,13 @@ const NO_LANE_YET: usize = usize::MAX;
 const EXITED: usize = usize::MAX - 1;
 
 impl PrivateCredit {
-    /// The thread's lane, claiming one on first use (0: none).
-    #[inline]
     /// The thread's lane as it is, without claiming one (gate::enter takes any value).
     fn lane_held(&self) -> usize {
         self.lane.get()
     }
 
+    /// The thread's lane, claiming one on first use (0: none).
+    #[inline]
     fn lane(&self) -> usize {
         let lane = self.lane.get();
         if (1..ledger::LANES).contains(&lane) {
@@ -898,7 +898,7 @@ fn alloc_async_fast<F: FnOnce() -> CuResult>(
     let lane = p.lane.get();
     // Inside the gate before the detour is looked at: a switch of the device's current
     // pool waits for this call to reach the driver, or turns the detour on first.
-    if !(1..ledger::LANES).contains(&lane) || !gate::enter_own(lane) {
+    if !gate::enter_own(lane) {
         return Err(real);
     }
     let d0 = runtime::ledger().device(0);

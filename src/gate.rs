@@ -118,11 +118,16 @@ fn slot(lane: usize) -> usize {
     if lane < LANES { lane } else { 0 }
 }
 
-/// The fast path's way in: [`enter`] for the thread's own lane (1..[`LANES`]), with no
-/// guard; the caller [`leave_own`]s once the driver has answered, whatever it did.
+/// The fast path's way in: [`enter`] for the thread's own lane, with no guard; the
+/// caller [`leave_own`]s once the driver has answered, whatever it did. False, and
+/// nothing entered, when the gate is closed or `lane` is not a lane of its own
+/// (1..[`LANES`]: lane 0 is shared, and a thread without one has none).
 #[inline(always)]
 pub fn enter_own(lane: usize) -> bool {
-    let inside = &INSIDE[lane % LANES].0;
+    if !(1..LANES).contains(&lane) {
+        return false;
+    }
+    let inside = &INSIDE[lane].0;
     // Acquire: the loads below come after the registration that made it true.
     if ASYMMETRIC.load(Ordering::Acquire) {
         // Only this thread writes its own lane: a plain store, and the switch's
@@ -271,7 +276,7 @@ mod tests {
 
     /// The fast path's way in, in both fence modes: inside while the gate is open (its
     /// own lane counts it until it leaves), turned away and not counted while a switch
-    /// has it closed.
+    /// has it closed, and never for a thread without a lane of its own.
     #[test]
     fn enter_own_gets_in_while_open_and_is_turned_away_while_closed() {
         let _turn = serial();
@@ -288,6 +293,12 @@ mod tests {
             CLOSED.fetch_sub(1, Ordering::SeqCst);
             assert!(!got_in, "closed: turned away (asymmetric {asymmetric})");
             assert_eq!(counted, 0, "and not counted");
+            assert!(!enter_own(0), "lane 0 is shared: not a way in");
+            assert!(
+                !enter_own(usize::MAX),
+                "a thread without a lane has no way in"
+            );
+            assert!(!enter_own(LANES), "nor a lane past the table");
         }
         ASYMMETRIC.store(was, Ordering::SeqCst);
     }
