@@ -313,3 +313,338 @@ fn pool_memory_the_driver_gave_back_shows_as_free_within_a_second() {
     assert_eq!(used(&run, 0), 0, "{run:?}");
     assert_eq!(run.num("info", 1, "free"), GI, "{run:?}");
 }
+
+// What loads, look-ups, unloads and limits must keep: each test below was written against
+// a mutant of src/loads.rs that the rest of the suite let through (docs/mutants/README.md).
+
+/// Runs `steps` in Python with the primary context of device 0 current, with helpers:
+/// `load()` (a library, from `cuLibraryLoadData`), `lookup(lib)` (`cuLibraryGetGlobal`'s
+/// return), `free_mib()` (what `cuMemGetInfo` says is free, in MiB) and
+/// `meanwhile(call)` (runs `call` while another thread allocates 300 MiB 100 ms into it,
+/// then frees that block again and returns `call`'s result). Returns the script's output.
+fn library_script(steps: &str, envs: &[(&str, &str)]) -> String {
+    let script = format!(
+        r#"
+import ctypes, threading, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+image = ctypes.create_string_buffer(b"fake image")
+def load():
+    lib = ctypes.c_void_p()
+    assert cuda.cuLibraryLoadData(ctypes.byref(lib), image, None, None, 0, None, None, 0) == 0
+    return lib
+def lookup(lib):
+    p, n = ctypes.c_uint64(), ctypes.c_size_t()
+    return cuda.cuLibraryGetGlobal(ctypes.byref(p), ctypes.byref(n), lib, b"big")
+def free_mib():
+    f, t = ctypes.c_size_t(), ctypes.c_size_t()
+    assert cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t)) == 0
+    return f.value >> 20
+def meanwhile(call):
+    block = ctypes.c_uint64()
+    def other():
+        assert cuda.cuCtxSetCurrent(ctx) == 0
+        time.sleep(0.1)
+        assert cuda.cuMemAlloc_v2(ctypes.byref(block), ctypes.c_size_t(300 << 20)) == 0
+    t = threading.Thread(target=other)
+    t.start()
+    out = call()
+    t.join()
+    assert cuda.cuMemFree_v2(block) == 0
+    return out
+{steps}
+"#
+    );
+    let (ok, stdout, stderr) = util::python_under_library(&script, envs);
+    assert!(ok, "{stdout}\n{stderr}");
+    stdout.trim().to_string()
+}
+
+#[test]
+fn a_lazily_loaded_librarys_load_is_not_charged_with_what_another_thread_allocates_meanwhile() {
+    // A lazy load brings nothing (cudart makes hundreds at start-up): it is not measured,
+    // so the 300 MiB another thread allocates during it are not taken for the library's.
+    let out = library_script(
+        "lib = meanwhile(load)\nprint(free_mib())",
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_PAUSE", "cuLibraryLoadData:400"),
+            MODULE_300MI,
+            NVML_BLIND,
+        ],
+    );
+    assert_eq!(out, "1024", "nothing stays charged once the block is freed");
+}
+
+#[test]
+fn a_look_up_that_brings_nothing_is_not_charged_with_what_another_thread_allocates_meanwhile() {
+    let envs = |eager| {
+        let mut envs = vec![
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_PAUSE", "cuLibraryGetGlobal:400"),
+            MODULE_300MI,
+            NVML_BLIND,
+        ];
+        if eager {
+            envs.push(("CUDA_MODULE_LOADING", "EAGER"));
+        }
+        envs
+    };
+    // Eager loading: the library's 300 MiB came at its load, and its first look-up
+    // brings nothing.
+    let out = library_script(
+        "lib = load()\nprint(meanwhile(lambda: lookup(lib)), free_mib())",
+        &envs(true),
+    );
+    assert_eq!(out, "0 724", "only the library's 300 MiB stay charged");
+    // Lazy loading: the second look-up of a library brings nothing, while another
+    // library's first look-up is still to come.
+    let out = library_script(
+        "a = load()\nassert lookup(a) == 0\nb = load()\nprint(meanwhile(lambda: lookup(a)), free_mib())",
+        &envs(false),
+    );
+    assert_eq!(
+        out, "0 724",
+        "only the first library's 300 MiB stay charged"
+    );
+}
+
+#[test]
+fn where_the_driver_cannot_say_how_it_loads_a_librarys_first_look_up_is_still_measured() {
+    // cuModuleGetLoadingMode fails: the load is measured as an eager one, finds nothing,
+    // and the library's first look-up, which brings its globals, is measured too.
+    let run = budget_run(
+        "gpa",
+        &["libload", "info", "libglobal:0", "info", "unload:0", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_NO_LOADING_MODE", "1"),
+            MODULE_300MI,
+            NVML_BLIND,
+        ],
+    );
+    run.assert_completed();
+    assert_eq!(run.num("info", 0, "free"), GI, "{run:?}");
+    assert_eq!(run.rc("libglobal", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 1, "free"), GI - 300 * MI, "{run:?}");
+    assert_eq!(run.num("info", 2, "free"), GI, "{run:?}");
+}
+
+#[test]
+fn libraries_looked_up_in_another_order_than_they_were_loaded_are_each_charged() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "libload",
+            "libload",
+            "libglobal:1",
+            "libglobal:0",
+            "phys",
+            "info",
+            "libload",
+            "libglobal:2",
+        ],
+        &[("CUDABUDGET_LIMIT", "700Mi"), MODULE_300MI, NVML_BLIND],
+    );
+    assert_eq!(run.rc("libglobal", 1), 0, "{run:?}");
+    assert_eq!(used(&run, 0), 600 * MI, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 100 * MI, "{run:?}");
+    assert_eq!(run.rc("libglobal", 2), 2, "a third does not fit\n{run:?}");
+}
+
+#[test]
+fn unloading_a_library_or_a_module_leaves_the_others_charge_alone() {
+    let envs = [("CUDABUDGET_LIMIT", "1Gi"), MODULE_300MI, NVML_BLIND];
+    // The library never looked up holds nothing: its unload gives nothing back.
+    let run = budget_run("gpa", &["modload", "libload", "unload:1", "info"], &envs);
+    assert_eq!(run.rc("unload", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), GI - 300 * MI, "{run:?}");
+    // The module's unload leaves the library's first look-up to be charged.
+    let run = budget_run(
+        "gpa",
+        &["modload", "libload", "unload:0", "libglobal:1", "info"],
+        &envs,
+    );
+    assert_eq!(run.rc("libglobal", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), GI - 300 * MI, "{run:?}");
+}
+
+#[test]
+fn the_library_makes_no_query_of_its_own_during_a_capture() {
+    // A first look-up, a limit and a second context during a capture are passed through
+    // unmeasured (the footprint re-read counts them later): the library asks the driver
+    // nothing while a capture is on. The client's `setlimit` reads the limit back itself:
+    // one query.
+    let run = budget_run(
+        "gpa",
+        &[
+            "libload",
+            "stream:1",
+            "capture:0:relaxed",
+            "libglobal:0",
+            "ctxcreate:0",
+            "ctxpop",
+            "queries",
+            "setlimit:2:268435456",
+            "queries",
+            "endcapture:0",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi"), MODULE_300MI, NVML_BLIND],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("capture", 0), 0, "{run:?}");
+    assert_eq!(run.rc("libglobal", 0), 0, "{run:?}");
+    assert_eq!(run.rc("ctxcreate", 0), 0, "{run:?}");
+    assert_eq!(run.num("queries", 0, "in_capture"), 0, "{run:?}");
+    assert_eq!(run.rc("setlimit", 0), 0, "{run:?}");
+    assert_eq!(run.num("queries", 1, "in_capture"), 1, "{run:?}");
+    assert_eq!(run.rc("endcapture", 0), 0, "{run:?}");
+}
+
+#[test]
+fn a_process_over_its_budget_can_still_shrink_its_limits_and_create_a_context_that_costs_nothing() {
+    // The context's estimate (200 MiB) alone is over the 100 MiB budget: what frees
+    // memory, or costs none, is never refused.
+    let run = budget_run(
+        "gpa",
+        &[
+            "info",
+            "ctxcreate:0",
+            "ctxpop",
+            "setlimit:0:512",
+            "setlimit:2:1048576",
+        ],
+        &[
+            ("CUDABUDGET_LIMIT", "100Mi"),
+            ("CUDABUDGET_CONTEXT_MEMORY", "200Mi"),
+            ("FAKE_NVML_ABSENT", "1"),
+        ],
+    );
+    assert_eq!(run.num("info", 0, "free"), 0, "{run:?}");
+    assert_eq!(run.rc("ctxcreate", 0), 0, "{run:?}");
+    assert_eq!(run.rc("setlimit", 0), 0, "{run:?}");
+    assert_eq!(run.num("setlimit", 0, "now"), 512, "{run:?}");
+    assert_eq!(run.rc("setlimit", 1), 0, "{run:?}");
+    assert_eq!(run.num("setlimit", 1, "now"), MI, "{run:?}");
+}
+
+#[test]
+fn a_heap_shrunk_below_its_default_gives_back_only_what_was_charged() {
+    // 248 MiB charged for the heap above its 8 MiB default, given back when it returns
+    // to 8 MiB; the 7 MiB below the default were never charged and are not given back.
+    let run = budget_run(
+        "gpa",
+        &[
+            "alloc:100Mi",
+            "info",
+            "setlimit:2:268435456",
+            "info",
+            "setlimit:2:8388608",
+            "setlimit:2:1048576",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi"), NVML_BLIND],
+    );
+    run.assert_completed();
+    assert_eq!(run.num("info", 0, "free"), GI - 100 * MI, "{run:?}");
+    assert_eq!(run.num("info", 1, "free"), GI - 348 * MI, "{run:?}");
+    assert_eq!(run.num("info", 2, "free"), GI - 100 * MI, "{run:?}");
+}
+
+#[test]
+fn after_the_last_context_goes_new_loads_are_charged_and_given_back_as_ever() {
+    // A library looked up before the reset; after it, a new one's first look-up is
+    // measured.
+    let run = budget_run(
+        "gpa",
+        &[
+            "libload",
+            "libglobal:0",
+            "ctxreset:0",
+            "ctx:0",
+            "libload",
+            "libglobal:1",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi"), MODULE_300MI, NVML_BLIND],
+    );
+    run.assert_completed();
+    assert_eq!(run.num("info", 0, "free"), GI - 300 * MI, "{run:?}");
+    // The driver hands the module's handle out again after the reset: the new module's
+    // unload gives its charge back.
+    let run = budget_run(
+        "gpa",
+        &[
+            "modload",
+            "ctxreset:0",
+            "ctx:0",
+            "modload",
+            "info",
+            "unload:1",
+            "info",
+        ],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_REUSE_HANDLES", "1"),
+            MODULE_300MI,
+            NVML_BLIND,
+        ],
+    );
+    run.assert_completed();
+    assert_eq!(
+        run.field("modload", 0, "ptr"),
+        run.field("modload", 1, "ptr"),
+        "the handle was reused\n{run:?}"
+    );
+    assert_eq!(run.num("info", 0, "free"), GI - 300 * MI, "{run:?}");
+    assert_eq!(run.rc("unload", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 1, "free"), GI, "{run:?}");
+}
+
+#[test]
+fn the_end_of_one_devices_contexts_leaves_a_library_pending_on_another() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "ctx:1",
+            "libload",
+            "ctx:0",
+            "ctxreset:0",
+            "ctx:1",
+            "libglobal:0",
+            "info",
+        ],
+        &[
+            ("FAKE_CUDA_DEVICES", "2"),
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            MODULE_300MI,
+            NVML_BLIND,
+        ],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("libglobal", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), GI - 300 * MI, "{run:?}");
+}
+
+#[test]
+fn a_context_created_after_the_last_one_went_is_charged_once() {
+    // The reset leaves the device without a context: the next one is the device's
+    // first, charged as the context (its estimate), not measured on top.
+    let run = budget_run(
+        "gpa",
+        &["info", "ctxreset:0", "ctxcreate:0", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_CTX_BYTES", "314572800"),
+            ("FAKE_NVML_ABSENT", "1"),
+            ("CUDABUDGET_CONTEXT_MEMORY", "300Mi"),
+        ],
+    );
+    run.assert_completed();
+    assert_eq!(run.num("info", 0, "free"), GI - 300 * MI, "{run:?}");
+    assert_eq!(run.rc("ctxcreate", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 1, "free"), GI - 300 * MI, "{run:?}");
+}

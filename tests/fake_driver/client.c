@@ -790,6 +790,12 @@ static void run_op(const char *text) {
         rc = current_device(&dev);
         if (!used || !peak) out("phys rc=-1");
         else out("phys rc=%d used=%llu peak=%llu", rc, used(dev), peak(dev));
+    } else if (!strcmp(name, "queries")) {
+        /* cuMemGetInfo and cuCtxGetLimit calls the fake saw while a capture was ongoing */
+        need_fields(op, 1);
+        u64 (*in_capture)(void) = (u64(*)(void))helper("fake_cuda_queries_in_capture");
+        if (!in_capture) out("queries rc=-1");
+        else out("queries rc=0 in_capture=%llu", in_capture());
     } else if (!strcmp(name, "race")) {
         need_fields(op, 4);
         u64 threads = num_field(op, 1), iters = num_field(op, 2), size = num_field(op, 3);
@@ -1057,7 +1063,7 @@ static void run_op(const char *text) {
 static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
-    "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "race",
+    "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "queries", "race",
     "racehold", "asyncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "pagesize", "stream", "streaminfo", "streamsync",
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",

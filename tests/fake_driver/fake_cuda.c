@@ -37,6 +37,8 @@ static u64 g_ctx_bytes;
 static u64 g_other;       /* bytes other processes hold on every physical device */
 static u64 g_module_bytes; /* what a module or library costs on the device */
 static int g_eager;          /* CUDA_MODULE_LOADING=EAGER: libraries load at once */
+static int g_no_loading_mode; /* FAKE_CUDA_NO_LOADING_MODE: cuModuleGetLoadingMode unsupported */
+static u64 g_queries_in_capture; /* cuMemGetInfo/cuCtxGetLimit calls while a capture is ongoing */
 static u64 g_stack_threads;  /* FAKE_CUDA_STACK_THREADS: threads a stack limit is paid for */
 static u64 g_launch_local;   /* FAKE_CUDA_LAUNCH_LOCAL_BYTES: a context's first launch grows local memory */
 static int g_free_refuses_async; /* FAKE_CUDA_FREE_REFUSES_ASYNC */
@@ -249,6 +251,7 @@ static void load_config_locked(void) {
     g_stack_threads = env_u64("FAKE_CUDA_STACK_THREADS", 1024);
     g_launch_local = env_u64("FAKE_CUDA_LAUNCH_LOCAL_BYTES", 0);
     g_free_refuses_async = env_u64("FAKE_CUDA_FREE_REFUSES_ASYNC", 0) != 0;
+    g_no_loading_mode = env_u64("FAKE_CUDA_NO_LOADING_MODE", 0) != 0;
     const char *pause = getenv("FAKE_CUDA_PAUSE");
     const char *colon = pause ? strchr(pause, ':') : NULL;
     if (colon && (size_t)(colon - pause) < sizeof g_pause_call) {
@@ -294,6 +297,8 @@ static void load_config_locked(void) {
 }
 
 static int valid_dev(int dev) { return dev >= 0 && dev < g_nvis; }
+
+static void pause_in(const char *call);
 
 static void pool_shrink_to(struct fake_pool *p, u64 target);
 
@@ -346,18 +351,20 @@ static void sync_device(int dev) {
     }
 }
 
-/* FAKE_CUDA_REUSE_HANDLES=1: array handles that went away (destroyed, or with their
- * context) are handed out again, latest first, as a real driver may. */
+/* FAKE_CUDA_REUSE_HANDLES=1: array, module and library handles that went away (destroyed,
+ * unloaded, or with their context) are handed out again, latest first, as a real driver
+ * may. */
 static u64 next_handle(void);
 static u64 g_free_handles[64];
 static size_t g_nfree_handles;
 
 static void handle_gone(const struct entry *e) {
-    if ((e->kind == K_ARRAY || e->kind == K_MIPMAP) && g_nfree_handles < 64 && getenv("FAKE_CUDA_REUSE_HANDLES"))
+    if ((e->kind == K_ARRAY || e->kind == K_MIPMAP || e->kind == K_MODULE) && g_nfree_handles < 64 &&
+        getenv("FAKE_CUDA_REUSE_HANDLES"))
         g_free_handles[g_nfree_handles++] = e->key;
 }
 
-static u64 array_handle(void) {
+static u64 reused_handle(void) {
     while (g_nfree_handles) {
         u64 h = g_free_handles[--g_nfree_handles];
         if (!tfind(h)) return h;
@@ -1117,6 +1124,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     BEGIN;
+    if (g_caps) g_queries_in_capture++;
     int dev;
     TRY(cur_device(&dev));
     if (!free_bytes || !total_bytes) FAIL(CUDA_ERROR_INVALID_VALUE);
@@ -1328,7 +1336,7 @@ static CUresult module_load(u64 *out, int library) {
     int lazy = library && !g_eager;
     u64 bytes = lazy ? 0 : g_module_bytes;
     if (bytes) TRY(charge(dev, bytes, 1));
-    struct entry *e = tadd(next_handle(), K_MODULE, dev, bytes);
+    struct entry *e = tadd(reused_handle(), K_MODULE, dev, bytes);
     if (!e) {
         uncharge(dev, bytes);
         FAIL(CUDA_ERROR_OUT_OF_MEMORY);
@@ -1344,6 +1352,7 @@ static CUresult module_unload(u64 key) {
     struct entry *e = tfind(key);
     if (!e || e->kind != K_MODULE) FAIL(CUDA_ERROR_INVALID_HANDLE);
     uncharge(e->device, e->size);
+    handle_gone(e);
     tdel(e);
     END
 }
@@ -1368,10 +1377,13 @@ static CUresult library_lookup(u64 key, void *out) {
     if (r_ == CUDA_SUCCESS) *(out) = (void *)(uintptr_t)h_; \
     return r_;
 
-/* CU_MODULE_EAGER_LOADING (1) with CUDA_MODULE_LOADING=EAGER, else CU_MODULE_LAZY_LOADING (2). */
+/* CU_MODULE_EAGER_LOADING (1) with CUDA_MODULE_LOADING=EAGER, else CU_MODULE_LAZY_LOADING (2).
+ * FAKE_CUDA_NO_LOADING_MODE=1: the driver cannot say (CUDA_ERROR_NOT_SUPPORTED), and still
+ * loads libraries lazily unless told EAGER. */
 CUresult cuModuleGetLoadingMode(int *mode) {
     BEGIN;
     if (!mode) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (g_no_loading_mode) FAIL(CUDA_ERROR_NOT_SUPPORTED);
     *mode = g_eager ? 1 : 2;
     END
 }
@@ -1397,6 +1409,7 @@ CUresult cuModuleUnload(CUmodule module) { return module_unload((u64)(uintptr_t)
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
                            void **lv, unsigned int nl) {
     (void)code, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    pause_in("cuLibraryLoadData");
     AS_MODULE((void **)library, module_load(library ? &h_ : NULL, 1))
 }
 CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *file, int *jo, void **jv, unsigned int nj, int *lo,
@@ -1408,6 +1421,7 @@ CUresult cuLibraryUnload(CUlibrary library) { return module_unload((u64)(uintptr
 
 CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name) {
     (void)name;
+    pause_in("cuLibraryGetGlobal");
     CUresult rc = library_lookup((u64)(uintptr_t)library, dptr);
     if (rc == CUDA_SUCCESS) {
         *dptr = 0x7000000000ull;
@@ -1432,6 +1446,7 @@ CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *nam
 
 CUresult cuCtxGetLimit(size_t *value, int limit) {
     BEGIN;
+    if (g_caps) g_queries_in_capture++;
     int dev;
     TRY(cur_device(&dev));
     if (!value || limit < 0 || limit > 2) FAIL(CUDA_ERROR_INVALID_VALUE);
@@ -1862,7 +1877,7 @@ static CUresult array_create(u64 *out, u64 bytes, int kind) {
     TRY(cur_device(&dev));
     if (!out || bytes == 0) FAIL(CUDA_ERROR_INVALID_VALUE);
     TRY(charge(dev, bytes, 1));
-    struct entry *e = tadd(array_handle(), kind, dev, bytes);
+    struct entry *e = tadd(reused_handle(), kind, dev, bytes);
     if (!e) {
         uncharge(dev, bytes);
         FAIL(CUDA_ERROR_OUT_OF_MEMORY);
@@ -2412,6 +2427,15 @@ static u64 stat_ordinal(int ordinal, const u64 *arr) {
 }
 
 unsigned long long fake_cuda_used(int ordinal) { return stat_ordinal(ordinal, g_used); }
+
+/* How many cuMemGetInfo and cuCtxGetLimit calls were made while a capture was ongoing
+ * (begun, not yet ended): the library makes none of its own then. */
+unsigned long long fake_cuda_queries_in_capture(void) {
+    pthread_mutex_lock(&g_mu);
+    u64 n = g_queries_in_capture;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
 
 unsigned long long fake_cuda_peak(int ordinal) { return stat_ordinal(ordinal, g_peak); }
 
