@@ -1010,6 +1010,61 @@ mod tests {
         }
     }
 
+    /// A member that holds a device's lock is waited for while it lives, however long;
+    /// once it dies (here: killed while it sleeps with the lock), a waiter takes the lock
+    /// over, whenever the death comes.
+    #[test]
+    fn a_lock_whose_holder_dies_after_a_while_is_taken_over() {
+        let job: &'static Job = Box::leak(Box::new(fresh_job("steal-later")));
+        let mut holder = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let slot = job.slot_at(5);
+        slot.start
+            .store(start_time(holder.id()).unwrap(), Ordering::Release);
+        slot.pid.store(holder.id(), Ordering::Release);
+        job.device(1).lock.store(5 + 1, Ordering::Release);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            job.charge(1, 10);
+            let _ = tx.send(());
+        });
+        // Long past the first millisecond's look at the holder, which is alive.
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "the lock of a live member was taken"
+        );
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_secs(20)).is_ok(),
+            "the lock of a member that died is never taken over"
+        );
+        assert_eq!(job.used(1), 10);
+        assert_eq!(job.device(1).lock.load(Ordering::Acquire), 0);
+    }
+
+    /// Setting what this process holds (its books cleared) wakes the job's waiters when
+    /// it makes room, and only then.
+    #[test]
+    fn setting_what_a_member_holds_wakes_the_waiters_only_when_it_makes_room() {
+        let job = fresh_job("set-own");
+        let wakes = || job.device(0).wake.load(Ordering::Acquire);
+        job.set_own(0, 100);
+        let before = wakes();
+        job.set_own(0, 40);
+        assert!(wakes() > before, "less held: the waiters are woken");
+        assert_eq!(job.used(0), 40);
+        for same_or_more in [40, 90] {
+            let before = wakes();
+            job.set_own(0, same_or_more);
+            assert_eq!(wakes(), before, "{same_or_more}: no room made, no wake");
+        }
+        assert_eq!((job.used(0), job.own(0)), (90, 90));
+    }
+
     /// The denial events name the job's five largest holders, largest first, whatever
     /// the order of their slots; members that hold nothing are not named.
     #[test]
