@@ -1094,6 +1094,12 @@ mod tests {
             few.top_holders(0),
             [(me, 9), (0, 0), (0, 0), (0, 0), (0, 0)]
         );
+        // A free slot (no pid) is nobody, whatever bytes a damaged ledger left in it.
+        few.slot_at(7).used[0].store(500, Ordering::Release);
+        assert_eq!(
+            few.top_holders(0),
+            [(me, 9), (0, 0), (0, 0), (0, 0), (0, 0)]
+        );
     }
 
     /// A process's start time is what tells it from a later process with the same pid:
