@@ -995,9 +995,16 @@ CUresult cuCtxGetCurrent(CUcontext *pctx) {
     END
 }
 
+/* As the H200 answers (driver 580): a primary context left current after its reset or its
+ * last release still names its device, although nothing else can use it (cuMemGetInfo
+ * there: CUDA_ERROR_CONTEXT_IS_DESTROYED). */
 CUresult cuCtxGetDevice(CUdevice *dev) {
     BEGIN;
     if (!dev) FAIL(CUDA_ERROR_INVALID_VALUE);
+    if (t_cur && t_cur->primary) {
+        *dev = t_cur->device;
+        goto out;
+    }
     TRY(cur_device(dev));
     END
 }

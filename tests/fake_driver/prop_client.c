@@ -794,11 +794,13 @@ static void dedup(struct reg *r) {
 static void cleanup(void) {
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     api.cuThreadExchangeStreamCaptureMode(&mode);
-    /* A primary context the case released to 0 is retained again (its handle is the same). */
+    /* A primary context the case released to 0 or reset is retained again (its handle is
+     * the same). Whether it is usable is asked with cuMemGetInfo: cuCtxGetDevice names the
+     * device of a released primary context too. */
     for (int d = 0; d < g_case.ndev; d++) {
-        CUdevice dev;
+        size_t f, t;
         g_cleanup_retained[d] = 0;
-        if (api.cuCtxSetCurrent(g_prim[d]) == CUDA_SUCCESS && api.cuCtxGetDevice(&dev) == CUDA_SUCCESS) continue;
+        if (api.cuCtxSetCurrent(g_prim[d]) == CUDA_SUCCESS && api.cuMemGetInfo_v2(&f, &t) == CUDA_SUCCESS) continue;
         CUcontext c = NULL;
         if (api.cuDevicePrimaryCtxRetain(&c, d) == CUDA_SUCCESS) {
             g_prim[d] = c;
