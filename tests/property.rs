@@ -844,6 +844,9 @@ struct Outcome {
     rcs: Vec<Vec<i64>>,
     viol: Option<String>,
     forks: Vec<String>,
+    /// With fork problems: the end of the executor's stderr (a child's own last words,
+    /// such as the dynamic loader's, go there).
+    fork_stderr: String,
     end: Option<Vec<DevEnd>>,
     /// The process died or hung during this case.
     died: Option<String>,
@@ -1010,6 +1013,10 @@ fn run_batch(cfg: &Config, progs: &[&Program], preload: bool) -> Vec<Outcome> {
     let _ = writer.join();
     let _ = reader.join();
     let err = err_reader.join().unwrap_or_default();
+    for o in outcomes.iter_mut().filter(|o| !o.forks.is_empty()) {
+        let cut = err.len().saturating_sub(600);
+        o.fork_stderr = err[err.floor_char_boundary(cut)..].trim().to_owned();
+    }
     if outcomes.len() < progs.len() {
         let why = if hung {
             format!("hang: no progress for {per_case:?}; process killed")
@@ -1132,7 +1139,12 @@ fn check(cfg: &Config, prog: &Program, o: &Outcome, preload: bool) -> Option<Fai
         }
     }
     if let Some(fk) = o.forks.first() {
-        return f("fork child hang or crash", fk.clone());
+        let said = if o.fork_stderr.is_empty() {
+            String::new()
+        } else {
+            format!("; the executor's stderr ends:\n{}", o.fork_stderr)
+        };
+        return f("fork child hang or crash", format!("{fk}{said}"));
     }
     for (t, rcs) in o.rcs.iter().enumerate() {
         if let Some(i) = rcs.iter().position(|r| *r == -2) {
