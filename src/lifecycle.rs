@@ -132,7 +132,8 @@ fn job_path() -> Option<String> {
 }
 
 /// A child of `fork()` cannot use its parent's CUDA context: it starts with an empty
-/// ledger of its own.
+/// ledger of its own. Before the fork, the parent waits (boundedly) for the library's
+/// own calls to leave NVML and the loader ([`crate::nvml::before_fork`]).
 fn install_fork_handler() {
     extern "C" fn child() {
         // Stores only: no lock is taken and nothing waits, whatever the parent's other
@@ -154,9 +155,15 @@ fn install_fork_handler() {
         crate::pools::after_fork();
         crate::enforce::after_fork();
     }
-    // SAFETY: registers a plain extern "C" function that only stores to memory.
+    extern "C" fn prepare() {
+        // In the parent: a bounded wait, without a lock, for the library's own calls to
+        // leave NVML and the loader, so that the child gets both whole.
+        crate::nvml::before_fork();
+    }
+    // SAFETY: registers plain extern "C" functions: the child's only stores to memory,
+    // the parent's reads an atomic and sleeps (boundedly).
     unsafe {
-        libc::pthread_atfork(None, None, Some(child));
+        libc::pthread_atfork(Some(prepare), None, Some(child));
     }
 }
 

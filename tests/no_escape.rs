@@ -898,3 +898,96 @@ assert rcs == [0, 0, 0], rcs
         "FAKE_CUDA_PAUSE_AFTER",
     );
 }
+
+/// A child forked `ms` after `cuInit` (the library starts NVML on a thread of its own
+/// then), which calls `cuMemAlloc`, `cuMemGetInfo` and, when `own_nvml`, NVML itself:
+/// prints `status S waited_ms W`, S the child's exit code (or `signal N`), W how long
+/// `os.fork()` took.
+fn fork_during_nvml_start(envs: &[(&str, &str)], ms: u64, own_nvml: bool) -> (String, u64) {
+    let script = r#"
+import ctypes, os, signal, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+time.sleep({MS} / 1000)
+t0 = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(3)
+    p = ctypes.c_uint64()
+    if cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 20)) == 0:
+        cuda.cuMemFree_v2(p)
+    f, t = ctypes.c_size_t(), ctypes.c_size_t()
+    cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t))
+    if {OWN}:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        os._exit(0 if nvml.nvmlInit_v2() == 0 else 3)
+    os._exit(0)
+waited = time.monotonic() - t0
+deadline = time.monotonic() + 8
+status = "hang"
+while time.monotonic() < deadline:
+    done, st = os.waitpid(pid, os.WNOHANG)
+    if done:
+        status = f"signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else str(os.WEXITSTATUS(st))
+        break
+    time.sleep(0.005)
+if status == "hang":
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+print("status", status.replace(" ", "_"), "waited_ms", int(waited * 1000))
+"#
+    .replace("{MS}", &ms.to_string())
+    .replace("{OWN}", if own_nvml { "True" } else { "False" });
+    let (ok, stdout, stderr) = util::python_under_library(&script, envs);
+    assert!(ok, "{stdout}\n{stderr}");
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    assert_eq!(fields.len(), 4, "{stdout}\n{stderr}");
+    (fields[1].to_string(), fields[3].parse().unwrap())
+}
+
+/// `fork()` while the library's own thread is inside NVML's initialisation, which holds
+/// NVML's lock: the child once inherited that lock held, and its own first NVML call
+/// hung (as would the library's: a `dlopen` half done in the parent also made the child's
+/// `dlopen` fail ld.so's assertion, exit 127). The fork now waits for the library's
+/// thread to leave NVML, and the child's NVML works as it would without the library.
+#[test]
+fn a_fork_while_the_library_starts_nvml_leaves_the_child_a_working_nvml() {
+    let (status, waited) = fork_during_nvml_start(
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_NVML_INIT_LOCKED_MS", "400"),
+        ],
+        100,
+        true,
+    );
+    assert_eq!(status, "0", "the child's own nvmlInit (waited {waited} ms)");
+    assert!(
+        waited < 1500,
+        "the fork waited for NVML's initialisation to end, no longer: {waited} ms"
+    );
+}
+
+/// Where NVML stays inside a call longer than a fork waits (500 ms), the fork goes on
+/// and the child does without NVML: the library makes no NVML call there (one would
+/// hang on the lock the parent's thread held).
+#[test]
+fn a_fork_that_cannot_wait_for_nvml_leaves_the_child_without_it_and_never_hangs() {
+    let (status, waited) = fork_during_nvml_start(
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "error"),
+            ("FAKE_NVML_INIT_LOCKED_MS", "2500"),
+        ],
+        100,
+        false,
+    );
+    assert_eq!(status, "0", "the child (the fork waited {waited} ms)");
+    assert!(
+        waited < 1500,
+        "the fork waited at most about 500 ms: {waited} ms"
+    );
+}

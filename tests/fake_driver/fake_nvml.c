@@ -122,6 +122,8 @@ EXPORT nvmlReturn_t nvmlInit_v2(void) {
     if (absent && *absent == '1') return NVML_ERROR_LIBRARY_NOT_FOUND;
     delay_ms("FAKE_NVML_INIT_DELAY_MS");
     pthread_mutex_lock(&g_mu);
+    /* FAKE_NVML_INIT_LOCKED_MS: an initialisation that holds NVML's own lock that long. */
+    delay_ms("FAKE_NVML_INIT_LOCKED_MS");
     load_locked();
     g_init_count++;
     pthread_mutex_unlock(&g_mu);
