@@ -34,6 +34,7 @@ typedef unsigned long long u64;
     X(cuCtxDestroy_v2, "cuCtxDestroy", 0)                                        \
     X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 0)                                  \
     X(cuCtxSynchronize, "cuCtxSynchronize", 0)                                   \
+    X(cuCtxGetLimit, "cuCtxGetLimit", 0)                                         \
     X(cuMemAlloc_v2, "cuMemAlloc", 0)                                            \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 0)                                  \
     X(cuMemAllocManaged, "cuMemAllocManaged", 0)                                 \
@@ -795,12 +796,12 @@ static void cleanup(void) {
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     api.cuThreadExchangeStreamCaptureMode(&mode);
     /* A primary context the case released to 0 or reset is retained again (its handle is
-     * the same). Whether it is usable is asked with cuMemGetInfo: cuCtxGetDevice names the
-     * device of a released primary context too. */
+     * the same). Whether it is usable is asked with cuCtxGetLimit, which the library
+     * passes through (cuCtxGetDevice names the device of a released primary context too). */
     for (int d = 0; d < g_case.ndev; d++) {
-        size_t f, t;
+        size_t v;
         g_cleanup_retained[d] = 0;
-        if (api.cuCtxSetCurrent(g_prim[d]) == CUDA_SUCCESS && api.cuMemGetInfo_v2(&f, &t) == CUDA_SUCCESS) continue;
+        if (api.cuCtxSetCurrent(g_prim[d]) == CUDA_SUCCESS && api.cuCtxGetLimit(&v, 0) == CUDA_SUCCESS) continue;
         CUcontext c = NULL;
         if (api.cuDevicePrimaryCtxRetain(&c, d) == CUDA_SUCCESS) {
             g_prim[d] = c;
