@@ -899,19 +899,15 @@ assert rcs == [0, 0, 0], rcs
     );
 }
 
-/// A child forked `ms` after `cuInit` (the library starts NVML on a thread of its own
-/// then), which calls `cuMemAlloc`, `cuMemGetInfo` and, when `own_nvml`, NVML itself:
-/// prints `status S waited_ms W`, S the child's exit code (or `signal N`), W how long
-/// `os.fork()` took.
-fn fork_during_nvml_start(envs: &[(&str, &str)], ms: u64, own_nvml: bool) -> (String, u64) {
+/// A child forked 100 ms after `cuInit` (the library starts NVML on a thread of its own
+/// then, whose `nvmlInit` holds NVML's lock `locked_ms`), which calls `cuMemAlloc`,
+/// `cuMemGetInfo` and, when `own_nvml`, NVML itself: the child's exit code (or
+/// `signal_N`, `hang`) and how long `os.fork()` took, in ms.
+fn fork_during_nvml_start(locked_ms: &str, own_nvml: bool) -> (String, u64) {
     let script = r#"
 import ctypes, os, signal, time
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-ctx = ctypes.c_void_p()
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-time.sleep({MS} / 1000)
+{PRIMARY}
+time.sleep(0.1)
 t0 = time.monotonic()
 pid = os.fork()
 if pid == 0:
@@ -939,9 +935,13 @@ if status == "hang":
     os.waitpid(pid, 0)
 print("status", status.replace(" ", "_"), "waited_ms", int(waited * 1000))
 "#
-    .replace("{MS}", &ms.to_string())
     .replace("{OWN}", if own_nvml { "True" } else { "False" });
-    let (ok, stdout, stderr) = util::python_under_library(&script, envs);
+    let envs = [
+        ("CUDABUDGET_LIMIT", "1Gi"),
+        ("CUDABUDGET_LOG", "error"),
+        ("FAKE_NVML_INIT_LOCKED_MS", locked_ms),
+    ];
+    let (ok, stdout, stderr) = python(&script, &envs);
     assert!(ok, "{stdout}\n{stderr}");
     let fields: Vec<&str> = stdout.split_whitespace().collect();
     assert_eq!(fields.len(), 4, "{stdout}\n{stderr}");
@@ -955,15 +955,7 @@ print("status", status.replace(" ", "_"), "waited_ms", int(waited * 1000))
 /// thread to leave NVML, and the child's NVML works as it would without the library.
 #[test]
 fn a_fork_while_the_library_starts_nvml_leaves_the_child_a_working_nvml() {
-    let (status, waited) = fork_during_nvml_start(
-        &[
-            ("CUDABUDGET_LIMIT", "1Gi"),
-            ("CUDABUDGET_LOG", "error"),
-            ("FAKE_NVML_INIT_LOCKED_MS", "400"),
-        ],
-        100,
-        true,
-    );
+    let (status, waited) = fork_during_nvml_start("400", true);
     assert_eq!(status, "0", "the child's own nvmlInit (waited {waited} ms)");
     assert!(
         waited < 1500,
@@ -976,15 +968,7 @@ fn a_fork_while_the_library_starts_nvml_leaves_the_child_a_working_nvml() {
 /// hang on the lock the parent's thread held).
 #[test]
 fn a_fork_that_cannot_wait_for_nvml_leaves_the_child_without_it_and_never_hangs() {
-    let (status, waited) = fork_during_nvml_start(
-        &[
-            ("CUDABUDGET_LIMIT", "1Gi"),
-            ("CUDABUDGET_LOG", "error"),
-            ("FAKE_NVML_INIT_LOCKED_MS", "2500"),
-        ],
-        100,
-        false,
-    );
+    let (status, waited) = fork_during_nvml_start("2500", false);
     assert_eq!(status, "0", "the child (the fork waited {waited} ms)");
     assert!(
         waited < 1500,
