@@ -56,10 +56,13 @@ impl<T> Lock<T> {
 
     /// Takes the lock if it is free now; never waits.
     pub fn try_lock(&self) -> Option<Guard<'_, T>> {
+        // A guard is made only once the lock is ours: a guard made and dropped on a
+        // failed attempt (as `bool::then_some`'s eager argument would be) would release
+        // the lock another thread holds.
         self.locked
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
-            .then_some(Guard { lock: self })
+            .then(|| Guard { lock: self })
     }
 
     /// In the child of `fork()`: the lock is free and holds `fresh`, whatever a thread
@@ -125,6 +128,62 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(*lock.lock(), 40_000);
+    }
+
+    #[test]
+    fn a_failed_try_lock_leaves_the_lock_with_its_holder() {
+        let lock = Lock::new(0u32);
+        let held = lock.lock();
+        assert!(lock.try_lock().is_none(), "held: not taken");
+        // The failed attempt must not have released the holder's lock (it once did: the
+        // guard it made and dropped unlocked it, and a second thread walked in).
+        assert!(
+            lock.try_lock().is_none(),
+            "still held after a failed attempt"
+        );
+        assert!(lock.locked.load(Ordering::Acquire));
+        drop(held);
+        let again = lock.try_lock();
+        assert!(again.is_some(), "free once the holder let go");
+        assert!(lock.try_lock().is_none(), "and held by the new holder");
+    }
+
+    #[test]
+    fn threads_that_only_try_never_hold_the_lock_together() {
+        // Several threads take the lock with try_lock, others with lock; inside, each
+        // checks that it is alone.
+        let lock = Arc::new(Lock::new(()));
+        let inside = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let overlaps = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let (lock, inside, overlaps) = (
+                    Arc::clone(&lock),
+                    Arc::clone(&inside),
+                    Arc::clone(&overlaps),
+                );
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let guard = if i % 2 == 0 {
+                            lock.try_lock()
+                        } else {
+                            Some(lock.lock())
+                        };
+                        if let Some(_guard) = guard {
+                            if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            std::hint::spin_loop();
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0);
     }
 
     #[test]
