@@ -37,7 +37,11 @@
 //! - `PROPTEST_CASE_TIMEOUT_S` (default 60): a case without progress that long is a hang;
 //! - `PROPTEST_STATS=1`: print how often each op ran with each rc, and the slowest cases;
 //!   `PROPTEST_DEBUG=1`: one stderr line per executor process; `PROP_TRACE=1`: the
-//!   executor prints, after every op, what the fake holds and what `cuMemGetInfo` says.
+//!   executor prints, after every op, what the fake holds and what `cuMemGetInfo` says;
+//!   `PROPTEST_JOURNAL=<dir>`: the fake writes, the first time a case passes a budget,
+//!   its last 512 memory events and the ops of every thread around them, in order, to
+//!   `<dir>/journal-<pid>-<n>.txt` (`tests/fake_driver/README.md`): for races that do
+//!   not fail again when replayed.
 //!
 //! A failing sequence is reported with its seed and the command that replays it; the
 //! failures are then shrunk (ops removed while the same kind of failure remains; several
@@ -157,6 +161,11 @@ fn config_of(seed: u64) -> Config {
         }
     };
     env.push(("FAKE_CUDA_DEVICES".into(), ndev.to_string()));
+    if let Ok(dir) = std::env::var("PROPTEST_JOURNAL") {
+        let limits: Vec<String> = budgets.iter().map(u64::to_string).collect();
+        env.push(("FAKE_CUDA_JOURNAL".into(), dir));
+        env.push(("FAKE_CUDA_JOURNAL_LIMITS".into(), limits.join(",")));
+    }
     Config {
         index,
         ndev,

@@ -55,6 +55,90 @@ static int g_vis[MAX_DEV]; /* ordinal -> physical index */
 static u64 g_used[MAX_DEV]; /* by physical index */
 static u64 g_peak[MAX_DEV];
 
+/* FAKE_CUDA_JOURNAL=<dir> with FAKE_CUDA_JOURNAL_LIMITS=<b0>[,<b1>...]: a debugging aid
+ * for races. The fake keeps the last JOURNAL_LEN memory events (what changed the device's
+ * use, what the pools' attributes answered, and the notes a test client adds) and, the
+ * first time a device's use passes its limit after a reset of the peak, writes them to
+ * <dir>/journal-<pid>-<n>.txt. Off (one branch per event) unless both are set. */
+#define JOURNAL_LEN 4096
+struct jev {
+    const char *what;
+    const char *fn;
+    long tid;
+    int dev;
+    u64 a, b, c;
+};
+static struct jev g_journal[JOURNAL_LEN];
+static u64 g_jn;
+static int g_jon = -1;
+static u64 g_jlimit[MAX_DEV];
+static int g_jdumped;
+static u64 g_jdumps;
+static int g_jpid; /* the process that loaded the journal: a fork child's copy stays quiet */
+
+static void journal_load(void) {
+    if (g_jon >= 0) return;
+    const char *dir = getenv("FAKE_CUDA_JOURNAL"), *lim = getenv("FAKE_CUDA_JOURNAL_LIMITS");
+    g_jon = dir && lim;
+    g_jpid = (int)getpid();
+    for (int i = 0; i < MAX_DEV; i++) g_jlimit[i] = ~0ull;
+    for (int i = 0; g_jon && lim && *lim && i < MAX_DEV; i++) {
+        char *end;
+        g_jlimit[i] = strtoull(lim, &end, 10);
+        lim = *end == ',' ? end + 1 : end;
+    }
+}
+
+static void jev(const char *what, const char *fn, int dev, u64 a, u64 b, u64 c) {
+    journal_load();
+    if (!g_jon) return;
+    struct jev *e = &g_journal[g_jn++ % JOURNAL_LEN];
+    e->what = what;
+    e->fn = fn;
+    e->tid = (long)gettid();
+    e->dev = dev;
+    e->a = a;
+    e->b = b;
+    e->c = c;
+}
+
+static void journal_write(const char *why, int dev, u64 used) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/journal-%d-%llu.txt", getenv("FAKE_CUDA_JOURNAL"), (int)getpid(), g_jdumps++);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "device %d %s %llu (limit %llu)\n", dev, why, used, g_jlimit[dev]);
+    u64 first = g_jn > JOURNAL_LEN ? g_jn - JOURNAL_LEN : 0;
+    for (u64 i = first; i < g_jn; i++) {
+        struct jev *e = &g_journal[i % JOURNAL_LEN];
+        fprintf(f, "%llu tid%ld %s %s dev%d %llu %llu %llu\n", i, e->tid, e->what, e->fn ? e->fn : "-", e->dev,
+                e->a, e->b, e->c);
+    }
+    fclose(f);
+}
+
+static void journal_dump(int dev, u64 used) {
+    if (!g_jon || g_jdumped || (int)getpid() != g_jpid) return;
+    g_jdumped = 1;
+    journal_write("used more than its limit:", dev, used);
+}
+
+/* A test client found something wrong that the fake cannot see (books left after a
+ * cleanup, say): the journal as it is now, whatever the limits. */
+void fake_cuda_journal_dump(int ordinal, const char *why, unsigned long long value) {
+    pthread_mutex_lock(&g_mu);
+    journal_load();
+    if (g_jon && (int)getpid() == g_jpid) journal_write(why, ordinal, value);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* A note from a test client (its op about to run, or just run), in the journal. */
+void fake_cuda_journal_note(const char *what, int t, unsigned long long idx, unsigned long long rc) {
+    pthread_mutex_lock(&g_mu);
+    jev(what, NULL, t, idx, rc, 0);
+    pthread_mutex_unlock(&g_mu);
+}
+
 struct fake_ctx {
     int device; /* ordinal */
     int primary;
@@ -302,10 +386,12 @@ static void pause_in(const char *call);
 
 static void pool_shrink_to(struct fake_pool *p, u64 target);
 
-static void uncharge(int dev, u64 bytes) {
+static void uncharge_at(const char *fn, int dev, u64 bytes) {
     int p = g_vis[dev];
     g_used[p] -= bytes > g_used[p] ? g_used[p] : bytes;
+    jev("uncharge", fn, dev, bytes, g_used[p], 0);
 }
+#define uncharge(dev, bytes) uncharge_at(__func__, dev, bytes)
 
 static int fits(int dev, u64 bytes) {
     u64 held = g_used[g_vis[dev]] + g_other;
@@ -321,7 +407,7 @@ static void trim_device_pools(int dev) {
 
 /* Charges physical memory on ordinal dev. A synchronous allocation that does not fit
  * first trims the device's pools to their live bytes, as the real driver does. */
-static CUresult charge(int dev, u64 bytes, int may_trim) {
+static CUresult charge_at(const char *fn, int dev, u64 bytes, int may_trim) {
     if (bytes > g_mem) return CUDA_ERROR_OUT_OF_MEMORY; /* can never fit: touch nothing */
     if (!fits(dev, bytes)) {
         if (may_trim) trim_device_pools(dev);
@@ -330,8 +416,11 @@ static CUresult charge(int dev, u64 bytes, int may_trim) {
     int p = g_vis[dev];
     g_used[p] += bytes;
     if (g_used[p] > g_peak[p]) g_peak[p] = g_used[p];
+    jev("charge", fn, dev, bytes, g_used[p], 0);
+    if (g_used[p] > g_jlimit[dev]) journal_dump(dev, g_used[p]);
     return CUDA_SUCCESS;
 }
+#define charge(dev, bytes, may_trim) charge_at(__func__, dev, bytes, may_trim)
 
 static void pool_shrink_to(struct fake_pool *p, u64 target) {
     if (p->reserve > target) {
@@ -1114,6 +1203,7 @@ static CUresult free_any(CUdeviceptr dptr, int sync) {
     }
     if (e->kind == K_ASYNC) {
         if (sync && g_free_refuses_async) return CUDA_ERROR_INVALID_VALUE;
+        jev("asyncfree", sync ? "cuMemFree" : "cuMemFreeAsync", e->device, (u64)(uintptr_t)e->pool, e->size, dptr);
         pool_release_entry(e);
         return CUDA_SUCCESS;
     }
@@ -1746,6 +1836,7 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *out = pool->used_high; break;
     default: FAIL(CUDA_ERROR_INVALID_VALUE);
     }
+    if (attr >= CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) jev("poolattr", __func__, pool->device, (u64)(uintptr_t)pool, (u64)attr, *out);
     END
 }
 
@@ -1754,6 +1845,7 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_keep) {
     TRY(capture_unsafe_call());
     if (!pool_known(pool)) FAIL(CUDA_ERROR_INVALID_VALUE);
     pool_shrink_to(pool, max_u64(round_up(pool->live, POOL_CHUNK), round_up(min_keep, POOL_CHUNK)));
+    jev("pooltrim", __func__, pool->device, (u64)(uintptr_t)pool, pool->live, pool->reserve);
     END
 }
 
@@ -1790,6 +1882,7 @@ static CUresult async_alloc(CUdeviceptr *dptr, u64 size, struct fake_pool *pool,
     }
     e->pool = pool;
     pool->live += size;
+    jev("asyncalloc", __func__, pool->device, (u64)(uintptr_t)pool, size, pool->reserve);
     pool->reserve_high = max_u64(pool->reserve_high, pool->reserve);
     pool->used_high = max_u64(pool->used_high, pool->live);
     *dptr = e->key;
@@ -2458,6 +2551,9 @@ void fake_cuda_reset_peak(int ordinal) {
     pthread_mutex_lock(&g_mu);
     load_config_locked();
     if (valid_dev(ordinal)) g_peak[g_vis[ordinal]] = g_used[g_vis[ordinal]];
+    journal_load();
+    g_jdumped = 0;
+    jev("reset_peak", NULL, ordinal, 0, 0, 0);
     pthread_mutex_unlock(&g_mu);
 }
 

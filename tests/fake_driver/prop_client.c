@@ -89,6 +89,8 @@ static struct {
 static u64 (*fake_used)(int);
 static u64 (*fake_peak)(int);
 static void (*fake_reset_peak)(int);
+static void (*fake_note)(const char *, int, unsigned long long, unsigned long long);
+static void (*fake_journal_dump)(int, const char *, unsigned long long);
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
@@ -125,6 +127,10 @@ static void resolve_all(const char *mode) {
     fake_used = (u64(*)(int))dlsym(h, "fake_cuda_used");
     fake_peak = (u64(*)(int))dlsym(h, "fake_cuda_peak");
     fake_reset_peak = (void (*)(int))dlsym(h, "fake_cuda_reset_peak");
+    if (getenv("FAKE_CUDA_JOURNAL")) {
+        fake_note = (__typeof__(fake_note))dlsym(h, "fake_cuda_journal_note");
+        fake_journal_dump = (__typeof__(fake_journal_dump))dlsym(h, "fake_cuda_journal_dump");
+    }
     if (!fake_used || !fake_peak || !fake_reset_peak) die("fake helpers missing");
 }
 
@@ -761,7 +767,9 @@ static void *worker(void *arg) {
     api.cuCtxSetCurrent(g_prim[0]);
     pthread_barrier_wait(&g_start);
     for (size_t i = 0; i < tp->n; i++) {
+        if (fake_note) fake_note(k_ops[tp->ops[i].code].name, t, i, 0);
         tp->rcs[i] = run_op(t, i, &tp->ops[i]);
+        if (fake_note) fake_note("done", t, i, (unsigned long long)tp->rcs[i]);
         sample(t, i);
     }
     /* End the captures this thread began and that are still going (only it can end the
@@ -907,6 +915,7 @@ static void run_case(void) {
     for (int i = 0; i < g_nforkmsg; i++) printf("%s\n", g_forkmsg[i]);
     u64 peak[MAX_DEVS];
     for (int d = 0; d < g_case.ndev; d++) peak[d] = fake_peak(d);
+    if (fake_note) fake_note("cleanup", -1, 0, 0);
     cleanup();
     /* What the process holds (the fake) and what cuMemGetInfo says on each device. */
     printf("end %s", g_case.id);
@@ -916,6 +925,7 @@ static void run_case(void) {
         int rc = api.cuMemGetInfo_v2(&f, &tot);
         u64 base = g_case.has_budget ? g_case.budget[d] : (u64)tot;
         long long books = rc == CUDA_SUCCESS ? (long long)(base - (u64)f) : -1;
+        if (books != 0 && fake_journal_dump) fake_journal_dump(d, "books not zero after cleanup:", (u64)books);
         printf(" dev%d:peak=%llu,fake=%llu,books=%lld,inforc=%d,total=%zu", d, peak[d], fake_used(d), books, rc, tot);
     }
     printf("\n");
