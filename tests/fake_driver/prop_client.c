@@ -256,10 +256,27 @@ struct lslot { /* VMM and array slots: several fields, one mutex */
 };
 static struct lslot g_v[NV], g_a[NA];
 
+/* Set when a free took a slot's stale value (the slot was empty: never filled, its
+ * allocation failed, or another free took it first): a double free of that address,
+ * which another thread's allocation may have been given again. */
+static int g_stale_taken;
+
 static u64 slot_take(struct slot *s) {
     u64 v = __atomic_exchange_n(&s->cur, 0, __ATOMIC_SEQ_CST);
     if (v) __atomic_store_n(&s->stale, v, __ATOMIC_SEQ_CST);
     return v ? v : __atomic_load_n(&s->stale, __ATOMIC_SEQ_CST);
+}
+
+/* A pointer slot's value for a free; notes a double free (the slot's stale value). */
+static u64 ptr_take(struct slot *s) {
+    u64 v = __atomic_exchange_n(&s->cur, 0, __ATOMIC_SEQ_CST);
+    if (v) {
+        __atomic_store_n(&s->stale, v, __ATOMIC_SEQ_CST);
+        return v;
+    }
+    v = __atomic_load_n(&s->stale, __ATOMIC_SEQ_CST);
+    if (v) __atomic_store_n(&g_stale_taken, 1, __ATOMIC_SEQ_CST);
+    return v;
 }
 
 static u64 slot_peek(struct slot *s) {
@@ -423,8 +440,8 @@ static int run_op(int t, size_t idx, const struct op *o) {
         if (rc == CUDA_SUCCESS) put_ptr(a[0], p);
         break;
     }
-    case O_FREE: rc = api.cuMemFree_v2(slot_take(&g_p[a[0] % NP])); break;
-    case O_FREEASYNC: rc = api.cuMemFreeAsync(slot_take(&g_p[a[0] % NP]), stream_arg(a[1])); break;
+    case O_FREE: rc = api.cuMemFree_v2(ptr_take(&g_p[a[0] % NP])); break;
+    case O_FREEASYNC: rc = api.cuMemFreeAsync(ptr_take(&g_p[a[0] % NP]), stream_arg(a[1])); break;
     case O_FREESTALE: rc = api.cuMemFree_v2(__atomic_load_n(&g_p[a[0] % NP].stale, __ATOMIC_SEQ_CST)); break;
     case O_FREEINTERIOR: {
         u64 v = __atomic_load_n(&g_p[a[0] % NP].cur, __ATOMIC_SEQ_CST);
@@ -890,6 +907,7 @@ static void reset_case(void) {
     for (int i = 0; i < NA; i++) g_a[i].handle = g_a[i].size = g_a[i].va = g_a[i].kind = 0;
     for (int r = 0; r < R_COUNT; r++) g_reg[r].n = 0;
     g_viol = 0;
+    g_stale_taken = 0;
     g_nforkmsg = 0;
 }
 
@@ -909,6 +927,7 @@ static void run_case(void) {
         for (size_t i = 0; i < g_case.t[t].n; i++) printf(" %d", g_case.t[t].rcs[i]);
         printf("\n");
     }
+    if (g_stale_taken) printf("stalefree\n");
     if (g_viol)
         printf("viol %d %zu %d %llu %llu\n", g_viol_t, g_viol_idx, g_viol_dev, g_viol_used,
                g_case.budget[g_viol_dev]);
@@ -925,7 +944,7 @@ static void run_case(void) {
         int rc = api.cuMemGetInfo_v2(&f, &tot);
         u64 base = g_case.has_budget ? g_case.budget[d] : (u64)tot;
         long long books = rc == CUDA_SUCCESS ? (long long)(base - (u64)f) : -1;
-        if (books != 0 && fake_journal_dump) fake_journal_dump(d, "books not zero after cleanup:", (u64)books);
+        if (books != 0 && g_case.has_budget && fake_journal_dump) fake_journal_dump(d, "books not zero after cleanup:", (u64)books);
         printf(" dev%d:peak=%llu,fake=%llu,books=%lld,inforc=%d,total=%zu", d, peak[d], fake_used(d), books, rc, tot);
     }
     printf("\n");
