@@ -1247,11 +1247,7 @@ pub fn refresh_pools(device: usize, d: &DeviceLedger) {
 /// before it is spent.
 fn settle_charge(d: &DeviceLedger, bank: &mut BankGuard<'_>, reserve: u64) {
     let change = clamp_i64(reserve).saturating_sub(clamp_i64(d.pool.charge()));
-    // Requests on their way to the bank are admitted there: not covered here.
-    let credit = bank
-        .credit()
-        .saturating_add(change)
-        .saturating_add(bank.pending());
+    let credit = bank.credit().saturating_add(change);
     let cover = if credit < 0 {
         credit
             .unsigned_abs()

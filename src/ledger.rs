@@ -396,19 +396,29 @@ impl PoolCredit {
     /// nothing is owed there and the caller must go through [`Self::collect`] and
     /// [`BankGuard::debit`]. `bytes` must pass [`Self::may_hold`].
     ///
-    /// A failed take is undone at once, so a shard is negative only for that moment: a
-    /// [`Self::collect`] that sees it counts it as pending ([`BankGuard::pending`]), a
-    /// request that will be admitted against the budget, not memory in use.
+    /// A compare-and-swap that subtracts only what is there: a shard never goes below
+    /// zero, and a failed take changes nothing. (A subtraction undone by an addition
+    /// left, when a [`Self::collect`] came in between, the request's size in the shard
+    /// as credit another thread could spend with no growth admitted for it.)
     pub fn take(&self, shard: usize, bytes: u64) -> bool {
         debug_assert!(bytes < TAKE_MAX);
         let bytes = clamp_i64(bytes.min(TAKE_MAX));
         let shard = &self.shards[shard % POOL_SHARDS].0;
-        let before = shard.fetch_sub(bytes, Ordering::AcqRel);
-        if before >= bytes {
-            return true;
+        let mut held = shard.load(Ordering::Acquire);
+        loop {
+            if held < bytes {
+                return false;
+            }
+            match shard.compare_exchange_weak(
+                held,
+                held - bytes,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(now) => held = now,
+            }
         }
-        shard.fetch_add(bytes, Ordering::AcqRel);
-        false
     }
 
     /// Puts `bytes` back into `shard` (a stream-ordered free, or a failed allocation).
@@ -427,19 +437,11 @@ impl PoolCredit {
     /// left after every allocation so far; negative: the pools must grow by that much.
     pub fn collect(&self) -> BankGuard<'_> {
         let mut bank = self.bank.lock();
-        let mut pending: i64 = 0;
         for shard in &self.shards {
             let value = shard.0.swap(0, Ordering::AcqRel);
             *bank = bank.saturating_add(value);
-            if value < 0 {
-                pending = pending.saturating_add(value.saturating_neg());
-            }
         }
-        BankGuard {
-            credit: self,
-            bank,
-            pending,
-        }
+        BankGuard { credit: self, bank }
     }
 
     fn clear(&self) {
@@ -470,20 +472,12 @@ impl PoolCredit {
 pub struct BankGuard<'a> {
     credit: &'a PoolCredit,
     bank: Guard<'a, i64>,
-    pending: i64,
 }
 
 impl BankGuard<'_> {
     /// Credit left (negative: a deficit).
     pub fn credit(&self) -> i64 {
         *self.bank
-    }
-
-    /// The part of the deficit that is other threads' failed takes caught before they
-    /// were undone: requests on their way to the bank, to be admitted there, not
-    /// allocations the driver is making.
-    pub fn pending(&self) -> i64 {
-        self.pending
     }
 
     /// The pools' charge now equals `reserve` (the driver's figure, or our estimate of
@@ -1338,7 +1332,6 @@ mod tests {
         assert!(!p.take(0, 100));
         let mut bank = p.collect();
         assert_eq!(bank.credit(), 0);
-        assert_eq!(bank.pending(), 0);
         bank.debit(100);
         assert_eq!(bank.credit(), -100);
         // The caller grows the pool by 32 units and charges them.
@@ -1353,23 +1346,42 @@ mod tests {
     }
 
     #[test]
-    fn a_take_caught_before_it_was_undone_is_pending_not_in_use() {
-        let p = PoolCredit::new();
-        {
-            let mut bank = p.collect();
-            bank.set_charge(100);
-            bank.lend(0);
+    fn a_failed_take_never_leaves_credit_another_thread_can_spend() {
+        // Nothing is charged, so no take may ever succeed. One thread keeps failing a
+        // large take, one gathers the shards (as every growth, trim and denial does), one
+        // tries small takes on the same shard. A take that subtracted and then added
+        // back, with a gathering in between, left its request's size in the shard as
+        // credit the small takes could spend: an allocation no growth was admitted for.
+        let p = std::sync::Arc::new(PoolCredit::new());
+        let stop = std::sync::Arc::new(AtomicU64::new(0));
+        let big = {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while stop.load(Ordering::Relaxed) == 0 {
+                    assert!(!p.take(3, 1 << 30));
+                }
+            })
+        };
+        let gather = {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while stop.load(Ordering::Relaxed) == 0 {
+                    drop(p.collect());
+                }
+            })
+        };
+        let mut spent = 0u64;
+        for _ in 0..200_000 {
+            if p.take(3, 4096) {
+                spent += 1;
+                p.give(3, 4096);
+            }
         }
-        // Another thread's failed take of 300, seen between its subtraction and its undo.
-        p.shards[1].0.fetch_sub(300, Ordering::AcqRel);
-        let bank = p.collect();
-        assert_eq!(bank.credit(), -200);
-        assert_eq!(bank.pending(), 300);
-        drop(bank);
-        // Its undo puts the 300 back; the total is what was charged.
-        p.give(1, 300);
-        let bank = p.collect();
-        assert_eq!((bank.credit(), bank.pending()), (100, 0));
+        stop.store(1, Ordering::Relaxed);
+        big.join().unwrap();
+        gather.join().unwrap();
+        assert_eq!(spent, 0, "takes paid with credit nobody charged");
+        assert_eq!(p.collect().credit(), 0);
     }
 
     #[test]
