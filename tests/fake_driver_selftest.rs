@@ -1501,7 +1501,7 @@ fn capture_modes_decide_which_threads_are_prohibited() {
 
 /// The executor of tests/property.rs, without cudabudget: threads, a capture and its
 /// graph, a fork, two devices; everything is freed at the end of each case, and the peak
-/// is the case's own.
+/// is the case's own. A free that takes a slot's old pointer (a double free) is reported.
 #[test]
 fn the_property_executor_runs_a_case_and_frees_everything() {
     use std::io::Write;
@@ -1565,6 +1565,8 @@ run
             ),
             "begin b",
             "rc 0 0 1 0 1",
+            // The second `free 0` found the slot empty and took its old pointer.
+            "stalefree",
             "end b dev0:peak=4096,fake=0,books=0,inforc=0,total=85899345920",
         ],
         "{text}"
