@@ -1352,8 +1352,8 @@ mod tests {
         // tries small takes on the same shard. A take that subtracted and then added
         // back, with a gathering in between, left its request's size in the shard as
         // credit the small takes could spend: an allocation no growth was admitted for.
-        let p = std::sync::Arc::new(PoolCredit::new());
-        let stop = std::sync::Arc::new(AtomicU64::new(0));
+        let p = Arc::new(PoolCredit::new());
+        let stop = Arc::new(AtomicU64::new(0));
         let big = {
             let (p, stop) = (p.clone(), stop.clone());
             std::thread::spawn(move || {

@@ -38,10 +38,10 @@
 //! - `PROPTEST_STATS=1`: print how often each op ran with each rc, and the slowest cases;
 //!   `PROPTEST_DEBUG=1`: one stderr line per executor process; `PROP_TRACE=1`: the
 //!   executor prints, after every op, what the fake holds and what `cuMemGetInfo` says;
-//!   `PROPTEST_JOURNAL=<dir>`: the fake writes, the first time a case passes a budget,
-//!   its last 512 memory events and the ops of every thread around them, in order, to
-//!   `<dir>/journal-<pid>-<n>.txt` (`tests/fake_driver/README.md`): for races that do
-//!   not fail again when replayed.
+//!   `PROPTEST_JOURNAL=<dir>`: the fake writes, the first time a case passes a budget
+//!   and whenever a case ends with books left, its last 4096 memory events and the ops
+//!   of every thread around them, in order, to `<dir>/journal-<pid>-<n>.txt`
+//!   (`tests/fake_driver/README.md`): for races that do not fail again when replayed.
 //!
 //! A failing sequence is reported with its seed and the command that replays it; the
 //! failures are then shrunk (ops removed while the same kind of failure remains; several

@@ -58,8 +58,9 @@ static u64 g_peak[MAX_DEV];
 /* FAKE_CUDA_JOURNAL=<dir> with FAKE_CUDA_JOURNAL_LIMITS=<b0>[,<b1>...]: a debugging aid
  * for races. The fake keeps the last JOURNAL_LEN memory events (what changed the device's
  * use, what the pools' attributes answered, and the notes a test client adds) and, the
- * first time a device's use passes its limit after a reset of the peak, writes them to
- * <dir>/journal-<pid>-<n>.txt. Off (one branch per event) unless both are set. */
+ * first time a device's use passes its limit after a reset of the peak or when a client
+ * asks (fake_cuda_journal_dump), writes them to <dir>/journal-<pid>-<n>.txt. Off (one
+ * branch per event) unless both are set. */
 #define JOURNAL_LEN 4096
 struct jev {
     const char *what;

@@ -261,23 +261,22 @@ static struct lslot g_v[NV], g_a[NA];
  * which another thread's allocation may have been given again. */
 static int g_stale_taken;
 
-static u64 slot_take(struct slot *s) {
-    u64 v = __atomic_exchange_n(&s->cur, 0, __ATOMIC_SEQ_CST);
-    if (v) __atomic_store_n(&s->stale, v, __ATOMIC_SEQ_CST);
-    return v ? v : __atomic_load_n(&s->stale, __ATOMIC_SEQ_CST);
-}
-
-/* A pointer slot's value for a free; notes a double free (the slot's stale value). */
-static u64 ptr_take(struct slot *s) {
+/* The slot's value, or its stale one when it is empty (then *stale, if given, is set). */
+static u64 slot_take_noting(struct slot *s, int *stale) {
     u64 v = __atomic_exchange_n(&s->cur, 0, __ATOMIC_SEQ_CST);
     if (v) {
         __atomic_store_n(&s->stale, v, __ATOMIC_SEQ_CST);
         return v;
     }
     v = __atomic_load_n(&s->stale, __ATOMIC_SEQ_CST);
-    if (v) __atomic_store_n(&g_stale_taken, 1, __ATOMIC_SEQ_CST);
+    if (v && stale) __atomic_store_n(stale, 1, __ATOMIC_SEQ_CST);
     return v;
 }
+
+static u64 slot_take(struct slot *s) { return slot_take_noting(s, NULL); }
+
+/* A pointer slot's value for a free; notes a double free (the slot's stale value). */
+static u64 ptr_take(struct slot *s) { return slot_take_noting(s, &g_stale_taken); }
 
 static u64 slot_peek(struct slot *s) {
     u64 v = __atomic_load_n(&s->cur, __ATOMIC_SEQ_CST);
