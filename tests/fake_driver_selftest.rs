@@ -1501,7 +1501,10 @@ fn capture_modes_decide_which_threads_are_prohibited() {
 
 /// The executor of tests/property.rs, without cudabudget: threads, a capture and its
 /// graph, a fork, two devices; everything is freed at the end of each case, and the peak
-/// is the case's own. A free that takes a slot's old pointer (a double free) is reported.
+/// is the case's own. A free that takes a slot's old pointer (a double free) is reported,
+/// and so are a pool destroyed with a block in use and a context torn down while another
+/// context of its device lives (the cases whose books may end above zero), but not a pool
+/// destroyed empty nor a device's last context released with nothing left on it.
 #[test]
 fn the_property_executor_runs_a_case_and_frees_everything() {
     use std::io::Write;
@@ -1532,6 +1535,18 @@ case b 1
 0 freestale 0
 0 free 0
 0 free 0
+run
+case c 1
+0 pool 0 0
+0 poolasync 0 100 0 4096
+0 pooldestroy 0
+0 ctxcreate 0 0
+0 ctxdestroy 0
+run
+case d 1
+0 pool 0 0
+0 pooldestroy 0
+0 release 0
 run
 ";
     let mut cmd =
@@ -1568,6 +1583,17 @@ run
             // The second `free 0` found the slot empty and took its old pointer.
             "stalefree",
             "end b dev0:peak=4096,fake=0,books=0,inforc=0,total=85899345920",
+            "begin c",
+            "rc 0 0 0 0 0 0",
+            "pooldestroylive",
+            "teardownshared",
+            &format!(
+                "end c dev0:peak={},fake=0,books=0,inforc=0,total=85899345920",
+                32 * MIB
+            ),
+            "begin d",
+            "rc 0 0 0 0",
+            "end d dev0:peak=0,fake=0,books=0,inforc=0,total=85899345920",
         ],
         "{text}"
     );

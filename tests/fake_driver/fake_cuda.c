@@ -39,6 +39,8 @@ static u64 g_module_bytes; /* what a module or library costs on the device */
 static int g_eager;          /* CUDA_MODULE_LOADING=EAGER: libraries load at once */
 static int g_no_loading_mode; /* FAKE_CUDA_NO_LOADING_MODE: cuModuleGetLoadingMode unsupported */
 static u64 g_queries_in_capture; /* cuMemGetInfo/cuCtxGetLimit calls while a capture is ongoing */
+static u64 g_pools_destroyed_live; /* cuMemPoolDestroy calls on a pool with blocks in use */
+static u64 g_teardowns_shared;     /* context teardowns that left a context or memory on the device */
 static u64 g_stack_threads;  /* FAKE_CUDA_STACK_THREADS: threads a stack limit is paid for */
 static u64 g_launch_local;   /* FAKE_CUDA_LAUNCH_LOCAL_BYTES: a context's first launch grows local memory */
 static int g_free_refuses_async; /* FAKE_CUDA_FREE_REFUSES_ASYNC */
@@ -966,6 +968,17 @@ CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
 
 /* ---------- contexts ---------- */
 
+/* A context of dev is gone: counted when another context of the device lives on, or
+ * memory on it outlives the context (a pool's reserve kept for blocks in use). The library
+ * clears a device's books only with its last context, so these are the teardowns after
+ * which its books may stay above what the device holds (README, "Limits"). */
+static void note_teardown(int dev) {
+    int others = g_primary[dev].refcount > 0;
+    for (size_t i = 0; i < g_nctxs && !others; i++)
+        others = g_ctxs[i]->device == dev && !g_ctxs[i]->destroyed;
+    if (others || g_used[g_vis[dev]] > 0) g_teardowns_shared++;
+}
+
 /* The primary context of dev is gone (released to 0 or reset): with it its memory, its
  * graph memory, its streams and their captures. */
 static void drop_primary(int dev) {
@@ -994,6 +1007,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (--c->refcount == 0) {
         uncharge(dev, g_ctx_bytes);
         drop_primary(dev);
+        note_teardown(dev);
     }
     END
 }
@@ -1005,6 +1019,7 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     if (c->refcount > 0) uncharge(dev, g_ctx_bytes);
     c->refcount = 0;
     drop_primary(dev);
+    note_teardown(dev);
     END
 }
 
@@ -1067,6 +1082,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
     uncharge(ctx->device, g_ctx_bytes);
     drop_streams_of(ctx);
     drop_context_memory(ctx);
+    note_teardown(ctx->device);
     if (t_cur == ctx) t_cur = t_depth ? t_stack[--t_depth] : NULL;
     END
 }
@@ -1797,6 +1813,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     BEGIN;
     if (!pool_known(pool) || pool->is_default) FAIL(CUDA_ERROR_INVALID_VALUE);
     pool->destroyed = 1;
+    if (pool->live) g_pools_destroyed_live++;
     if (g_cur_pool[pool->device] == pool) g_cur_pool[pool->device] = &g_default_pool[pool->device];
     pool_shrink_to(pool, round_up(pool->live, POOL_CHUNK));
     END
@@ -2539,6 +2556,24 @@ unsigned long long fake_cuda_queries_in_capture(void) {
 }
 
 unsigned long long fake_cuda_peak(int ordinal) { return stat_ordinal(ordinal, g_peak); }
+
+/* How many pools were destroyed while they had blocks in use: the library keeps such a
+ * pool's reserve charged (README, "Limits"), the one case of a pool's that may leave its
+ * books above zero. */
+unsigned long long fake_cuda_pools_destroyed_live(void) {
+    pthread_mutex_lock(&g_mu);
+    u64 n = g_pools_destroyed_live;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+/* How many context teardowns left another context of the device, or memory on it. */
+unsigned long long fake_cuda_teardowns_shared(void) {
+    pthread_mutex_lock(&g_mu);
+    u64 n = g_teardowns_shared;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
 
 unsigned long long fake_cuda_phys_used(int physical_index) {
     pthread_mutex_lock(&g_mu);
