@@ -1503,8 +1503,9 @@ fn capture_modes_decide_which_threads_are_prohibited() {
 /// graph, a fork, two devices; everything is freed at the end of each case, and the peak
 /// is the case's own. A free that takes a slot's old pointer (a double free) is reported,
 /// and so are a pool destroyed with a block in use and a context torn down while another
-/// context of its device lives (the cases whose books may end above zero), but not a pool
-/// destroyed empty nor a device's last context released with nothing left on it.
+/// context of its device lives or while pool memory of the device outlives it (the cases
+/// whose books may end above zero), but not a pool destroyed empty nor a device's last
+/// context released with nothing left on it.
 #[test]
 fn the_property_executor_runs_a_case_and_frees_everything() {
     use std::io::Write;
@@ -1544,6 +1545,12 @@ case c 1
 0 ctxdestroy 0
 run
 case d 1
+0 reset 0
+0 ctxcreate 0 0
+0 async 0 100 4096
+0 ctxdestroy 0
+run
+case e 1
 0 pool 0 0
 0 pooldestroy 0
 0 release 0
@@ -1585,15 +1592,23 @@ run
             "end b dev0:peak=4096,fake=0,books=0,inforc=0,total=85899345920",
             "begin c",
             "rc 0 0 0 0 0 0",
-            "pooldestroylive",
-            "teardownshared",
+            "pooldestroylive 0",
+            "teardownshared 0",
             &format!(
                 "end c dev0:peak={},fake=0,books=0,inforc=0,total=85899345920",
                 32 * MIB
             ),
+            // The device's last context destroyed while its default pool held memory.
             "begin d",
+            "rc 0 0 0 0 0",
+            "teardownshared 0",
+            &format!(
+                "end d dev0:peak={},fake=0,books=0,inforc=0,total=85899345920",
+                32 * MIB
+            ),
+            "begin e",
             "rc 0 0 0 0",
-            "end d dev0:peak=0,fake=0,books=0,inforc=0,total=85899345920",
+            "end e dev0:peak=0,fake=0,books=0,inforc=0,total=85899345920",
         ],
         "{text}"
     );

@@ -861,11 +861,11 @@ struct Outcome {
     died: Option<String>,
     /// A free took a slot's stale pointer (a double free; see [`over_count_after`]).
     stale_free: bool,
-    /// A pool was destroyed while it had blocks in use (the fake driver counts them).
-    pool_destroyed_live: bool,
-    /// A context was torn down while another context of its device lived, or while
-    /// memory on the device outlived it (the fake driver counts them).
-    teardown_shared: bool,
+    /// The devices (a bit each) where a pool was destroyed while it had blocks in use, and
+    /// where a context was torn down while another context of the device lived (the fake
+    /// driver counts both).
+    pools_destroyed_live: u32,
+    teardowns_shared: u32,
     elapsed: Duration,
 }
 
@@ -990,14 +990,15 @@ fn run_batch(cfg: &Config, progs: &[&Program], preload: bool) -> Vec<Outcome> {
                             o.stale_free = true;
                         }
                     }
-                    "pooldestroylive" => {
-                        if let Some(o) = cur.as_mut() {
-                            o.pool_destroyed_live = true;
-                        }
-                    }
-                    "teardownshared" => {
-                        if let Some(o) = cur.as_mut() {
-                            o.teardown_shared = true;
+                    what @ ("pooldestroylive" | "teardownshared") => {
+                        let device = w.next().and_then(|d| d.parse::<u32>().ok());
+                        if let (Some(o), Some(device)) = (cur.as_mut(), device) {
+                            let bits = if what == "pooldestroylive" {
+                                &mut o.pools_destroyed_live
+                            } else {
+                                &mut o.teardowns_shared
+                            };
+                            *bits |= 1u32.checked_shl(device).unwrap_or(0);
                         }
                     }
                     "fork" => {
@@ -1081,31 +1082,32 @@ struct Failure {
 ///   allocation that got the same address back).
 ///
 /// For every other program the books must read exactly zero. Before the program has
-/// run (`o` is `None`) this says whether it may end so; after, whether it did what
-/// allows it: a pool destroyed only when it had no block in use allows nothing, nor does
-/// a device's last context torn down with nothing left on the device, and a
-/// free that took a slot's stale pointer (the executor says `stalefree`) is a double
-/// free too — the slot was never filled, its allocation failed, another free took it
-/// first, or a later allocation overwrote it.
-fn over_count_reason(prog: &Program, o: Option<&Outcome>) -> Option<&'static str> {
+/// run (`seen` is `None`) this says whether it may end so; after, whether it did, on the
+/// device, what allows it: a pool destroyed when it had no block in use allows nothing,
+/// nor does a device's last context torn down; and a free that took a slot's stale
+/// pointer (the executor says `stalefree`) is a double free too — the slot was never
+/// filled, its allocation failed, another free took it first, or a later allocation
+/// overwrote it.
+fn over_count_reason(prog: &Program, seen: Option<(&Outcome, usize)>) -> Option<&'static str> {
     let has = |op: &str| {
         prog.threads
             .iter()
             .flatten()
             .any(|line| line.split(' ').next() == Some(op))
     };
+    let on_device =
+        |bits: fn(&Outcome) -> u32| seen.is_none_or(|(o, d)| (bits(o) >> d.min(31)) & 1 == 1);
     let threads = prog.threads.len() > 1;
-    if (has("ctxdestroy") || has("reset") || has("release")) && o.is_none_or(|o| o.teardown_shared)
-    {
+    if (has("ctxdestroy") || has("reset") || has("release")) && on_device(|o| o.teardowns_shared) {
         return Some("context teardown");
     }
-    if has("pooldestroy") && o.is_none_or(|o| o.pool_destroyed_live) {
+    if has("pooldestroy") && on_device(|o| o.pools_destroyed_live) {
         return Some("pool destroyed with blocks in use");
     }
     if threads && (has("freestale") || more_frees_than_allocations(prog)) {
         return Some("racing double free");
     }
-    if threads && o.is_some_and(|o| o.stale_free) {
+    if threads && seen.is_some_and(|(o, _)| o.stale_free) {
         return Some("racing double free (stale pointer)");
     }
     None
@@ -1117,16 +1119,22 @@ fn over_count_allowed(prog: &Program) -> Option<&'static str> {
     over_count_reason(prog, None)
 }
 
-/// Why `prog`, which ran as `o`, may have ended with its books above zero.
-fn over_count_after(prog: &Program, o: &Outcome) -> Option<&'static str> {
-    over_count_reason(prog, Some(o))
+/// The most devices a case can have (the executor's `MAX_DEVS`).
+const MAX_DEVICES: usize = 8;
+
+/// Why `prog`, which ran as `o`, may have ended with the books of `device` above zero.
+fn over_count_after(prog: &Program, o: &Outcome, device: usize) -> Option<&'static str> {
+    over_count_reason(prog, Some((o, device)))
 }
 
-/// Why the program ended with the library's books above zero, where that is allowed
+/// Why the program ended with the books of a device above zero, where that is allowed
 /// ([`over_count_after`]): counted, so that a soak says how often that let one through.
 fn books_left_as_allowed(prog: &Program, o: &Outcome) -> Option<&'static str> {
-    let left = o.end.as_ref()?.iter().any(|e| e.books != 0);
-    over_count_after(prog, o).filter(|_| left)
+    let ends = o.end.as_ref()?;
+    ends.iter()
+        .enumerate()
+        .filter(|(_, e)| e.books > 0)
+        .find_map(|(d, _)| over_count_after(prog, o, d))
 }
 
 /// Whether some pointer slot is freed more often than it is allocated into: one of its
@@ -1230,7 +1238,7 @@ fn check(cfg: &Config, prog: &Program, o: &Outcome, preload: bool) -> Option<Fai
                 ),
             );
         }
-        if preload && e.books != 0 && over_count_after(prog, o).is_none() {
+        if preload && (e.books < 0 || (e.books > 0 && over_count_after(prog, o, d).is_none())) {
             return f(
                 "books not zero after cleanup",
                 format!(
@@ -1757,7 +1765,7 @@ fn run_property(cases: u64, master: u64, native: bool, shrink_on: bool) {
                         }
                         // Books a double free left above zero are where the next program
                         // of this process starts: its failures are confirmed alone.
-                        if over_count_after(prog, o).is_some() {
+                        if (0..MAX_DEVICES).any(|d| over_count_after(prog, o, d).is_some()) {
                             tainted = true;
                         }
                     }

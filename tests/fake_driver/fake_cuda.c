@@ -39,8 +39,9 @@ static u64 g_module_bytes; /* what a module or library costs on the device */
 static int g_eager;          /* CUDA_MODULE_LOADING=EAGER: libraries load at once */
 static int g_no_loading_mode; /* FAKE_CUDA_NO_LOADING_MODE: cuModuleGetLoadingMode unsupported */
 static u64 g_queries_in_capture; /* cuMemGetInfo/cuCtxGetLimit calls while a capture is ongoing */
-static u64 g_pools_destroyed_live; /* cuMemPoolDestroy calls on a pool with blocks in use */
-static u64 g_teardowns_shared;     /* context teardowns that left a context or memory on the device */
+/* Per ordinal: cuMemPoolDestroy calls on a pool with blocks in use, and context teardowns
+ * while another context of the device lived. */
+static u64 g_pools_destroyed_live[MAX_DEV], g_teardowns_shared[MAX_DEV];
 static u64 g_stack_threads;  /* FAKE_CUDA_STACK_THREADS: threads a stack limit is paid for */
 static u64 g_launch_local;   /* FAKE_CUDA_LAUNCH_LOCAL_BYTES: a context's first launch grows local memory */
 static int g_free_refuses_async; /* FAKE_CUDA_FREE_REFUSES_ASYNC */
@@ -164,6 +165,7 @@ struct fake_pool {
     int is_default;
     int destroyed;
     u64 reserve, live, threshold, reserve_high, used_high;
+    u64 used_told; /* the last USED_MEM_CURRENT answer */
 };
 static struct fake_pool g_default_pool[MAX_DEV];
 static struct fake_pool *g_cur_pool[MAX_DEV];
@@ -969,14 +971,19 @@ CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
 /* ---------- contexts ---------- */
 
 /* A context of dev is gone: counted when another context of the device lives on, or
- * memory on it outlives the context (a pool's reserve kept for blocks in use). The library
- * clears a device's books only with its last context, so these are the teardowns after
- * which its books may stay above what the device holds (README, "Limits"). */
+ * stream-ordered or graph memory of the device outlives it (a pool's reserve, the graph
+ * memory's). The library clears a device's books only with its last context, and charges
+ * what outlives that again, so these are the teardowns after which its books may stay
+ * above what the device holds (README, "Limits"). VMM memory that outlives it does not
+ * count: the library charges it again exactly. */
 static void note_teardown(int dev) {
     int others = g_primary[dev].refcount > 0;
     for (size_t i = 0; i < g_nctxs && !others; i++)
         others = g_ctxs[i]->device == dev && !g_ctxs[i]->destroyed;
-    if (others || g_used[g_vis[dev]] > 0) g_teardowns_shared++;
+    u64 outlives = g_default_pool[dev].reserve + g_graph_reserved[dev];
+    for (size_t i = 0; i < g_npools; i++)
+        if (g_pools[i]->device == dev) outlives += g_pools[i]->reserve;
+    if (others || outlives) g_teardowns_shared[dev]++;
 }
 
 /* The primary context of dev is gone (released to 0 or reset): with it its memory, its
@@ -1813,7 +1820,9 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     BEGIN;
     if (!pool_known(pool) || pool->is_default) FAIL(CUDA_ERROR_INVALID_VALUE);
     pool->destroyed = 1;
-    if (pool->live) g_pools_destroyed_live++;
+    /* In use now, or when the caller last asked: the library looks just before it
+     * destroys, and a cuMemFree on another thread may come in between. */
+    if (pool->live || pool->used_told) g_pools_destroyed_live[pool->device]++;
     if (g_cur_pool[pool->device] == pool) g_cur_pool[pool->device] = &g_default_pool[pool->device];
     pool_shrink_to(pool, round_up(pool->live, POOL_CHUNK));
     END
@@ -1850,7 +1859,7 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *out = pool->threshold; break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *out = pool->reserve; break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *out = pool->reserve_high; break;
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *out = pool->live; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *out = pool->used_told = pool->live; break;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *out = pool->used_high; break;
     default: FAIL(CUDA_ERROR_INVALID_VALUE);
     }
@@ -2557,20 +2566,20 @@ unsigned long long fake_cuda_queries_in_capture(void) {
 
 unsigned long long fake_cuda_peak(int ordinal) { return stat_ordinal(ordinal, g_peak); }
 
-/* How many pools were destroyed while they had blocks in use: the library keeps such a
- * pool's reserve charged (README, "Limits"), the one case of a pool's that may leave its
- * books above zero. */
-unsigned long long fake_cuda_pools_destroyed_live(void) {
+/* How many pools of device `ordinal` were destroyed while they had blocks in use (or the
+ * last answer about their use said so): the library keeps such a pool's reserve charged
+ * (README, "Limits"), the one case of a pool's that may leave its books above zero. */
+unsigned long long fake_cuda_pools_destroyed_live(int ordinal) {
     pthread_mutex_lock(&g_mu);
-    u64 n = g_pools_destroyed_live;
+    u64 n = ordinal >= 0 && ordinal < MAX_DEV ? g_pools_destroyed_live[ordinal] : 0;
     pthread_mutex_unlock(&g_mu);
     return n;
 }
 
-/* How many context teardowns left another context of the device, or memory on it. */
-unsigned long long fake_cuda_teardowns_shared(void) {
+/* How many context teardowns on device `ordinal` left another context of it living. */
+unsigned long long fake_cuda_teardowns_shared(int ordinal) {
     pthread_mutex_lock(&g_mu);
-    u64 n = g_teardowns_shared;
+    u64 n = ordinal >= 0 && ordinal < MAX_DEV ? g_teardowns_shared[ordinal] : 0;
     pthread_mutex_unlock(&g_mu);
     return n;
 }

@@ -91,8 +91,8 @@ static u64 (*fake_peak)(int);
 static void (*fake_reset_peak)(int);
 static void (*fake_note)(const char *, int, unsigned long long, unsigned long long);
 static void (*fake_journal_dump)(int, const char *, unsigned long long);
-static u64 (*fake_pools_destroyed_live)(void);
-static u64 (*fake_teardowns_shared)(void);
+static u64 (*fake_pools_destroyed_live)(int);
+static u64 (*fake_teardowns_shared)(int);
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
@@ -129,8 +129,8 @@ static void resolve_all(const char *mode) {
     fake_used = (u64(*)(int))dlsym(h, "fake_cuda_used");
     fake_peak = (u64(*)(int))dlsym(h, "fake_cuda_peak");
     fake_reset_peak = (void (*)(int))dlsym(h, "fake_cuda_reset_peak");
-    fake_pools_destroyed_live = (u64(*)(void))dlsym(h, "fake_cuda_pools_destroyed_live");
-    fake_teardowns_shared = (u64(*)(void))dlsym(h, "fake_cuda_teardowns_shared");
+    fake_pools_destroyed_live = (u64(*)(int))dlsym(h, "fake_cuda_pools_destroyed_live");
+    fake_teardowns_shared = (u64(*)(int))dlsym(h, "fake_cuda_teardowns_shared");
     if (getenv("FAKE_CUDA_JOURNAL")) {
         fake_note = (__typeof__(fake_note))dlsym(h, "fake_cuda_journal_note");
         fake_journal_dump = (__typeof__(fake_journal_dump))dlsym(h, "fake_cuda_journal_dump");
@@ -917,8 +917,11 @@ static void reset_case(void) {
 static void run_case(void) {
     int n = g_case.nthreads;
     for (int d = 0; d < g_case.ndev; d++) fake_reset_peak(d);
-    u64 pools_destroyed_live = fake_pools_destroyed_live();
-    u64 teardowns_shared = fake_teardowns_shared();
+    u64 pools_destroyed_live[MAX_DEVS], teardowns_shared[MAX_DEVS];
+    for (int d = 0; d < g_case.ndev; d++) {
+        pools_destroyed_live[d] = fake_pools_destroyed_live(d);
+        teardowns_shared[d] = fake_teardowns_shared(d);
+    }
     printf("begin %s\n", g_case.id);
     fflush(stdout);
     pthread_barrier_init(&g_start, NULL, (unsigned)n);
@@ -933,8 +936,10 @@ static void run_case(void) {
         printf("\n");
     }
     if (g_stale_taken) printf("stalefree\n");
-    if (fake_pools_destroyed_live() != pools_destroyed_live) printf("pooldestroylive\n");
-    if (fake_teardowns_shared() != teardowns_shared) printf("teardownshared\n");
+    for (int d = 0; d < g_case.ndev; d++) {
+        if (fake_pools_destroyed_live(d) != pools_destroyed_live[d]) printf("pooldestroylive %d\n", d);
+        if (fake_teardowns_shared(d) != teardowns_shared[d]) printf("teardownshared %d\n", d);
+    }
     if (g_viol)
         printf("viol %d %zu %d %llu %llu\n", g_viol_t, g_viol_idx, g_viol_dev, g_viol_used,
                g_case.budget[g_viol_dev]);
