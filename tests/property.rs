@@ -862,8 +862,8 @@ struct Outcome {
     /// A free took a slot's stale pointer (a double free; see [`over_count_after`]).
     stale_free: bool,
     /// The devices (a bit each) where a pool was destroyed while it had blocks in use, and
-    /// where a context was torn down while another context of the device lived (the fake
-    /// driver counts both).
+    /// where a context was torn down while another context of the device lived or its
+    /// pool or graph memory outlived it (the fake driver counts both).
     pools_destroyed_live: u32,
     teardowns_shared: u32,
     elapsed: Duration,
@@ -1084,7 +1084,8 @@ struct Failure {
 /// For every other program the books must read exactly zero. Before the program has
 /// run (`seen` is `None`) this says whether it may end so; after, whether it did, on the
 /// device, what allows it: a pool destroyed when it had no block in use allows nothing,
-/// nor does a device's last context torn down; and a free that took a slot's stale
+/// nor does a device's last context torn down with no pool or graph memory left; and a
+/// free that took a slot's stale
 /// pointer (the executor says `stalefree`) is a double free too — the slot was never
 /// filled, its allocation failed, another free took it first, or a later allocation
 /// overwrote it.
@@ -1118,9 +1119,6 @@ fn over_count_reason(prog: &Program, seen: Option<(&Outcome, usize)>) -> Option<
 fn over_count_allowed(prog: &Program) -> Option<&'static str> {
     over_count_reason(prog, None)
 }
-
-/// The most devices a case can have (the executor's `MAX_DEVS`).
-const MAX_DEVICES: usize = 8;
 
 /// Why `prog`, which ran as `o`, may have ended with the books of `device` above zero.
 fn over_count_after(prog: &Program, o: &Outcome, device: usize) -> Option<&'static str> {
@@ -1765,7 +1763,7 @@ fn run_property(cases: u64, master: u64, native: bool, shrink_on: bool) {
                         }
                         // Books a double free left above zero are where the next program
                         // of this process starts: its failures are confirmed alone.
-                        if (0..MAX_DEVICES).any(|d| over_count_after(prog, o, d).is_some()) {
+                        if books_left_as_allowed(prog, o).is_some() {
                             tainted = true;
                         }
                     }

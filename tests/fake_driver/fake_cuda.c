@@ -39,8 +39,9 @@ static u64 g_module_bytes; /* what a module or library costs on the device */
 static int g_eager;          /* CUDA_MODULE_LOADING=EAGER: libraries load at once */
 static int g_no_loading_mode; /* FAKE_CUDA_NO_LOADING_MODE: cuModuleGetLoadingMode unsupported */
 static u64 g_queries_in_capture; /* cuMemGetInfo/cuCtxGetLimit calls while a capture is ongoing */
-/* Per ordinal: cuMemPoolDestroy calls on a pool with blocks in use, and context teardowns
- * while another context of the device lived. */
+/* By physical index: cuMemPoolDestroy calls on a pool with blocks in use, and context
+ * teardowns after which another context of the device lived or its pool or graph memory
+ * remained (note_teardown). */
 static u64 g_pools_destroyed_live[MAX_DEV], g_teardowns_shared[MAX_DEV];
 static u64 g_stack_threads;  /* FAKE_CUDA_STACK_THREADS: threads a stack limit is paid for */
 static u64 g_launch_local;   /* FAKE_CUDA_LAUNCH_LOCAL_BYTES: a context's first launch grows local memory */
@@ -983,7 +984,7 @@ static void note_teardown(int dev) {
     u64 outlives = g_default_pool[dev].reserve + g_graph_reserved[dev];
     for (size_t i = 0; i < g_npools; i++)
         if (g_pools[i]->device == dev) outlives += g_pools[i]->reserve;
-    if (others || outlives) g_teardowns_shared[dev]++;
+    if (others || outlives) g_teardowns_shared[g_vis[dev]]++;
 }
 
 /* The primary context of dev is gone (released to 0 or reset): with it its memory, its
@@ -1822,7 +1823,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     pool->destroyed = 1;
     /* In use now, or when the caller last asked: the library looks just before it
      * destroys, and a cuMemFree on another thread may come in between. */
-    if (pool->live || pool->used_told) g_pools_destroyed_live[pool->device]++;
+    if (pool->live || pool->used_told) g_pools_destroyed_live[g_vis[pool->device]]++;
     if (g_cur_pool[pool->device] == pool) g_cur_pool[pool->device] = &g_default_pool[pool->device];
     pool_shrink_to(pool, round_up(pool->live, POOL_CHUNK));
     END
@@ -2570,19 +2571,12 @@ unsigned long long fake_cuda_peak(int ordinal) { return stat_ordinal(ordinal, g_
  * last answer about their use said so): the library keeps such a pool's reserve charged
  * (README, "Limits"), the one case of a pool's that may leave its books above zero. */
 unsigned long long fake_cuda_pools_destroyed_live(int ordinal) {
-    pthread_mutex_lock(&g_mu);
-    u64 n = ordinal >= 0 && ordinal < MAX_DEV ? g_pools_destroyed_live[ordinal] : 0;
-    pthread_mutex_unlock(&g_mu);
-    return n;
+    return stat_ordinal(ordinal, g_pools_destroyed_live);
 }
 
-/* How many context teardowns on device `ordinal` left another context of it living. */
-unsigned long long fake_cuda_teardowns_shared(int ordinal) {
-    pthread_mutex_lock(&g_mu);
-    u64 n = ordinal >= 0 && ordinal < MAX_DEV ? g_teardowns_shared[ordinal] : 0;
-    pthread_mutex_unlock(&g_mu);
-    return n;
-}
+/* How many context teardowns on device `ordinal` left another context of it living, or
+ * its pool or graph memory. */
+unsigned long long fake_cuda_teardowns_shared(int ordinal) { return stat_ordinal(ordinal, g_teardowns_shared); }
 
 unsigned long long fake_cuda_phys_used(int physical_index) {
     pthread_mutex_lock(&g_mu);
