@@ -27,7 +27,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod capture;
-pub mod config;
+pub use cudabudget_spec::config;
 mod driver;
 mod enforce;
 mod events;
@@ -43,7 +43,7 @@ mod lock;
 mod nvml;
 mod pools;
 mod publish;
-pub mod quantity;
+pub use cudabudget_spec::quantity;
 mod report;
 mod runtime;
 mod vmm;

@@ -13,9 +13,7 @@
 //! (said at `info`), never disturbed. The record is removed at exit; records of processes
 //! that died without exiting (`kill -9`) are cleaned by their readers.
 
-// The reading half (decode, names, /proc parsing) is the CLI's.
-#[allow(dead_code)]
-pub mod record;
+pub use cudabudget_spec::record;
 
 use std::ffi::CString;
 use std::fs::File;

@@ -3,9 +3,7 @@
 
 mod util;
 
-#[path = "../src/publish/record.rs"]
-#[allow(dead_code)]
-mod record;
+use cudabudget_spec::record;
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};

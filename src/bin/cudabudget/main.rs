@@ -3,23 +3,13 @@
 //! and place the library for an image (`install`).
 //!
 //! This binary must never link the library crate: the library exports `dlsym` and the
-//! driver's names, which would interpose on the CLI itself. The pure modules it needs
-//! (quantities, configuration, the record layout) are compiled in from their source
-//! files instead. Everything that can be wrong with `run` is checked before `exec`, so
+//! driver's names, which would interpose on the CLI itself. What it shares with the
+//! library (quantities, configuration, the record layout, shared places) is the
+//! `cudabudget-spec` crate. Everything that can be wrong with `run` is checked before `exec`, so
 //! a bad option or a bad inherited variable fails here and the job never starts
 //! unbudgeted.
 
-#[allow(dead_code)]
-#[path = "../../quantity.rs"]
-mod quantity;
-
-#[allow(dead_code)]
-#[path = "../../config.rs"]
-mod config;
-
-#[allow(dead_code)]
-#[path = "../../publish/record.rs"]
-mod record;
+use cudabudget_spec::{config, quantity, record};
 
 mod doctor;
 mod exporter;

@@ -1,8 +1,7 @@
 //! The layout of a process's published record: what `cudabudget status` and the exporter
-//! read, and what [`crate::publish`] writes.
+//! read, and what the library's publisher writes.
 //!
-//! Pure: bytes in, bytes out. The CLI compiles this file in by path (it must never link
-//! the library), so it uses nothing but `std`.
+//! Pure: bytes in, bytes out.
 //!
 //! A record is one file of [`SIZE`] bytes, little-endian, fixed offsets:
 //!
