@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::quantity::{Limit, parse_hami, parse_limit};
@@ -38,6 +39,8 @@ pub const CONTEXT_MEMORY: &str = "CUDABUDGET_CONTEXT_MEMORY";
 pub const HAMI_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// HAMi's shared cache file: the processes that name the same one share a budget.
 pub const HAMI_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// Where job ledgers and records go unless a variable names another directory.
+pub const DEFAULT_SHARED_DIR: &str = "/dev/shm";
 /// Highest device ordinal a per-device variable may name: the ledger budgets 64 devices
 /// (0..=63), and a budget it could not enforce is refused rather than accepted.
 pub const MAX_ORDINAL: u32 = 63;
@@ -114,6 +117,15 @@ pub struct Config {
     /// HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, when HAMi's variables set the budget:
     /// the processes that name the same file share one budget.
     pub hami_shared_cache: Option<String>,
+    /// Where job ledgers may live, best first: `CUDABUDGET_JOB_DIR` (trimmed, absolute)
+    /// or `/dev/shm`, then the user's own places ([`crate::place::fallback_roots`]) for
+    /// when another user holds the name in the first.
+    pub job_dirs: Vec<PathBuf>,
+    /// Where the per-process records go, best first: `CUDABUDGET_RUNTIME_DIR` or
+    /// `/dev/shm`, then the user's own places.
+    pub runtime_dirs: Vec<PathBuf>,
+    /// `CUDABUDGET_EVENTS` (trimmed): the file that gets one JSON line per event.
+    pub events: Option<PathBuf>,
 }
 
 /// A variable whose value cannot be honoured. `Display` renders the single line the
@@ -368,9 +380,14 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut ours: BTreeMap<&str, (Variable, &str)> = BTreeMap::new();
         let mut hami_cache: Option<&str> = None;
+        let mut places: BTreeMap<&str, &str> = BTreeMap::new();
         for (name, value) in vars {
             if name == HAMI_SHARED_CACHE {
                 hami_cache.get_or_insert(value);
+                continue;
+            }
+            if name == "XDG_RUNTIME_DIR" || name == "HOME" {
+                places.entry(name).or_insert(value);
                 continue;
             }
             if ours.contains_key(name) {
@@ -396,7 +413,13 @@ impl Config {
             scope: Scope::Process,
             on_exceed: OnExceed::Fail,
             hami_shared_cache: None,
+            job_dirs: Vec::new(),
+            runtime_dirs: Vec::new(),
+            events: None,
         };
+        let fallbacks = crate::place::fallback_roots(|name| places.get(name).copied());
+        let mut job_dir = PathBuf::from(DEFAULT_SHARED_DIR);
+        let mut runtime_dir = PathBuf::from(DEFAULT_SHARED_DIR);
         let mut device_limits = BTreeMap::new();
         for (&name, &(variable, value)) in &ours {
             let fail = |reason: String| error(name, value, reason);
@@ -415,11 +438,18 @@ impl Config {
                     if !trim(value).starts_with('/') {
                         return Err(fail("use an absolute directory, e.g. /dev/shm".to_string()));
                     }
+                    let dir = PathBuf::from(trim(value));
+                    if variable == Variable::JobDir {
+                        job_dir = dir;
+                    } else {
+                        runtime_dir = dir;
+                    }
                 }
                 Variable::Events => {
                     if trim(value).is_empty() {
                         return Err(fail("empty value; use a file path".to_string()));
                     }
+                    config.events = Some(PathBuf::from(trim(value)));
                 }
                 Variable::ContextMemory => {
                     config.context_memory = match parse_limit(value).map_err(|e| fail(e.reason))? {
@@ -443,6 +473,10 @@ impl Config {
             }
         }
         config.device_limits = device_limits.into_iter().collect();
+        config.job_dirs = std::iter::once(job_dir)
+            .chain(fallbacks.iter().cloned())
+            .collect();
+        config.runtime_dirs = std::iter::once(runtime_dir).chain(fallbacks).collect();
         if use_hami {
             config.hami_shared_cache = hami_cache
                 .filter(|v| !trim(v).is_empty())
