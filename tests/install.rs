@@ -160,8 +160,12 @@ fn bare_cli(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 
 #[cfg(cudabudget_embed)]
 fn bare(bin: &Path, home: &Path, args: &[&str]) -> Command {
+    std::fs::create_dir_all(home).unwrap();
     let mut command = cli_at(bin, args);
-    command.env("HOME", home).env_remove("XDG_CACHE_HOME");
+    command
+        .env("HOME", home)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("XDG_RUNTIME_DIR");
     command
 }
 
@@ -261,4 +265,24 @@ fn a_cli_alone_installs_the_library_it_carries() {
         assert!(!dir.join("home/.cache").exists(), "install writes no cache");
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+#[test]
+fn install_refuses_a_directory_others_can_write() {
+    let scratch = scratch("install-open");
+    for mode in [0o777, 0o1777, 0o775] {
+        let dir = scratch.join(format!("open-{mode:o}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = output(&mut cudabudget(&["install", dir.to_str().unwrap()]));
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(125), "{mode:o}: {said}");
+        assert!(said.contains(dir.to_str().unwrap()), "{said}");
+        assert!(said.contains("others may write it"), "{said}");
+        assert_eq!(said.trim_end().lines().count(), 1, "{said}");
+        assert!(stdout(&out).is_empty(), "no LD_PRELOAD line");
+        assert!(!dir.join("libcudabudget.so").exists(), "{mode:o}");
+        assert!(!dir.join("cudabudget").exists(), "{mode:o}");
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -293,7 +293,10 @@ fn library_check(found: &mut Found) -> Check {
             );
         }
     };
-    let summary = format!("{} ({})", library.path.display(), library.origin.describe());
+    let mut summary = format!("{} ({})", library.path.display(), library.origin.describe());
+    if let Some(line) = &library.in_the_way {
+        summary = format!("{summary}: {line}");
+    }
     let details = json!({"path": library.path, "origin": format!("{:?}", library.origin)});
     let probe = library::probe(library.path.as_os_str(), &library.path);
     found.library = Some(library);

@@ -4,14 +4,23 @@
 //! The library is `$CUDABUDGET_LIB`, else the one next to this binary (a build tree, an
 //! install directory, a wheel), else the copy built into this binary (what `cargo
 //! install` gives), written once per version to a per-user cache directory.
+//!
+//! Whatever is preloaded comes from a place no other user can change (see
+//! [`check_unchangeable`] and `cudabudget_spec::place`): a library another user could
+//! replace would run their code in every process of ours. The carried copy is written
+//! through directory descriptors into directories of ours, and when another user holds
+//! a name on the way, it goes elsewhere and one line says what was in the way.
 
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 
 use crate::{Refusal, config, record, usage};
 
@@ -52,17 +61,34 @@ impl Origin {
 }
 
 pub struct Library {
-    /// Absolute and canonical.
+    /// Absolute and canonical; every directory on it is root's or this user's and
+    /// nobody else may write it, so no other user can change what it names.
     pub path: PathBuf,
     pub origin: Origin,
+    /// When the carried copy could not go to its usual place because another user's
+    /// object holds a name on the way: that object, and where the copy went instead
+    /// (one line, for `run` and `doctor`).
+    pub in_the_way: Option<String>,
+}
+
+/// A library that could be preloaded from a place another user can change, or none
+/// could be placed where nobody else can: nothing is run. (125, as `env` and `nohup`
+/// report their own failures.)
+pub const EXIT_UNSAFE_LIBRARY: u8 = 125;
+
+fn unsafe_library(message: impl Into<String>) -> Refusal {
+    Refusal {
+        message: message.into(),
+        status: EXIT_UNSAFE_LIBRARY,
+    }
 }
 
 /// The library to preload (see the module's docs), as an absolute path that
-/// `LD_PRELOAD` can carry.
+/// `LD_PRELOAD` can carry and that no other user can change.
 pub fn find() -> Result<Library, Refusal> {
     let library = match std::env::var_os(config::LIB) {
-        Some(path) => Library {
-            path: std::fs::canonicalize(&path)
+        Some(path) => {
+            let path = std::fs::canonicalize(&path)
                 .ok()
                 .filter(|p| p.is_file())
                 .ok_or_else(|| {
@@ -72,29 +98,58 @@ pub fn find() -> Result<Library, Refusal> {
                         config::LIB,
                         path.to_string_lossy()
                     ))
-                })?,
-            origin: Origin::Variable,
-        },
+                })?;
+            check_unchangeable(&path).map_err(|why| {
+                unsafe_library(format!(
+                    "{}={}: {why}; nothing was run (another user could put their own code \
+                     in your processes): use a copy only you or root can change",
+                    config::LIB,
+                    path.display()
+                ))
+            })?;
+            Library {
+                path,
+                origin: Origin::Variable,
+                in_the_way: None,
+            }
+        }
         None => {
             let dir = std::env::current_exe()
                 .ok()
                 .and_then(|exe| exe.parent().map(Path::to_path_buf));
             match dir.as_deref().and_then(beside_binary) {
-                Some(path) => Library {
-                    path,
-                    origin: Origin::BesideBinary,
-                },
+                Some(path) => {
+                    check_unchangeable(&path).map_err(|why| {
+                        unsafe_library(format!(
+                            "{}: {why}; nothing was run (another user could put their own \
+                             code in your processes): reinstall it where only you or root \
+                             can change it, or set {} to such a copy",
+                            path.display(),
+                            config::LIB
+                        ))
+                    })?;
+                    Library {
+                        path,
+                        origin: Origin::BesideBinary,
+                        in_the_way: None,
+                    }
+                }
                 None => match embedded() {
-                    Some(bytes) => Library {
-                        path: write_to_cache(bytes).map_err(|reason| {
-                            usage(format!(
-                                "cannot write out the {LIBRARY_NAME} this binary carries: \
-                                 {reason}; set {} to a copy of the library",
+                    Some(bytes) => {
+                        let (path, in_the_way) = write_to_cache(bytes).map_err(|reason| {
+                            unsafe_library(format!(
+                                "cannot write out the {LIBRARY_NAME} this binary carries \
+                                 where only you can change it: {reason}; nothing was run; \
+                                 set {} to a copy of the library",
                                 config::LIB
                             ))
-                        })?,
-                        origin: Origin::Embedded,
-                    },
+                        })?;
+                        Library {
+                            path,
+                            origin: Origin::Embedded,
+                            in_the_way,
+                        }
+                    }
                     None => {
                         let place = dir.map_or_else(
                             || "next to this binary (whose location is unknown)".to_string(),
@@ -121,7 +176,7 @@ pub fn find() -> Result<Library, Refusal> {
 }
 
 /// ld.so splits `LD_PRELOAD` at ':' and spaces: such a path cannot be expressed.
-fn preloadable_path(path: &Path) -> bool {
+pub fn preloadable_path(path: &Path) -> bool {
     !path
         .as_os_str()
         .as_bytes()
@@ -138,6 +193,40 @@ fn beside_binary(dir: &Path) -> Option<PathBuf> {
         .map(|_| path)
 }
 
+/// `Err(why)` unless no other user can change what the canonical `path` names: every
+/// directory from `/` is root's or ours and nobody else may write it (or it is sticky,
+/// where others cannot rename what is not theirs), and the file is root's or ours and
+/// nobody else may write it. The loader opens the path again later; with such a
+/// chain it finds the same file.
+pub fn check_unchangeable(path: &Path) -> Result<(), String> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(OsStr::to_str))
+    else {
+        return Err("not a plain file path".to_string());
+    };
+    let dir = Dir::open_trusted(parent).map_err(|e| e.to_string())?;
+    let st = dir
+        .stat_at(name)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    if st.st_uid != 0 && st.st_uid != place::euid() {
+        return Err(format!(
+            "{} belongs to uid {}, not to you or root",
+            path.display(),
+            st.st_uid
+        ));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(format!(
+            "others may write {} (mode {:o})",
+            path.display(),
+            st.st_mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 /// Whether two paths name one file, through symlinks and hard links (cargo hard-links
 /// the library it copies next to the binary).
 pub fn same_file(a: &Path, b: &Path) -> bool {
@@ -147,128 +236,238 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn euid() -> u32 {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    unsafe { libc::geteuid() }
+/// A variable that names an absolute directory.
+fn absolute_var(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && p != Path::new("/"))
 }
 
-/// A directory of this user that nobody else can write, created (mode 0700) if missing.
-fn private_dir(dir: &Path) -> io::Result<()> {
-    match std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-    {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+/// Where the carried library may go, best first: a root directory and the names of
+/// our own directories under it.
+fn cache_places() -> Vec<(PathBuf, Vec<String>)> {
+    let mut places = Vec::new();
+    if let Some(cache) = absolute_var("XDG_CACHE_HOME") {
+        places.push((cache, vec!["cudabudget".to_string()]));
     }
-    let meta = std::fs::symlink_metadata(dir)?;
-    if !meta.is_dir() || meta.uid() != euid() || meta.mode() & 0o022 != 0 {
-        return Err(io::Error::other(format!(
-            "{} is not a directory of this user that only it can write",
-            dir.display()
-        )));
+    if let Some(home) = absolute_var("HOME") {
+        places.push((home, vec![".cache".to_string(), "cudabudget".to_string()]));
     }
-    Ok(())
+    if let Some(runtime) = absolute_var("XDG_RUNTIME_DIR") {
+        places.push((runtime, vec!["cudabudget".to_string()]));
+    }
+    places.push((std::env::temp_dir(), vec![temp_cache_name()]));
+    places
 }
 
-/// The cache directories to try, best first.
-fn cache_roots() -> Vec<PathBuf> {
-    let absolute = |v: Option<std::ffi::OsString>| {
-        v.map(PathBuf::from)
-            .filter(|p| p.is_absolute() && !p.as_os_str().is_empty())
-    };
-    let mut roots = Vec::new();
-    if let Some(cache) = absolute(std::env::var_os("XDG_CACHE_HOME")) {
-        roots.push(cache.join("cudabudget"));
-    }
-    if let Some(home) = absolute(std::env::var_os("HOME")) {
-        roots.push(home.join(".cache").join("cudabudget"));
-    }
-    if let Some(runtime) = absolute(std::env::var_os("XDG_RUNTIME_DIR")) {
-        roots.push(runtime.join("cudabudget"));
-    }
-    roots.push(std::env::temp_dir().join(format!("cudabudget-cache-{}", euid())));
-    roots
+/// `cudabudget-cache-<uid>`: the per-user name in the shared temporary directory.
+fn temp_cache_name() -> String {
+    format!("cudabudget-cache-{}", place::euid())
 }
 
-/// Writes `bytes` (the carried library) once per version to the first usable cache
-/// directory and returns the path of the copy.
-fn write_to_cache(bytes: &[u8]) -> Result<PathBuf, String> {
+/// Writes `bytes` (the carried library) once per version to the first cache place that
+/// is ours all the way, and returns the path of the copy, with a line naming what was
+/// in the way of the places before it. When every usual place is taken, the copy goes
+/// to a directory of ours with an unpredictable name in the temporary directory.
+fn write_to_cache(bytes: &[u8]) -> Result<(PathBuf, Option<String>), String> {
     let version = format!(
         "{}-{:016x}",
         env!("CARGO_PKG_VERSION"),
         record::fnv1a(bytes)
     );
+    let mut in_the_way = Vec::new();
     let mut reasons = Vec::new();
-    for root in cache_roots() {
-        let dir = root.join(&version);
-        if !preloadable_path(&dir) {
-            reasons.push(format!("{}: ':' or whitespace in the path", dir.display()));
-            continue;
+    let mut note = |error: PlaceError, in_the_way: &mut Vec<String>| {
+        if matches!(
+            error,
+            PlaceError::Taken { .. } | PlaceError::Untrusted { .. }
+        ) {
+            in_the_way.push(error.to_string());
         }
-        match write_once(&dir, bytes) {
-            Ok(path) => return Ok(path),
-            Err(e) => reasons.push(format!("{}: {e}", dir.display())),
+        reasons.push(error.to_string());
+    };
+    for (root, names) in cache_places() {
+        let placed = Dir::open_trusted(&root).and_then(|mut dir| {
+            for name in &names {
+                dir = dir.private(name, 0o700)?;
+            }
+            write_version(&dir, &version, bytes)
+        });
+        match placed {
+            Ok(path) => {
+                let line = in_the_way_line(&in_the_way, &path);
+                return Ok((path, line));
+            }
+            Err(error) => note(error, &mut in_the_way),
         }
     }
-    Err(reasons.join("; "))
+    match unpredictable_place(&std::env::temp_dir(), &version, bytes) {
+        Ok(path) => {
+            let line = in_the_way_line(&in_the_way, &path);
+            Ok((path, line))
+        }
+        Err(error) => {
+            note(error, &mut in_the_way);
+            Err(reasons.join("; "))
+        }
+    }
 }
 
-/// `dir/libcudabudget.so` holding `bytes`: the existing file when it is this user's,
-/// writable by nobody else and has exactly these bytes; else written anew (to a
-/// temporary name, then renamed, so no process ever maps half a library).
-pub fn write_once(dir: &Path, bytes: &[u8]) -> io::Result<PathBuf> {
-    private_dir(dir)?;
-    let path = dir.join(LIBRARY_NAME);
-    if let Ok(mut file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-    {
-        let meta = file.metadata()?;
-        if meta.is_file()
-            && meta.uid() == euid()
-            && meta.mode() & 0o022 == 0
-            && meta.len() == bytes.len() as u64
-        {
-            let mut existing = Vec::with_capacity(bytes.len());
-            file.read_to_end(&mut existing)?;
-            if existing == bytes {
-                return Ok(path);
-            }
-        }
+fn in_the_way_line(in_the_way: &[String], path: &Path) -> Option<String> {
+    (!in_the_way.is_empty()).then(|| {
+        format!(
+            "{}; the library this binary carries was written to {} instead",
+            in_the_way.join("; "),
+            path.display()
+        )
+    })
+}
+
+/// `dir/<version>/libcudabudget.so`, our own directory and a verified copy of `bytes`.
+fn write_version(dir: &Dir, version: &str, bytes: &[u8]) -> Result<PathBuf, PlaceError> {
+    let dir = dir.private(version, 0o700)?;
+    let path = dir.path().join(LIBRARY_NAME);
+    if !preloadable_path(&path) {
+        return Err(PlaceError::Untrusted {
+            path,
+            why: "':' or whitespace in the path, which LD_PRELOAD cannot carry".to_string(),
+        });
     }
-    write_atomically(&path, bytes, 0o755)?;
+    write_verified(&dir, LIBRARY_NAME, bytes, 0o755)?;
+    // Every directory from / to `dir` was walked without following links and is root's
+    // or ours, writable by nobody else (or sticky, where nobody else can rename what is
+    // ours), and the file was verified through its descriptor: no other user can change
+    // what this path names, so it is safe to hand to LD_PRELOAD.
     Ok(path)
 }
 
-/// Writes `bytes` to `path` through a temporary file beside it and a rename.
-pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or(OsStr::new(LIBRARY_NAME));
-    let temporary = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&temporary);
-    let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&temporary)?;
-        file.write_all(bytes)?;
-        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temporary);
+/// The last resort: a directory of ours in `tmp` whose name nobody could guess
+/// (`cudabudget-cache-<uid>-XXXXXXXXXXXX`), created exclusively, or one an earlier run
+/// made (found by its prefix and accepted only when it is ours and closed to others).
+fn unpredictable_place(tmp: &Path, version: &str, bytes: &[u8]) -> Result<PathBuf, PlaceError> {
+    let root = Dir::open_trusted(tmp)?;
+    let prefix = format!("{}-", temp_cache_name());
+    let earlier = root.names(4096).unwrap_or_default();
+    for name in earlier.iter().filter_map(|n| n.to_str()) {
+        if name.len() == prefix.len() + 12
+            && name.starts_with(&prefix)
+            && let Ok(dir) = root.private(name, 0o700)
+            && let Ok(path) = write_version(&dir, version, bytes)
+        {
+            return Ok(path);
+        }
     }
-    result
+    let mut last = None;
+    for _ in 0..16 {
+        let name = format!("{prefix}{}", random_name(12));
+        let cname = std::ffi::CString::new(name.as_bytes()).expect("no NUL");
+        // SAFETY: a live directory descriptor and a NUL-terminated name. mkdirat fails
+        // with EEXIST rather than take a name someone else holds.
+        let made = unsafe { libc::mkdirat(root.fd().as_raw_fd(), cname.as_ptr(), 0o700) };
+        if made != 0 {
+            let error = io::Error::last_os_error();
+            if error.raw_os_error() == Some(libc::EEXIST) {
+                continue;
+            }
+            last = Some(PlaceError::Io {
+                path: root.path().join(&name),
+                error,
+            });
+            break;
+        }
+        return write_version(&root.private(&name, 0o700)?, version, bytes);
+    }
+    Err(last.unwrap_or_else(|| PlaceError::Untrusted {
+        path: root.path().join(format!("{prefix}*")),
+        why: "every name tried was taken".to_string(),
+    }))
+}
+
+/// `len` characters from [a-zA-Z0-9], from the kernel's random source.
+fn random_name(len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut random = vec![0u8; len];
+    // SAFETY: `random` is a writable buffer of `len` bytes.
+    let got = unsafe { libc::getrandom(random.as_mut_ptr().cast(), len, 0) };
+    if got != len as isize {
+        // No getrandom (old kernel): time and pid, still not guessable to the name.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut x = nanos ^ (u64::from(std::process::id()) << 32);
+        for byte in &mut random {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *byte = x as u8;
+        }
+    }
+    random
+        .iter()
+        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
+        .collect()
+}
+
+/// `name` in `dir` holding exactly `bytes` with permissions `mode`: the existing file
+/// when it is ours, has one link, nobody else may write it and it holds these bytes;
+/// else written anew through the directory's descriptor (a temporary name, then a
+/// rename, so no process ever maps half a library) and read back through a new
+/// descriptor. Never follows a link.
+pub fn write_verified(dir: &Dir, name: &str, bytes: &[u8], mode: u32) -> Result<(), PlaceError> {
+    let path = dir.path().join(name);
+    if let Ok(file) = dir.open_file(name, FileOpen::READ)
+        && holds(&file, bytes, mode)
+    {
+        return Ok(());
+    }
+    let temporary = format!(".{name}.{}.tmp", std::process::id());
+    let _ = dir.remove_file(&temporary);
+    let written = (|| {
+        let mut file = dir.open_file(
+            &temporary,
+            FileOpen {
+                access: Access::ReadWrite,
+                create: Create::New,
+                mode: 0o600,
+            },
+        )?;
+        let io = |error| PlaceError::Io {
+            path: path.clone(),
+            error,
+        };
+        file.write_all(bytes).map_err(io)?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(io)?;
+        file.sync_all().map_err(io)?;
+        dir.rename(&temporary, name).map_err(io)
+    })();
+    if written.is_err() {
+        let _ = dir.remove_file(&temporary);
+    }
+    written?;
+    let file = dir.open_file(name, FileOpen::READ)?;
+    if !holds(&file, bytes, mode) {
+        return Err(PlaceError::Untrusted {
+            path,
+            why: "it does not hold what was just written".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Whether the open `file` has permissions `mode` and holds exactly `bytes`.
+fn holds(file: &std::fs::File, bytes: &[u8], mode: u32) -> bool {
+    let Ok(meta) = file.metadata() else {
+        return false;
+    };
+    if meta.mode() & 0o7777 != mode || meta.len() != bytes.len() as u64 {
+        return false;
+    }
+    let mut existing = Vec::with_capacity(bytes.len());
+    file.take(bytes.len() as u64 + 1)
+        .read_to_end(&mut existing)
+        .is_ok()
+        && existing == bytes
 }
 
 /// Preloads `preload` (the whole `LD_PRELOAD` value the command would get) into a

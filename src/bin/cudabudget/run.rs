@@ -9,7 +9,7 @@ use std::process::Command;
 
 use clap::Args;
 
-use crate::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, config, library, quantity, usage};
+use crate::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, config, library, quantity, say, usage};
 
 const QUANTITY_EXAMPLES: &str = "examples: 20Gi, 512Mi, 8GB, 40%";
 
@@ -21,8 +21,11 @@ mistyped option is an error, never the command.
 
 The budget is handed to CMD through LD_PRELOAD and CUDABUDGET_* variables. The library \
 is $CUDABUDGET_LIB, else the libcudabudget.so next to this binary, else the copy this \
-binary carries (written once to a per-user cache directory). CMD is not started when \
-the library would not load here (run `cudabudget doctor` to see why).
+binary carries (written once to a per-user cache directory: $XDG_CACHE_HOME, \
+$HOME/.cache, $XDG_RUNTIME_DIR or $TMPDIR; when another user holds the name there, a \
+directory of yours with an unpredictable name, and one line says what was in the way). \
+CMD is not started when the library would not load here (run `cudabudget doctor` to \
+see why), nor when another user could change it (exit 125).
 
 Examples:
   cudabudget run --limit 20Gi -- python train.py
@@ -67,6 +70,9 @@ pub fn run(args: RunArgs) -> Refusal {
         Ok(library) => library,
         Err(refusal) => return refusal,
     };
+    if let Some(line) = &library.in_the_way {
+        say(line);
+    }
     let inherited: Vec<(OsString, OsString)> = std::env::vars_os().collect();
     let preload = preload_value(&library.path, lookup(&inherited, "LD_PRELOAD"));
 
