@@ -458,3 +458,68 @@ fn a_library_the_loader_refuses_is_never_preloaded_into_the_command() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `cudabudget run --limit 1Gi -- touch <marker>` with the binary `bin` and `envs`,
+/// and asserts it was refused with exit 125 and one line, without running the command.
+fn assert_refused_as_changeable(test: &str, bin: &Path, envs: &[(&str, &Path)]) -> String {
+    let marker = marker(test);
+    let mut command = cli(bin, &["run", "--limit", "1Gi", "--", "touch"]);
+    command.arg(&marker);
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    let out = output(command);
+    let message = stderr(&out);
+    assert_eq!(out.status.code(), Some(125), "stderr: {message}");
+    assert!(!marker.exists(), "the command ran despite: {message}");
+    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
+    message
+}
+
+#[test]
+fn a_library_others_could_change_is_never_preloaded() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let dir = std::env::temp_dir().join(format!("cudabudget-cli-open-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    mode(&dir, 0o755);
+
+    // CUDABUDGET_LIB in a directory anyone may write (another user could rename their
+    // own library over it between the check and the exec).
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    mode(&open, 0o777);
+    let library = open.join("libcudabudget.so");
+    std::fs::copy(fresh_library(), &library).unwrap();
+    mode(&library, 0o755);
+    let message =
+        assert_refused_as_changeable("open-dir", Path::new(BIN), &[("CUDABUDGET_LIB", &library)]);
+    assert!(message.contains("CUDABUDGET_LIB"), "{message}");
+    assert!(message.contains(open.to_str().unwrap()), "{message}");
+
+    // A library file anyone may write.
+    let closed = dir.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    mode(&closed, 0o755);
+    let library = closed.join("libcudabudget.so");
+    std::fs::copy(fresh_library(), &library).unwrap();
+    mode(&library, 0o666);
+    let message =
+        assert_refused_as_changeable("open-file", Path::new(BIN), &[("CUDABUDGET_LIB", &library)]);
+    assert!(message.contains("others may write"), "{message}");
+
+    // The library beside the binary, in a directory its group may write.
+    let group = dir.join("group");
+    std::fs::create_dir(&group).unwrap();
+    mode(&group, 0o775);
+    let bin = group.join("cudabudget");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::copy(fresh_library(), group.join("libcudabudget.so")).unwrap();
+    mode(&group.join("libcudabudget.so"), 0o755);
+    let message = assert_refused_as_changeable("beside", &bin, &[]);
+    assert!(message.contains(group.to_str().unwrap()), "{message}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -121,12 +121,25 @@ fn assert_budgeted_by_her_own_library(t: &Tenants, out: &Output) -> PathBuf {
     path
 }
 
+/// mallory plants `parent` (`mkdir -m MODE`, or a link to a directory of hers).
 fn planted_parent_case(mode: &str) {
     let Some(t) = Tenants::get() else { return };
     let s = shared(t);
     let tmp = t.sticky_dir(&format!("cache-planted-{mode}"));
     let parent = cache_parent(&tmp, &t.alice);
-    mkdir_as(t, &t.mallory, mode, &parent);
+    if mode == "link" {
+        let hers = tmp.join("hers");
+        mkdir_as(t, &t.mallory, "0777", &hers);
+        let out = output(&mut as_user(
+            t,
+            &t.mallory,
+            Path::new("/bin/ln"),
+            &["-s", hers.to_str().unwrap(), parent.to_str().unwrap()],
+        ));
+        assert!(out.status.success(), "ln: {}", stderr(&out));
+    } else {
+        mkdir_as(t, &t.mallory, mode, &parent);
+    }
 
     let out = alice_runs(t, s, &tmp);
     let path = assert_budgeted_by_her_own_library(t, &out);
@@ -172,6 +185,15 @@ fn a_cache_directory_another_user_planted_open_to_all_is_passed_by_with_a_line()
 )]
 fn a_cache_directory_another_user_planted_closed_to_her_is_passed_by_with_a_line() {
     planted_parent_case("0755");
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_link_another_user_planted_at_the_cache_name_is_passed_by_with_a_line() {
+    planted_parent_case("link");
 }
 
 /// A library that, once loaded, creates `marker` (C, built with `cc`).
