@@ -286,3 +286,41 @@ fn install_refuses_a_directory_others_can_write() {
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_cache_directory_linked_to_a_place_of_ours_is_used_without_a_word() {
+    #[cfg(cudabudget_embed)]
+    {
+        let (dir, bin) = bare_cli("bare-linked-cache");
+        let home = dir.join("home");
+        let elsewhere = dir.join("scratch-disk/cache");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, home.join(".cache")).unwrap();
+        let out = output(&mut bare(
+            &bin,
+            &home,
+            &[
+                "run",
+                "--limit",
+                "1Gi",
+                "--",
+                "sh",
+                "-c",
+                "echo $LD_PRELOAD",
+            ],
+        ));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+        let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
+        assert!(
+            preloaded.starts_with(std::fs::canonicalize(&elsewhere).unwrap()),
+            "{preloaded:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

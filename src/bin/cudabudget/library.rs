@@ -251,7 +251,14 @@ fn cache_places() -> Vec<(PathBuf, Vec<String>)> {
         places.push((cache, vec!["cudabudget".to_string()]));
     }
     if let Some(home) = absolute_var("HOME") {
-        places.push((home, vec![".cache".to_string(), "cudabudget".to_string()]));
+        // An existing ~/.cache may be a link of ours (to a scratch disk): it is resolved
+        // and its target checked like any other directory. A missing one is created.
+        let cache = home.join(".cache");
+        if std::fs::metadata(&cache).is_ok_and(|m| m.is_dir()) {
+            places.push((cache, vec!["cudabudget".to_string()]));
+        } else {
+            places.push((home, vec![".cache".to_string(), "cudabudget".to_string()]));
+        }
     }
     if let Some(runtime) = absolute_var("XDG_RUNTIME_DIR") {
         places.push((runtime, vec!["cudabudget".to_string()]));
