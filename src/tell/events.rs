@@ -386,7 +386,9 @@ fn start_writer() {
         .name("cudabudget-events".into())
         .stack_size(256 << 10)
         .spawn(|| {
-            let _ = std::panic::catch_unwind(writer);
+            if std::panic::catch_unwind(writer).is_err() {
+                WRITER.store(OFF, Ordering::Release);
+            }
         });
     if let Err(error) = spawned {
         WRITER.store(OFF, Ordering::Release);
