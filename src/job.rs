@@ -123,9 +123,15 @@ pub fn joined() -> Option<&'static Job> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-/// Where a job's file lives: `$CUDABUDGET_JOB_DIR` (default `/dev/shm`).
+/// Where a job's file lives: `$CUDABUDGET_JOB_DIR` (default `/dev/shm`), as the
+/// configuration read it (trimmed).
 pub fn path_for(name: &str) -> String {
-    let dir = std::env::var("CUDABUDGET_JOB_DIR").unwrap_or_else(|_| "/dev/shm".to_string());
+    let dir = crate::runtime::config()
+        .and_then(|config| config.job_dirs.first())
+        .map_or_else(
+            || crate::config::DEFAULT_SHARED_DIR.to_string(),
+            |dir| dir.to_string_lossy().into_owned(),
+        );
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     format!("{}/cudabudget-{uid}-job-{name}", dir.trim_end_matches('/'))

@@ -18,7 +18,7 @@
 //! - `gate`: stream-ordered allocations against switches of a device's current pool.
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
-//! - `report`: what the user is told; `events`: the denial events (`CUDABUDGET_EVENTS`).
+//! - `report`: what the user is told; `tell::events`: the denial events (`CUDABUDGET_EVENTS`).
 //! - `publish`: the per-process record that `cudabudget status` and the exporter read.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -30,7 +30,6 @@ mod capture;
 pub use cudabudget_spec::config;
 mod driver;
 mod enforce;
-mod events;
 mod footprint;
 mod gate;
 mod graphs;
@@ -43,6 +42,7 @@ mod lock;
 mod nvml;
 mod pools;
 mod publish;
+mod tell;
 pub use cudabudget_spec::quantity;
 mod report;
 mod runtime;

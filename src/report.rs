@@ -92,7 +92,7 @@ static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
 /// A refused allocation: one event (when `CUDABUDGET_EVENTS` is set), and at most one
 /// line a second, with a count of those left out.
 pub fn denial(call: &str, device: usize, denial: &Denial) {
-    crate::events::denial(call, device, denial);
+    crate::tell::events::denial(call, device, denial);
     if !enabled(LogLevel::Warn) {
         return;
     }
@@ -125,8 +125,8 @@ impl fmt::Display for Process {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // SAFETY: getpid touches no memory.
         let pid = unsafe { libc::getpid() };
-        write!(f, "pid {pid} ({}", crate::events::program_name())?;
-        if let Some(job) = crate::events::job() {
+        write!(f, "pid {pid} ({}", crate::tell::events::program_name())?;
+        if let Some(job) = crate::tell::events::job() {
             write!(f, ", job {job}")?;
         }
         write!(f, ")")

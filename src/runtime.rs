@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use crate::config::Config;
 use crate::driver::{CuResult, real};
 use crate::ledger::{AddrTable, DeviceLedger, Ledger, PointerMap, UNBUDGETED, UNRESOLVED};
-use crate::quantity::Limit;
 
 /// What the hooks do in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,10 +222,10 @@ fn resolve_budget(
         d.set_budget(UNBUDGETED);
         return None;
     };
-    let bytes = match limit {
-        Limit::Bytes(b) => b,
+    let bytes = match limit.fixed() {
+        Some(b) => b,
         // A percentage needs the device's size; until it is known, stay unresolved.
-        Limit::Percent(_) => limit.resolve(physical_total(device).or(known_total)?),
+        None => limit.resolve(physical_total(device).or(known_total)?),
     };
     d.set_budget(bytes.min(UNRESOLVED - 1));
     if crate::job::joined().is_some() {

@@ -94,3 +94,85 @@ fn a_process_that_never_calls_cuda_is_not_told_anything() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
+
+/// Issue 25, item 12c: `CUDABUDGET_JOB_DIR=" /dir"` passes the check (surrounding
+/// whitespace is ignored) and must then be the same directory everywhere: two processes
+/// of one job, one started directly and one by `cudabudget run --scope`, share one
+/// budget there.
+#[test]
+fn a_job_directory_written_with_a_leading_space_is_the_trimmed_directory() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = util::cli::scratch("spaced-job-dir");
+    let spaced = format!(" {}", dir.display());
+    let job = format!("job:spaced-{}", std::process::id());
+    let envs = [
+        ("CUDABUDGET_JOB_DIR", spaced.as_str()),
+        ("CUDABUDGET_SCOPE", job.as_str()),
+        ("CUDABUDGET_LIMIT", "1Gi"),
+        // NVML lists the process under another pid: only the hooks charge.
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+    ];
+    let mut holder = util::client_command(
+        "gpa",
+        &["alloc:700Mi", "sleep:5000"],
+        &envs,
+        Some(&lib_path()),
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start the holder");
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    let first = loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("alloc ") => break line,
+            Some(Ok(_)) => {}
+            _ => break String::new(),
+        }
+    };
+    if !first.starts_with("alloc rc=0") {
+        let _ = holder.kill();
+        let out = holder.wait_with_output().unwrap();
+        panic!(
+            "the holder was refused: {first:?}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let client = util::client_bin("gpa");
+    let out = util::cli::output(
+        util::cli::cudabudget(&[
+            "run",
+            "--scope",
+            &job,
+            "--limit",
+            "1Gi",
+            "--",
+            client,
+            "gpa",
+            "alloc:500Mi",
+            "alloc:300Mi",
+        ])
+        .env("CUDABUDGET_JOB_DIR", &spaced)
+        .env("FAKE_NVML_PID_OFFSET", "100000"),
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let stdout = util::cli::stdout(&out);
+    let stderr = util::cli::stderr(&out);
+    assert!(out.status.success(), "run refused it: {stderr}");
+    let rcs: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("alloc "))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(
+        rcs,
+        ["rc=2", "rc=0"],
+        "700 MiB of the job's 1 GiB are the holder's\n{stdout}\n{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -265,8 +265,8 @@ fn hami_variables_budget_when_no_cudabudget_variable_is_set() {
     );
     assert_eq!(
         run.num("total", 0, "bytes"),
-        6 * GI,
-        "CUDABUDGET_LIMIT wins"
+        4 * GI,
+        "the smaller of the two wins (tests/budget_sources.rs)"
     );
 
     let run = budget_run(

@@ -3,7 +3,10 @@
 
 mod util;
 
-use std::process::Stdio;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use util::cli::{fresh_library, scratch};
@@ -130,4 +133,191 @@ fn a_denial_in_a_job_names_the_job() {
         stderr.lines().any(|l| l.starts_with(&start)),
         "no {start:?} in\n{stderr}"
     );
+}
+
+/// What a run that had to end within a time limit did.
+struct Bounded {
+    /// False: it was still running at the limit (and was killed).
+    finished: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `command` (output piped), killing it if it runs past `limit`.
+fn run_within(mut command: Command, limit: Duration) -> Bounded {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the client");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let finished = loop {
+        if child.try_wait().unwrap().is_some() {
+            break true;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Bounded {
+        finished,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// Denied, then admitted, then denied: the process stays budgeted.
+const DENIED_ADMITTED_DENIED: &[&str] = &["alloc:4Gi", "alloc:1Gi", "alloc:2Gi"];
+
+fn assert_still_budgeted(run: &Bounded) {
+    let rcs: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("alloc "))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(
+        rcs,
+        ["rc=2", "rc=0", "rc=2"],
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
+    );
+}
+
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+}
+
+#[test]
+fn a_fifo_at_the_events_path_never_holds_up_an_allocation_or_the_exit() {
+    let dir = scratch("events-fifo");
+    let fifo = dir.join("events.jsonl");
+    mkfifo(&fifo);
+    let library = fresh_library();
+    let command = client_command(
+        "gpa",
+        DENIED_ADMITTED_DENIED,
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_EVENTS", fifo.to_str().unwrap()),
+        ],
+        Some(&library),
+    );
+    let run = run_within(command, Duration::from_secs(10));
+    assert!(
+        run.finished,
+        "the client was still running after 10 s (a FIFO held it)\nstdout:\n{}",
+        run.stdout
+    );
+    assert_still_budgeted(&run);
+    let warned: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("cannot append denial events"))
+        .collect();
+    assert_eq!(warned.len(), 1, "one line says why: {}", run.stderr);
+    assert!(warned[0].contains("FIFO"), "{}", warned[0]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_symbolic_link_at_the_events_path_is_not_followed() {
+    let dir = scratch("events-link");
+    let precious = dir.join("precious");
+    std::fs::write(&precious, "precious\n").unwrap();
+    let link = dir.join("events.jsonl");
+    std::os::unix::fs::symlink(&precious, &link).unwrap();
+    let library = fresh_library();
+    let command = client_command(
+        "gpa",
+        DENIED_ADMITTED_DENIED,
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_EVENTS", link.to_str().unwrap()),
+        ],
+        Some(&library),
+    );
+    let run = run_within(command, Duration::from_secs(30));
+    assert!(run.finished);
+    assert_still_budgeted(&run);
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "precious\n");
+    assert!(
+        run.stderr.contains("cannot append denial events") && run.stderr.contains("symbolic link"),
+        "{}",
+        run.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_short_write_leaves_no_half_line_in_the_events_file() {
+    let dir = scratch("events-short");
+    let events = dir.join("events.jsonl");
+    // A file that already holds whole lines, and a file-size limit that lets the next
+    // line in only part of the way (write(2) then returns short, as on a full disk).
+    let before = "{\"earlier\":true}\n".repeat(1024);
+    std::fs::write(&events, &before).unwrap();
+    std::fs::set_permissions(&events, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let limit = before.len() as u64 + 60;
+    let library = fresh_library();
+    let mut command = client_command(
+        "gpa",
+        DENIED_ADMITTED_DENIED,
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_EVENTS", events.to_str().unwrap()),
+        ],
+        Some(&library),
+    );
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let rlimit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &rlimit);
+            // Past the limit the kernel sends SIGXFSZ; ignored, write(2) returns short.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let run = run_within(command, Duration::from_secs(30));
+    assert!(run.finished);
+    assert_still_budgeted(&run);
+    let after = std::fs::read_to_string(&events).unwrap();
+    assert!(
+        after.ends_with('\n'),
+        "a half line was left: {:?}",
+        &after[before.len()..]
+    );
+    for line in after.lines() {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+    }
+    assert_eq!(after, before, "no denial line fits under the limit");
+    assert!(
+        run.stderr.contains("cannot append denial events"),
+        "{}",
+        run.stderr
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

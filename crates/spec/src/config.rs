@@ -14,7 +14,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::quantity::{Limit, parse_hami, parse_limit};
+use crate::quantity::{Limit, format_bytes, parse_hami, parse_limit};
 
 /// Budget for every device (`CUDABUDGET_LIMIT`); `_<N>` variants are per device.
 pub const LIMIT: &str = "CUDABUDGET_LIMIT";
@@ -97,25 +97,89 @@ pub enum Source {
     None,
     /// `CUDABUDGET_LIMIT*`.
     Cudabudget,
-    /// HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT*` (only when no `CUDABUDGET_LIMIT*` is set).
+    /// HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT*` alone.
     Hami,
+    /// Both families: on each device the smaller budget wins.
+    Both,
+}
+
+/// A device's budget before its size is known: the most restrictive of ours
+/// (`CUDABUDGET_LIMIT_<N>`, else `CUDABUDGET_LIMIT`) and HAMi's
+/// (`CUDA_DEVICE_MEMORY_LIMIT_<N>`, else `CUDA_DEVICE_MEMORY_LIMIT`). At least one is set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceLimit {
+    pub ours: Option<Limit>,
+    /// HAMi's, in bytes (HAMi has no percentages).
+    pub hami: Option<u64>,
+}
+
+impl DeviceLimit {
+    /// The budget in bytes for a device of `physical` bytes: the smaller of the two.
+    pub fn resolve(self, physical: u64) -> u64 {
+        let ours = self.ours.map(|limit| limit.resolve(physical));
+        match (ours, self.hami) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => u64::MAX,
+        }
+    }
+
+    /// The budget in bytes when the device's size is not needed to know it (no
+    /// percentage); `None`: resolve it with [`DeviceLimit::resolve`] once the size is known.
+    pub fn fixed(self) -> Option<u64> {
+        match self.ours {
+            Some(Limit::Percent(_)) => None,
+            Some(Limit::Bytes(bytes)) => Some(self.hami.map_or(bytes, |hami| hami.min(bytes))),
+            None => self.hami,
+        }
+    }
+}
+
+impl fmt::Display for DeviceLimit {
+    /// `8.00 GiB`, `40.00% of the device`, or `the smaller of 40.00% of the device and
+    /// 1.00 GiB (HAMi)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ours = |f: &mut fmt::Formatter<'_>, limit: Limit| match limit {
+            Limit::Bytes(b) => f.write_str(&format_bytes(b)),
+            Limit::Percent(h) => write!(f, "{}.{:02}% of the device", h / 100, h % 100),
+        };
+        match (self.ours, self.hami) {
+            (Some(limit), None) => ours(f, limit),
+            (None, Some(b)) => write!(f, "{} (HAMi)", format_bytes(b)),
+            (Some(limit), Some(b)) => match self.fixed() {
+                Some(bytes) => f.write_str(&format_bytes(bytes)),
+                None => {
+                    f.write_str("the smaller of ")?;
+                    ours(f, limit)?;
+                    write!(f, " and {} (HAMi)", format_bytes(b))
+                }
+            },
+            (None, None) => f.write_str("no budget"),
+        }
+    }
 }
 
 /// What the environment asks for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// Budget for every device: `CUDABUDGET_LIMIT`, or HAMi's `CUDA_DEVICE_MEMORY_LIMIT`.
+    /// Our budget for every device: `CUDABUDGET_LIMIT`.
     pub default_limit: Option<Limit>,
-    /// `CUDABUDGET_LIMIT_<N>` (or HAMi's `_<N>`), sorted by ordinal, one per ordinal.
+    /// `CUDABUDGET_LIMIT_<N>`, sorted by ordinal, one per ordinal.
     pub device_limits: Vec<(u32, Limit)>,
+    /// HAMi's budget for every device: `CUDA_DEVICE_MEMORY_LIMIT` (0: none).
+    pub hami_default_limit: Option<u64>,
+    /// HAMi's `CUDA_DEVICE_MEMORY_LIMIT_<N>`, sorted by ordinal (a 0 is left out: HAMi
+    /// then falls back to its default).
+    pub hami_device_limits: Vec<(u32, u64)>,
     pub log: LogLevel,
     pub source: Source,
     /// `CUDABUDGET_CONTEXT_MEMORY`: a context's cost where NVML cannot measure it.
     pub context_memory: Option<u64>,
     pub scope: Scope,
     pub on_exceed: OnExceed,
-    /// HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, when HAMi's variables set the budget:
-    /// the processes that name the same file share one budget.
+    /// HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, when HAMi's variables set a budget (alone
+    /// or with ours): the processes that name the same file share one budget.
     pub hami_shared_cache: Option<String>,
     /// Where job ledgers may live, best first: `CUDABUDGET_JOB_DIR` (trimmed, absolute)
     /// or `/dev/shm`, then the user's own places ([`crate::place::fallback_roots`]) for
@@ -401,12 +465,11 @@ impl Config {
                 Err(reason) => return Err(error(name, value, reason)),
             }
         }
-        // HAMi's variables are read only when ours set no budget at all.
-        let use_hami = !ours.values().any(|(v, _)| v.is_budget());
-
         let mut config = Config {
             default_limit: None,
             device_limits: Vec::new(),
+            hami_default_limit: None,
+            hami_device_limits: Vec::new(),
             log: LogLevel::default(),
             source: Source::None,
             context_memory: None,
@@ -421,6 +484,7 @@ impl Config {
         let mut job_dir = PathBuf::from(DEFAULT_SHARED_DIR);
         let mut runtime_dir = PathBuf::from(DEFAULT_SHARED_DIR);
         let mut device_limits = BTreeMap::new();
+        let mut hami_device_limits = BTreeMap::new();
         for (&name, &(variable, value)) in &ours {
             let fail = |reason: String| error(name, value, reason);
             match variable {
@@ -459,53 +523,74 @@ impl Config {
                         }
                     };
                 }
-                Variable::HamiLimit if use_hami => {
-                    let bytes = parse_hami(value).map_err(|e| fail(e.reason))?;
-                    config.default_limit = bytes.map(Limit::Bytes);
+                // HAMi's variables are read whether or not ours are set: a platform that
+                // forces HAMi's budget is not undone by a user adding one of ours.
+                Variable::HamiLimit => {
+                    config.hami_default_limit = parse_hami(value).map_err(|e| fail(e.reason))?;
                 }
                 // HAMi-core: a per-device 0 falls back to the default, not to "no limit".
-                Variable::HamiDeviceLimit(n) if use_hami => {
+                Variable::HamiDeviceLimit(n) => {
                     if let Some(bytes) = parse_hami(value).map_err(|e| fail(e.reason))? {
-                        device_limits.insert(n, Limit::Bytes(bytes));
+                        hami_device_limits.insert(n, bytes);
                     }
                 }
-                Variable::HamiLimit | Variable::HamiDeviceLimit(_) => {}
             }
         }
         config.device_limits = device_limits.into_iter().collect();
+        config.hami_device_limits = hami_device_limits.into_iter().collect();
+        let has_ours = config.default_limit.is_some() || !config.device_limits.is_empty();
+        let has_hami = config.hami_default_limit.is_some() || !config.hami_device_limits.is_empty();
         config.job_dirs = std::iter::once(job_dir)
             .chain(fallbacks.iter().cloned())
             .collect();
         config.runtime_dirs = std::iter::once(runtime_dir).chain(fallbacks).collect();
-        if use_hami {
+        if has_hami {
             config.hami_shared_cache = hami_cache
                 .filter(|v| !trim(v).is_empty())
                 .map(str::to_string);
         }
-        if !config.is_unbudgeted() {
-            config.source = if use_hami {
-                Source::Hami
-            } else {
-                Source::Cudabudget
-            };
-        }
+        config.source = match (has_ours, has_hami) {
+            (false, false) => Source::None,
+            (true, false) => Source::Cudabudget,
+            (false, true) => Source::Hami,
+            (true, true) => Source::Both,
+        };
         Ok(config)
     }
 
-    /// The budget for device ordinal `dev`: its own variable first, then the default.
-    /// `None`: unbudgeted.
-    pub fn limit_for(&self, dev: u32) -> Option<Limit> {
-        self.device_limits
+    /// The budget for device ordinal `dev`, the most restrictive of what is given: ours
+    /// (its own variable, else the default) and HAMi's (likewise), the smaller winning
+    /// once the device's size is known. `None`: unbudgeted.
+    pub fn limit_for(&self, dev: u32) -> Option<DeviceLimit> {
+        let ours = self
+            .device_limits
             .iter()
             .find(|(n, _)| *n == dev)
             .map(|(_, limit)| *limit)
-            .or(self.default_limit)
+            .or(self.default_limit);
+        let hami = self
+            .hami_device_limits
+            .iter()
+            .find(|(n, _)| *n == dev)
+            .map(|(_, bytes)| *bytes)
+            .or(self.hami_default_limit);
+        (ours.is_some() || hami.is_some()).then_some(DeviceLimit { ours, hami })
+    }
+
+    /// The budget of a device that no per-device variable names. `None`: such a device
+    /// is unbudgeted.
+    pub fn limit_for_others(&self) -> Option<DeviceLimit> {
+        let (ours, hami) = (self.default_limit, self.hami_default_limit);
+        (ours.is_some() || hami.is_some()).then_some(DeviceLimit { ours, hami })
     }
 
     /// True when no budget at all is configured: the library then passes everything
     /// through.
     pub fn is_unbudgeted(&self) -> bool {
-        self.default_limit.is_none() && self.device_limits.is_empty()
+        self.default_limit.is_none()
+            && self.device_limits.is_empty()
+            && self.hami_default_limit.is_none()
+            && self.hami_device_limits.is_empty()
     }
 }
 
@@ -597,12 +682,26 @@ mod tests {
         assert_eq!(c.limit_for(0), None);
     }
 
+    fn ours(limit: Limit) -> Option<DeviceLimit> {
+        Some(DeviceLimit {
+            ours: Some(limit),
+            hami: None,
+        })
+    }
+
+    fn hami(bytes: u64) -> Option<DeviceLimit> {
+        Some(DeviceLimit {
+            ours: None,
+            hami: Some(bytes),
+        })
+    }
+
     #[test]
     fn the_default_budget_applies_to_every_device() {
         let c = config(&[("CUDABUDGET_LIMIT", "20Gi")]);
         assert_eq!(c.source, Source::Cudabudget);
-        assert_eq!(c.limit_for(0), Some(Limit::Bytes(20 * GI)));
-        assert_eq!(c.limit_for(1023), Some(Limit::Bytes(20 * GI)));
+        assert_eq!(c.limit_for(0), ours(Limit::Bytes(20 * GI)));
+        assert_eq!(c.limit_for(1023), ours(Limit::Bytes(20 * GI)));
         assert!(!c.is_unbudgeted());
     }
 
@@ -613,9 +712,9 @@ mod tests {
             ("CUDABUDGET_LIMIT", "8Gi"),
             ("CUDABUDGET_LIMIT_1", "4Gi"),
         ]);
-        assert_eq!(c.limit_for(1), Some(Limit::Bytes(4 * GI)));
-        assert_eq!(c.limit_for(3), Some(Limit::Percent(4000)));
-        assert_eq!(c.limit_for(0), Some(Limit::Bytes(8 * GI)));
+        assert_eq!(c.limit_for(1), ours(Limit::Bytes(4 * GI)));
+        assert_eq!(c.limit_for(3), ours(Limit::Percent(4000)));
+        assert_eq!(c.limit_for(0), ours(Limit::Bytes(8 * GI)));
         assert_eq!(
             c.device_limits,
             vec![(1, Limit::Bytes(4 * GI)), (3, Limit::Percent(4000))]
@@ -625,8 +724,9 @@ mod tests {
     #[test]
     fn a_per_device_budget_alone_leaves_other_devices_unbudgeted() {
         let c = config(&[("CUDABUDGET_LIMIT_0", "0")]);
-        assert_eq!(c.limit_for(0), Some(Limit::Bytes(0)));
+        assert_eq!(c.limit_for(0), ours(Limit::Bytes(0)));
         assert_eq!(c.limit_for(1), None);
+        assert_eq!(c.limit_for_others(), None);
         assert!(!c.is_unbudgeted());
         assert_eq!(c.source, Source::Cudabudget);
     }
@@ -638,27 +738,93 @@ mod tests {
     }
 
     #[test]
-    fn hami_variables_are_read_without_cudabudget_ones() {
+    fn hami_variables_alone_set_the_budget() {
         let c = config(&[
             ("CUDA_DEVICE_MEMORY_LIMIT", "8192m"),
             ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
         ]);
         assert_eq!(c.source, Source::Hami);
-        assert_eq!(c.limit_for(0), Some(Limit::Bytes(8 * GI)));
-        assert_eq!(c.limit_for(1), Some(Limit::Bytes(2 * GI)));
+        assert_eq!(c.limit_for(0), hami(8 * GI));
+        assert_eq!(c.limit_for(1), hami(2 * GI));
+        assert_eq!(c.limit_for(1).unwrap().fixed(), Some(2 * GI));
+        assert_eq!(c.limit_for_others(), hami(8 * GI));
     }
 
     #[test]
-    fn hami_variables_are_ignored_when_any_cudabudget_budget_is_set() {
-        for ours in [("CUDABUDGET_LIMIT", "1Gi"), ("CUDABUDGET_LIMIT_2", "1Gi")] {
-            let c = config(&[
-                ("CUDA_DEVICE_MEMORY_LIMIT", "not even valid"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_0", "4g"),
-                ours,
-            ]);
-            assert_eq!(c.source, Source::Cudabudget);
-            assert_eq!(c.limit_for(0), c.default_limit);
-            assert_eq!(c.device_limits.iter().filter(|(n, _)| *n == 0).count(), 0);
+    fn hamis_default_budgets_every_device_none_of_ours_names() {
+        // The reproduction of issue 25, item 9: ours names device 0 only.
+        for ours_var in [("CUDABUDGET_LIMIT_0", "4Gi"), ("CUDABUDGET_LIMIT_2", "4Gi")] {
+            let c = config(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ours_var]);
+            assert_eq!(c.source, Source::Both);
+            for dev in [0, 1, 2, 63] {
+                let limit = c.limit_for(dev).expect("every device has a budget");
+                assert_eq!(limit.resolve(80 * GI), GI, "device {dev}: {ours_var:?}");
+            }
+            assert_eq!(c.limit_for_others().unwrap().fixed(), Some(GI));
+        }
+    }
+
+    #[test]
+    fn where_both_name_a_device_the_smaller_budget_wins() {
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
+            ("CUDABUDGET_LIMIT_1", "3Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_2", "8g"),
+            ("CUDABUDGET_LIMIT_2", "3Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "6g"),
+            ("CUDABUDGET_LIMIT", "5Gi"),
+        ]);
+        assert_eq!(c.limit_for(1).unwrap().fixed(), Some(2 * GI));
+        assert_eq!(c.limit_for(2).unwrap().fixed(), Some(3 * GI));
+        // Ours per device against HAMi's default, and the two defaults.
+        assert_eq!(c.limit_for(0).unwrap().fixed(), Some(5 * GI));
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDABUDGET_LIMIT_0", "6Gi"),
+        ]);
+        assert_eq!(c.limit_for(0).unwrap().fixed(), Some(4 * GI));
+        // HAMi's per-device budget against our default.
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ("CUDABUDGET_LIMIT", "6Gi"),
+        ]);
+        assert_eq!(c.limit_for(0).unwrap().fixed(), Some(GI));
+        assert_eq!(c.limit_for(1).unwrap().fixed(), Some(6 * GI));
+    }
+
+    #[test]
+    fn a_percentage_against_hamis_bytes_is_resolved_with_the_device_s_size() {
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "10g"),
+            ("CUDABUDGET_LIMIT", "10%"),
+        ]);
+        let limit = c.limit_for(0).unwrap();
+        assert_eq!(limit.fixed(), None, "the size decides which is smaller");
+        assert_eq!(limit.resolve(80 * GI), 8 * GI);
+        assert_eq!(limit.resolve(200 * GI), 10 * GI);
+        assert_eq!(
+            limit.to_string(),
+            "the smaller of 10.00% of the device and 10.00 GiB (HAMi)"
+        );
+        assert_eq!(c.limit_for_others(), Some(limit));
+    }
+
+    #[test]
+    fn ours_alone_ignores_nothing_and_adds_nothing() {
+        let c = config(&[
+            ("CUDABUDGET_LIMIT", "6Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_X", "whatever"),
+        ]);
+        assert_eq!(c.source, Source::Cudabudget);
+        assert_eq!(c.limit_for(5), ours(Limit::Bytes(6 * GI)));
+        assert_eq!(c.limit_for(5).unwrap().to_string(), "6.00 GiB");
+    }
+
+    #[test]
+    fn a_malformed_hami_value_is_refused_even_beside_ours() {
+        for ours_var in [("CUDABUDGET_LIMIT", "1Gi"), ("CUDABUDGET_LIMIT_2", "1Gi")] {
+            let e = refused(&[("CUDA_DEVICE_MEMORY_LIMIT", "not even valid"), ours_var]);
+            assert_eq!(e.variable, "CUDA_DEVICE_MEMORY_LIMIT");
         }
     }
 
@@ -672,13 +838,36 @@ mod tests {
             ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
             ("CUDA_DEVICE_MEMORY_LIMIT_1", "0"),
         ]);
-        assert_eq!(c.limit_for(1), Some(Limit::Bytes(GI)));
+        assert_eq!(c.limit_for(1), hami(GI));
         let c = config(&[
             ("CUDA_DEVICE_MEMORY_LIMIT", "0"),
             ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"),
         ]);
         assert_eq!(c.limit_for(0), None);
-        assert_eq!(c.limit_for(1), Some(Limit::Bytes(GI)));
+        assert_eq!(c.limit_for(1), hami(GI));
+        // HAMi's 0 leaves ours as it is.
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "0"),
+            ("CUDABUDGET_LIMIT_1", "1Gi"),
+        ]);
+        assert_eq!(c.source, Source::Cudabudget);
+        assert_eq!(c.limit_for(0), None);
+    }
+
+    #[test]
+    fn places_are_carried_trimmed() {
+        let c = config(&[
+            ("CUDABUDGET_JOB_DIR", " /dev/shm\t"),
+            ("CUDABUDGET_RUNTIME_DIR", "\n/run/cb "),
+            ("CUDABUDGET_EVENTS", " /var/log/cb/events.jsonl "),
+            ("HOME", "/home/alice"),
+        ]);
+        assert_eq!(c.job_dirs[0], PathBuf::from("/dev/shm"));
+        assert_eq!(c.runtime_dirs[0], PathBuf::from("/run/cb"));
+        assert_eq!(c.events, Some(PathBuf::from("/var/log/cb/events.jsonl")));
+        assert_eq!(c.job_dirs[1], PathBuf::from("/home/alice/.cache"));
+        refused(&[("CUDABUDGET_JOB_DIR", " dev/shm")]);
+        refused(&[("CUDABUDGET_EVENTS", "  ")]);
     }
 
     #[test]
@@ -781,6 +970,13 @@ mod tests {
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/x.cache"),
         ]);
         assert_eq!(c.hami_shared_cache.as_deref(), Some("/tmp/vgpu/x.cache"));
+        // Beside ours, HAMi's budget still holds, and so does its sharing.
+        let c = config(&[
+            ("CUDABUDGET_LIMIT_1", "4Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/x.cache"),
+        ]);
+        assert_eq!(c.hami_shared_cache.as_deref(), Some("/tmp/vgpu/x.cache"));
         let c = config(&[
             ("CUDABUDGET_LIMIT", "4Gi"),
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/x.cache"),
@@ -817,7 +1013,7 @@ mod tests {
         }
         assert_eq!(
             config(&[("CUDABUDGET_LIMIT_63", "1")]).limit_for(63),
-            Some(Limit::Bytes(1))
+            ours(Limit::Bytes(1))
         );
         // HAMi's variables for a device we cannot budget are refused too.
         let e = refused(&[("CUDA_DEVICE_MEMORY_LIMIT_64", "1g")]);

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::gpu::{Cuda, CudaDevice, Nvml, cuda_error};
 use crate::library::{self, Library};
 use crate::status::bytes;
-use crate::{Refusal, config, quantity, records};
+use crate::{Refusal, config, records};
 
 pub const AFTER_HELP: &str = "Checks, in order: driver (libcuda.so.1 and its version), \
 devices, nvml, library (found, and loads when preloaded into a child), glibc (this \
@@ -408,6 +408,9 @@ fn configuration(found: &Found) -> Check {
     }
     let source = match config.source {
         config::Source::Hami => "HAMi's CUDA_DEVICE_MEMORY_LIMIT*",
+        config::Source::Both => {
+            "CUDABUDGET_LIMIT* and HAMi's CUDA_DEVICE_MEMORY_LIMIT* (the smaller on each device)"
+        }
         _ => "CUDABUDGET_LIMIT*",
     };
     let mut budgets = Vec::new();
@@ -426,11 +429,9 @@ fn configuration(found: &Found) -> Check {
     if found.devices.is_empty() {
         lines.push(format!(
             "every device: {}",
-            match config.default_limit {
+            match config.limit_for_others() {
                 None => "no budget".to_string(),
-                Some(quantity::Limit::Bytes(b)) => bytes(b),
-                Some(quantity::Limit::Percent(h)) =>
-                    format!("{}.{:02}% of the device", h / 100, h % 100),
+                Some(limit) => limit.to_string(),
             }
         ));
     }

@@ -1,0 +1,3 @@
+//! What the library tells: the denial events (`CUDABUDGET_EVENTS`).
+
+pub mod events;
