@@ -86,7 +86,10 @@ impl Tenants {
     pub fn share(&self, file: &Path) -> PathBuf {
         let to = self.shared.join(file.file_name().expect("a file name"));
         if !to.exists() {
-            let partial = to.with_extension("partial");
+            // One partial copy per caller: tests of one binary share files at once.
+            static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let partial = to.with_extension(format!("partial{n}"));
             std::fs::copy(file, &partial).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755)).unwrap();
             std::fs::rename(&partial, &to).unwrap();
@@ -94,19 +97,22 @@ impl Tenants {
         to
     }
 
-    /// A world-readable copy of a whole directory (the fake driver's), once.
+    /// A world-readable copy of a whole directory (the fake driver's); safe to call from
+    /// several tests at once (each file is linked in whole).
     pub fn share_dir(&self, dir: &Path) -> PathBuf {
         let to = self.shared.join(dir.file_name().expect("a directory name"));
-        if !to.exists() {
+        {
             std::fs::create_dir_all(&to).unwrap();
             std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
             for entry in std::fs::read_dir(dir).unwrap() {
                 let entry = entry.unwrap();
                 if entry.file_type().unwrap().is_file() {
+                    self.share(&entry.path());
+                    let shared = self.shared.join(entry.file_name());
                     let target = to.join(entry.file_name());
-                    std::fs::copy(entry.path(), &target).unwrap();
-                    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
-                        .unwrap();
+                    if !target.exists() {
+                        let _ = std::fs::hard_link(&shared, &target);
+                    }
                 }
             }
         }
