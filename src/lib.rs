@@ -19,7 +19,8 @@
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
 //! - `report`: what the user is told; `events`: the denial events (`CUDABUDGET_EVENTS`).
-//! - `publish`: the per-process record that `cudabudget status` and the exporter read.
+//! - `tell`: what the process tells others (`tell::publish`: the per-process record that
+//!   `cudabudget status` and the exporter read).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -42,9 +43,9 @@ mod loads;
 mod lock;
 mod nvml;
 mod pools;
-mod publish;
 pub use cudabudget_spec::quantity;
 mod report;
 mod runtime;
+mod tell;
 mod vmm;
 mod wait;
