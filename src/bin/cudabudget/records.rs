@@ -386,3 +386,223 @@ fn same_program(record: &Record) -> bool {
     let capacity = record::FIELDS[1].1;
     record::truncate(&command, capacity) == record.command
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// splitmix64.
+    fn next(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn cases(default: u64) -> u64 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(default)
+    }
+
+    /// A runtime directory with this user's records directory in it.
+    fn runtime(test: &str) -> (PathBuf, PathBuf) {
+        let base = std::env::temp_dir().join(format!("cb-records-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = base.join(record::user_dir_name(euid()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        (base, dir)
+    }
+
+    /// This process's own record: what the reader must show.
+    fn own() -> Record {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let cmdline = std::fs::read("/proc/self/cmdline").unwrap();
+        let command = cmdline
+            .split(|&b| b == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(String::from_utf8_lossy)
+            .collect::<Vec<_>>()
+            .join(" ");
+        Record {
+            pid: std::process::id(),
+            start_time: record::start_time_from_stat(&stat).unwrap(),
+            pid_namespace: own_pid_namespace().unwrap(),
+            updated_ms: now_ms(),
+            command: record::truncate(&command, record::FIELDS[1].1).to_string(),
+            job: Some("train".into()),
+            devices: vec![record::DeviceFigures {
+                ordinal: 0,
+                budget: 1 << 30,
+                used: 1 << 20,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// Whether the reader may show `bytes` as this process's record: the oracle, written
+    /// apart from the reader. `None`: a date within a second of a bound (the reader's
+    /// clock is read a moment later).
+    fn showable(bytes: &[u8], me: &Record) -> Option<bool> {
+        let Ok(r) = Record::decode(bytes) else {
+            return Some(false);
+        };
+        let now = now_ms();
+        let near = |bound: u64| r.updated_ms.abs_diff(bound) < 1000;
+        let (ahead, fresh) = (
+            now + SLACK.as_millis() as u64,
+            now.saturating_sub(FRESH.as_millis() as u64),
+        );
+        if near(ahead) || (near(fresh) && r.command != me.command) {
+            return None;
+        }
+        Some(
+            r.pid == me.pid
+                && r.pid_namespace == me.pid_namespace
+                && r.start_time == me.start_time
+                && r.updated_ms <= ahead
+                && (r.updated_ms >= fresh || r.command == me.command),
+        )
+    }
+
+    /// Random bytes, truncations and a forger's resealed edits of this process's record,
+    /// read by the reader as `status` reads them: never a panic, and a record is shown
+    /// exactly when it passes every check (`PROPTEST_CASES`, default 3000).
+    #[test]
+    fn the_reader_shows_a_record_only_when_it_passes_every_check() {
+        let (base, dir) = runtime("property");
+        let me = own();
+        let path = dir.join(record::file_name(me.pid, me.pid_namespace));
+        let mut good = [0u8; record::SIZE];
+        me.encode(&mut good);
+        // Offsets worth a forger's edit: header, identity, dates, lengths, figures.
+        let fields = [
+            8, 12, 24, 28, 32, 40, 48, 56, 64, 66, 68, 1760, 1764, 1768, 1776, 1784,
+        ];
+        let mut state = 2025;
+        let mut shown = 0;
+        for case in 0..cases(3000) {
+            let mut bytes = good.to_vec();
+            match case % 5 {
+                0 => bytes.iter_mut().for_each(|b| *b = next(&mut state) as u8),
+                1 => bytes.truncate((next(&mut state) % (record::SIZE as u64 + 2)) as usize),
+                _ => {
+                    for _ in 0..1 + next(&mut state) % 3 {
+                        let at = if next(&mut state).is_multiple_of(4) {
+                            (next(&mut state) % (record::SIZE as u64 - 8)) as usize
+                        } else {
+                            fields[(next(&mut state) % fields.len() as u64) as usize]
+                        };
+                        let value = match next(&mut state) % 6 {
+                            0 => u64::MAX,
+                            1 => 0,
+                            2 => now_ms() + next(&mut state) % 100_000_000,
+                            3 => now_ms() - next(&mut state) % 10_000_000,
+                            4 => next(&mut state) % 70,
+                            _ => next(&mut state),
+                        };
+                        let width = if (64..96).contains(&at) { 2 } else { 8 };
+                        bytes[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]);
+                    }
+                    if case % 5 != 4 {
+                        bytes[16..24].fill(0);
+                        let sum = record::fnv1a(&bytes);
+                        bytes[16..24].copy_from_slice(&sum.to_le_bytes());
+                    }
+                }
+            }
+            std::fs::write(&path, &bytes).unwrap();
+            let scan = scan(std::slice::from_ref(&base));
+            let Some(expected) = showable(&bytes, &me) else {
+                continue;
+            };
+            let mine: Vec<&Shown> = scan
+                .processes
+                .iter()
+                .filter(|p| p.record.pid == me.pid)
+                .collect();
+            assert_eq!(
+                mine.len(),
+                usize::from(expected),
+                "case {case}: {:?}",
+                Record::decode(&bytes)
+            );
+            if let Some(p) = mine.first() {
+                assert_eq!(Ok(&p.record), Record::decode(&bytes).as_ref());
+                shown += 1;
+            }
+            if !expected {
+                // Refused: and removed (this user's own directory), but never shown.
+                assert!(!path.exists(), "case {case}: a refused record is reaped");
+            }
+        }
+        assert!(shown > 0, "some edits keep a valid record");
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// Records replaced whole (today's writer) or rewritten in place (an older one)
+    /// while the reader reads: what it shows is always one of the records written.
+    #[test]
+    fn records_written_while_they_are_read_are_shown_whole_or_not_at_all() {
+        use std::os::unix::fs::FileExt;
+        let (base, dir) = runtime("concurrent");
+        let me = own();
+        let name = record::file_name(me.pid, me.pid_namespace);
+        let versions: Vec<[u8; record::SIZE]> = (0..4u64)
+            .map(|i| {
+                let mut r = me.clone();
+                r.sequence = i;
+                r.devices[0].used = i << 20;
+                r.command = me.command.clone();
+                let mut buf = [0u8; record::SIZE];
+                r.encode(&mut buf);
+                buf
+            })
+            .collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (dir, name, versions, stop) =
+                (dir.clone(), name.clone(), versions.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let buf = &versions[i % versions.len()];
+                    if i.is_multiple_of(2) {
+                        let temporary = dir.join(".tmp-test");
+                        std::fs::write(&temporary, buf).unwrap();
+                        std::fs::rename(&temporary, dir.join(&name)).unwrap();
+                    } else if let Ok(file) = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(dir.join(&name))
+                    {
+                        // Two halves: a reader in between sees a torn record.
+                        let _ = file.write_all_at(&buf[..4096], 0);
+                        let _ = file.write_all_at(&buf[4096..], 4096);
+                    }
+                    i += 1;
+                }
+            })
+        };
+        let decoded: Vec<Record> = versions
+            .iter()
+            .map(|b| Record::decode(b).unwrap())
+            .collect();
+        for _ in 0..cases(3000) / 10 {
+            for p in scan(std::slice::from_ref(&base)).processes {
+                assert!(decoded.contains(&p.record), "{:?}", p.record);
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
