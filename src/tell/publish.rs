@@ -55,8 +55,16 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 /// The process whose record [`RECORD`] is: a child of `fork()` is not its owner and must
 /// not remove it at its exit.
 static OWNER: AtomicU32 = AtomicU32::new(0);
-/// The record's directory (held open for the process's life) and file name.
-static RECORD: OnceLock<(Dir, CString)> = OnceLock::new();
+/// The record's directory (held open for the process's life), its device and inode, and
+/// the record's file name.
+static RECORD: OnceLock<(Dir, (u64, u64), CString)> = OnceLock::new();
+
+/// Whether `dir`'s descriptor still is the directory it was opened as. A program may
+/// close descriptors it did not open (a daemon closes them all) and open others under
+/// the same number: then nothing more is written or removed through it.
+fn still_ours(dir: &Dir, identity: (u64, u64)) -> bool {
+    place::fstat(dir.fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == identity)
+}
 
 /// Starts publishing this process's figures, once. Called at the end of a successful
 /// initialisation; costs the caller one thread creation and nothing after.
@@ -251,7 +259,10 @@ extern "C" fn remove_record() {
     if OWNER.load(Ordering::Relaxed) != pid {
         return;
     }
-    if let Some((dir, name)) = RECORD.get() {
+    if let Some((dir, identity, name)) = RECORD.get() {
+        if !still_ours(dir, *identity) {
+            return;
+        }
         // SAFETY: a live directory descriptor (held for the process's life) and a
         // NUL-terminated name that lives as long as the process.
         unsafe {
@@ -318,10 +329,13 @@ fn publish() {
     let Ok(c_name) = CString::new(name.as_str()) else {
         return;
     };
-    if RECORD.set((dir, c_name)).is_err() {
+    let Ok(st) = place::fstat(dir.fd()) else {
+        return;
+    };
+    if RECORD.set((dir, (st.st_dev, st.st_ino), c_name)).is_err() {
         return;
     }
-    let Some((dir, _)) = RECORD.get() else {
+    let Some((dir, dir_identity, _)) = RECORD.get() else {
         return;
     };
     OWNER.store(identity.pid, Ordering::Relaxed);
@@ -363,6 +377,16 @@ fn publish() {
             record.sequence += 1;
             record.updated_ms = now_ms();
             record.encode(&mut buf);
+            if !still_ours(dir, *dir_identity) {
+                report::line(
+                    LogLevel::Info,
+                    format_args!(
+                        "the program closed the descriptor of {}; this process's figures are no longer published",
+                        dir.path().display()
+                    ),
+                );
+                return;
+            }
             if let Err(error) = write_record(dir, &temporary, &name, &buf) {
                 report::line(
                     LogLevel::Info,
