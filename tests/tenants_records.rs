@@ -114,36 +114,79 @@ fn another_users_directory_file_or_link_at_alices_name_does_not_hide_her_process
         let out = util::cli::output(&mut as_user(t, &t.mallory, Path::new(program), &args));
         assert!(out.status.success(), "{}", util::cli::stderr(&out));
 
+        // Alice's own places: her $XDG_RUNTIME_DIR (the directory case), else her
+        // $HOME/.cache.
+        let xdg = (kind == "directory").then(|| RunUser::of(&t.alice));
+        let own_place = match &xdg {
+            Some(xdg) => xdg.0.clone(),
+            None => t.home_of(&t.alice).join(".cache"),
+        };
         let log = t
             .shared
             .join(format!("alice-{}.log", kind.replace(' ', "-")));
+        let mut envs = vec![
+            ("CUDABUDGET_RUNTIME_DIR", runtime.to_str().unwrap()),
+            ("CUDABUDGET_LOG", "info"),
+        ];
+        if let Some(xdg) = &xdg {
+            envs.push(("XDG_RUNTIME_DIR", xdg.0.to_str().unwrap()));
+        }
         let client = budgeted(
             t,
             &kit,
             &t.alice,
-            &[
-                ("CUDABUDGET_RUNTIME_DIR", runtime.to_str().unwrap()),
-                ("CUDABUDGET_LOG", "info"),
-            ],
+            &envs,
             Stdio::from(std::fs::File::create(&log).unwrap()),
         );
         let pid = client.0.id();
         wait_until(|| {
-            let text = status_as(t, &kit, Some(&t.alice), &runtime, &["status", "--json"]);
+            let mut command = as_user(t, &t.alice, &kit.cli, &["status", "--json"]);
+            command.envs(envs.iter().copied());
+            let text = util::cli::stdout(&util::cli::output(&mut command));
             let found = entries_of(&json(&text), pid).into_iter().next();
             (found, text)
         });
-        drop(client);
-        let said = std::fs::read_to_string(&log).unwrap();
-        let home = t.home_of(&t.alice);
-        assert!(
-            said.contains(&format!("{} is taken by a {kind}", planted.display()))
-                && said.contains(home.to_str().unwrap()),
-            "the {kind}: alice is told where her record went and what was in the way:\n{said}"
-        );
-        // Root's status says what is in the way instead of passing over it silently.
+        // Root's status says what is in the way instead of passing over it silently,
+        // and finds her record in her own runtime directory.
         let root = json(&status_as(t, &kit, None, &runtime, &["status", "--json"]));
         assert!(root["skipped"].to_string().contains(planted_arg), "{root}");
+        if xdg.is_some() {
+            let entries = entries_of(&root, pid);
+            assert_eq!(entries.len(), 1, "{root}");
+            assert_eq!(entries[0]["uid"], t.alice.uid, "{root}");
+        }
+        drop(client);
+        let said = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            said.contains(&format!("{} is taken by a {kind}", planted.display()))
+                && said.contains(&own_place.join(&name).display().to_string()),
+            "the {kind}: alice is told where her record went and what was in the way:\n{said}"
+        );
+    }
+}
+
+/// `/run/user/<uid>` for a tenant (0700, hers), made for the test when missing and
+/// removed after it.
+struct RunUser(PathBuf, bool);
+
+impl RunUser {
+    fn of(user: &User) -> RunUser {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = PathBuf::from(format!("/run/user/{}", user.uid));
+        let made = !dir.exists() && std::fs::create_dir(&dir).is_ok() && {
+            std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid)).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+            true
+        };
+        RunUser(dir, made)
+    }
+}
+
+impl Drop for RunUser {
+    fn drop(&mut self) {
+        if self.1 {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

@@ -168,6 +168,13 @@ impl Dir {
     /// links on the way are resolved once, first; the walk itself follows none, so a
     /// link swapped in meanwhile fails the walk instead of redirecting it.
     pub fn open_trusted(path: &Path) -> Result<Dir, PlaceError> {
+        Dir::open_trusted_for(path, euid())
+    }
+
+    /// [`Dir::open_trusted`] on behalf of user `me` (root reading a user's own places,
+    /// such as `/run/user/<uid>`): every component root's or `me`'s, writable by nobody
+    /// else unless sticky.
+    pub fn open_trusted_for(path: &Path, me: u32) -> Result<Dir, PlaceError> {
         if !path.is_absolute() {
             return Err(PlaceError::Untrusted {
                 path: path.to_path_buf(),
@@ -175,7 +182,6 @@ impl Dir {
             });
         }
         let real = std::fs::canonicalize(path).map_err(|e| PlaceError::io(path, e))?;
-        let me = euid();
         let root = CString::new("/").expect("no NUL");
         let mut fd = openat(
             libc::AT_FDCWD,

@@ -5,7 +5,9 @@
 //!   `/dev/shm`, then the user's fallbacks) is opened with [`Dir::open_trusted`]; in it,
 //!   the user's own `cudabudget-<uid>` (as root: every one) is opened without following
 //!   a link and accepted only if it belongs to that uid and nobody else may write it.
-//!   Whatever holds a name instead is said in `skipped`, never passed over silently.
+//!   Whatever holds a name instead is said in `skipped`, never passed over silently;
+//!   the user it displaced publishes in their own places, where root looks too
+//!   (`/run/user/<uid>`, `<home>/.cache`).
 //! - A record is a claim: it is shown for a pid of this PID namespace only if the
 //!   directory's owner owns the process (or is root) and the process's start time is
 //!   the record's; from another namespace (where the pid cannot be checked) only while
@@ -15,7 +17,7 @@
 //!   once when its checksum fails) and removed when this reader may (the owner or
 //!   root). No sleep, no retry loop: 10 000 junk files cost well under a second.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -107,6 +109,7 @@ pub fn scan(roots: &[PathBuf]) -> Scan {
         namespace: own_pid_namespace(),
         now_ms: now_ms(),
         seen: HashSet::new(),
+        displaced: BTreeSet::new(),
         scan: Scan::default(),
     };
     let mut roots_seen = HashSet::new();
@@ -138,6 +141,20 @@ pub fn scan(roots: &[PathBuf]) -> Scan {
             reader.user_dir(&dir, &record::user_dir_name(me), me);
         }
     }
+    // Users whose name in a shared place another user holds publish in their own
+    // places instead (`$XDG_RUNTIME_DIR`, `$HOME/.cache`): root looks there too, at
+    // the usual ones, so that a planted name does not blind the monitoring.
+    for uid in std::mem::take(&mut reader.displaced) {
+        let mut places = vec![PathBuf::from(format!("/run/user/{uid}"))];
+        if let Some((_, home)) = passwd(uid) {
+            places.push(home.join(".cache"));
+        }
+        for place in places {
+            if let Ok(dir) = Dir::open_trusted_for(&place, uid) {
+                reader.user_dir(&dir, &record::user_dir_name(uid), uid);
+            }
+        }
+    }
     let mut scan = reader.scan;
     scan.processes.sort_by(|a, b| {
         (a.uid, &a.record.job, a.record.pid).cmp(&(b.uid, &b.record.job, b.record.pid))
@@ -159,6 +176,9 @@ struct Reader {
     namespace: Option<u64>,
     now_ms: u64,
     seen: HashSet<(u64, u64)>,
+    /// Users whose directory name another user holds (root's scan looks for their
+    /// records in their own places).
+    displaced: BTreeSet<u32>,
     scan: Scan,
 }
 
@@ -185,6 +205,9 @@ impl Reader {
             Ok(dir) => dir,
             Err(error) if not_found(&error) => return,
             Err(error) => {
+                if self.me == 0 && uid != 0 {
+                    self.displaced.insert(uid);
+                }
                 self.scan
                     .skipped
                     .push(format!("{error}: records of uid {uid} there are not read"));
@@ -312,6 +335,32 @@ impl Reader {
                 .unwrap_or(false);
         Some(Process { start_time, owned })
     }
+}
+
+/// User `uid`'s name and home directory, where the system knows them.
+pub fn passwd(uid: u32) -> Option<(String, PathBuf)> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: an all-zero `passwd` is a valid value of a plain C struct.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: valid out-pointers and a buffer of the length given; getpwuid_r writes
+    // only inside them.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc != 0 || result.is_null() || pwd.pw_name.is_null() || pwd.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: both point into `buf`, NUL-terminated, alive until `buf` is dropped.
+    let (name, home) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(pwd.pw_name),
+            std::ffi::CStr::from_ptr(pwd.pw_dir),
+        )
+    };
+    Some((
+        name.to_string_lossy().into_owned(),
+        PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
+    ))
 }
 
 fn parse_temporary_name(name: &str) -> Option<(u32, u64)> {

@@ -361,28 +361,11 @@ fn jobs(processes: &[ProcessJson]) -> Vec<JobJson> {
         .map(|((uid, name), (processes, used_bytes))| JobJson {
             name: name.to_string(),
             uid,
-            user: user_name(uid),
+            user: records::passwd(uid).map(|(name, _)| name),
             processes,
             used_bytes,
         })
         .collect()
-}
-
-/// The name of user `uid`, where the system knows it.
-fn user_name(uid: u32) -> Option<String> {
-    let mut buf = vec![0 as libc::c_char; 4096];
-    // SAFETY: an all-zero `passwd` is a valid value of a plain C struct.
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: valid out-pointers and a buffer of the length given; getpwuid_r writes
-    // only inside them.
-    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result) };
-    if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
-        return None;
-    }
-    // SAFETY: pw_name points into `buf`, NUL-terminated, alive until `buf` is dropped.
-    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
-    Some(name.to_string_lossy().into_owned())
 }
 
 /// Characters that must not reach a terminal as they are: C0 controls, DEL and C1
