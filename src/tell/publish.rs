@@ -200,17 +200,19 @@ impl Identity {
     }
 }
 
-/// Our records directory: the first of `roots` that gives one. A fallback root that is
-/// missing (a fresh `$HOME/.cache`) is made first, 0700. Returns the directory and the
-/// one line that says what was in the way before it, if anything was.
+/// Our records directory: the first of `roots` that gives one. When none does and a
+/// fallback root is missing (a fresh `$HOME/.cache`), it is made (0700) and the roots
+/// are tried again. Returns the directory and the one line that says what was in the
+/// way before it, if anything was.
 fn records_dir(roots: &[PathBuf]) -> (Option<Dir>, Option<String>) {
-    for root in roots.iter().skip(1) {
-        if !root.exists() {
+    let (mut dir, mut in_the_way) = place::first_private(roots, DIR_MODE);
+    if dir.is_none() && roots.iter().skip(1).any(|root| !root.exists()) {
+        for root in roots.iter().skip(1).filter(|root| !root.exists()) {
             use std::os::unix::fs::DirBuilderExt;
             let _ = std::fs::DirBuilder::new().mode(0o700).create(root);
         }
+        (dir, in_the_way) = place::first_private(roots, DIR_MODE);
     }
-    let (dir, in_the_way) = place::first_private(roots, DIR_MODE);
     let why = (!in_the_way.is_empty()).then(|| {
         in_the_way
             .iter()
