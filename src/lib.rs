@@ -18,8 +18,9 @@
 //! - `gate`: stream-ordered allocations against switches of a device's current pool.
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
 //! - `hooks`: the exported symbols only.
-//! - `report`: what the user is told; `tell::events`: the denial events (`CUDABUDGET_EVENTS`).
-//! - `publish`: the per-process record that `cudabudget status` and the exporter read.
+//! - `report`: what the user is told; `tell`: what the process tells others
+//!   (`tell::events`: the events file, `CUDABUDGET_EVENTS`; `tell::publish`: the
+//!   per-process record that `cudabudget status` and the exporter read).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -41,10 +42,9 @@ mod loads;
 mod lock;
 mod nvml;
 mod pools;
-mod publish;
-mod tell;
 pub use cudabudget_spec::quantity;
 mod report;
 mod runtime;
+mod tell;
 mod vmm;
 mod wait;

@@ -46,7 +46,7 @@ pub fn init() -> Mode {
             Ok(Mode::Budgeted) => {
                 report::install_exit_summary();
                 install_fork_handler();
-                crate::publish::start();
+                crate::tell::publish::start();
             }
             Ok(_) => {}
         }

@@ -250,8 +250,15 @@ fn untrusted_records_are_passed_over_without_harm() {
     let env = [("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())];
     let status = status_json(&env);
     assert_eq!(status["processes"], serde_json::json!([]), "{status}");
+    // Not a record, or a damaged one: removed (the process writes a whole new one at
+    // its next heartbeat). A link is named, and left alone.
+    assert!(!dir.join(&name).exists(), "{status}");
+    assert!(!dir.join(record::file_name(1, namespace)).exists());
     let skipped = status["skipped"].to_string();
-    assert!(skipped.contains(&name), "{status}");
+    assert!(
+        skipped.contains(&record::file_name(2, namespace)) && skipped.contains("symbolic link"),
+        "{status}"
+    );
 
     // A record that is fine, but in a directory others may write: not trusted.
     let trusted = record::Record {
@@ -265,7 +272,9 @@ fn untrusted_records_are_passed_over_without_harm() {
     let status = status_json(&env);
     assert!(find_process(&status, pid).is_none(), "{status}");
     assert!(
-        status["skipped"].to_string().contains("only it can write"),
+        status["skipped"]
+            .to_string()
+            .contains("others may write it"),
         "{status}"
     );
     let _ = std::fs::remove_dir_all(&base);
@@ -361,4 +370,226 @@ fn status_counts_the_allocations_that_waited() {
     );
     let process = client.wait_for(1, |p| p["devices"][0]["denials"] == 1);
     assert_eq!(process["devices"][0]["waits"], 1, "{process}");
+}
+
+/// A record of this test's own process (root's directory: it may claim any pid), with
+/// `change` applied, the checksum sealed again.
+fn own_record(change: impl FnOnce(&mut record::Record)) -> record::Record {
+    let (start, namespace) = own_identity();
+    let mut r = record::Record {
+        pid: std::process::id(),
+        start_time: start,
+        pid_namespace: namespace,
+        updated_ms: now_ms(),
+        command: "own".into(),
+        ..Default::default()
+    };
+    change(&mut r);
+    r
+}
+
+/// `count` files under record names of processes in another PID namespace (their pids
+/// cannot be checked from here, so only their contents say they are junk): full-size
+/// records with one byte changed (the checksum fails), random bytes, short files.
+fn junk(dir: &std::path::Path, count: u32, kinds: &[&str]) {
+    let mut good = [0u8; record::SIZE];
+    record::Record {
+        pid: 1,
+        pid_namespace: 1,
+        updated_ms: now_ms(),
+        command: "junk".into(),
+        ..Default::default()
+    }
+    .encode(&mut good);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..count {
+        let pid = 100_000 + i;
+        let name = record::file_name(pid, 1);
+        let bytes: Vec<u8> = match kinds[i as usize % kinds.len()] {
+            "checksum" => {
+                let mut bad = good;
+                bad[24..28].copy_from_slice(&pid.to_le_bytes());
+                bad[3000] ^= 1;
+                bad.to_vec()
+            }
+            "random" => (0..record::SIZE)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect(),
+            _ => b"short".to_vec(),
+        };
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}
+
+/// `status --json` with `env`, and how long it took.
+fn timed_status(env: &[(&str, &str)]) -> (serde_json::Value, Duration) {
+    let started = Instant::now();
+    let status = status_json(env);
+    (status, started.elapsed())
+}
+
+#[test]
+fn two_thousand_bad_checksum_records_cost_status_one_look_each_and_are_removed() {
+    let (base, dir) = runtime("bad-checksums");
+    write_record(&dir, &own_record(|_| {}));
+    junk(&dir, 2000, &["checksum"]);
+    let env = [("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())];
+    let (status, took) = timed_status(&env);
+    assert!(took < Duration::from_secs(1), "status took {took:?}");
+    assert!(
+        find_process(&status, std::process::id()).is_some(),
+        "{status}"
+    );
+    let left = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(left, 1, "the bad records are reaped, the good one stays");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn ten_thousand_junk_files_leave_status_under_a_second() {
+    let (base, dir) = runtime("junk");
+    write_record(&dir, &own_record(|_| {}));
+    junk(&dir, 10_000, &["checksum", "random", "short", "random"]);
+    // Names that are not records at all cost only their name.
+    for i in 0..2000 {
+        std::fs::write(dir.join(format!("junk-{i}")), b"x").unwrap();
+    }
+    let env = [("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())];
+    let (status, took) = timed_status(&env);
+    assert!(took < Duration::from_secs(1), "status took {took:?}");
+    assert!(
+        find_process(&status, std::process::id()).is_some(),
+        "{status}"
+    );
+    let (_, again) = timed_status(&env);
+    assert!(again < Duration::from_secs(1), "status took {again:?}");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn a_record_dated_in_the_future_is_neither_shown_nor_kept() {
+    let (base, dir) = runtime("future");
+    let year_ms = 365 * 24 * 3_600_000;
+    // In another PID namespace (its pid cannot be checked): only its date speaks for it.
+    let elsewhere = write_record(
+        &dir,
+        &record::Record {
+            pid: 7,
+            start_time: 1,
+            pid_namespace: 1,
+            updated_ms: now_ms() + year_ms,
+            command: "from the future".into(),
+            ..Default::default()
+        },
+    );
+    // This process's own record, dated ahead.
+    let own = write_record(&dir, &own_record(|r| r.updated_ms = now_ms() + year_ms));
+    let env = [("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())];
+    let status = status_json(&env);
+    assert!(find_process(&status, 7).is_none(), "{status}");
+    assert!(
+        find_process(&status, std::process::id()).is_none(),
+        "{status}"
+    );
+    assert!(!elsewhere.exists(), "a future-dated record is reaped");
+    assert!(!own.exists(), "a future-dated record is reaped");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn figures_no_card_can_hold_are_not_shown() {
+    let (base, dir) = runtime("huge");
+    let path = write_record(
+        &dir,
+        &own_record(|r| {
+            r.devices = vec![record::DeviceFigures {
+                ordinal: 0,
+                budget: 8 * GI,
+                denials: 4242,
+                ..Default::default()
+            }]
+        }),
+    );
+    // What a forger writes (the library never does): `used` of the first device (at
+    // 1760 + 16) far past any card, the checksum sealed again.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[1776..1784].copy_from_slice(&9_223_372_036_854_775_807u64.to_le_bytes());
+    bytes[16..24].fill(0);
+    let sum = record::fnv1a(&bytes);
+    bytes[16..24].copy_from_slice(&sum.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    let env = [("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())];
+    let status = status_json(&env);
+    assert!(
+        find_process(&status, std::process::id()).is_none(),
+        "{status}"
+    );
+    assert!(
+        !status.to_string().contains("9223372036854775807"),
+        "{status}"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn terminal_escapes_in_a_command_line_are_shown_escaped() {
+    // `exec -a` sets any argv[0]: here one that retitles the terminal, and text that
+    // reverses what follows it.
+    let title = "\x1b]0;pwned\x07";
+    let base = scratch("escapes");
+    let base_arg = base.to_str().unwrap();
+    let library = util::cli::fresh_library();
+    let mut command = util::fixture_command(
+        "bash",
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_RUNTIME_DIR", base_arg),
+            ("POD_NAME", "pod\u{202e}evil\x1b[2J"),
+        ],
+        Some(&library),
+    );
+    command
+        .args(["-c", "exec -a \"$0\" \"$@\""])
+        .arg(format!("{title}train\u{9b}31m"))
+        .args([util::client_bin("gpa"), "gpa", "alloc:1Mi", "sleep:20000"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = command.spawn().unwrap();
+    let env = [("CUDABUDGET_RUNTIME_DIR", base_arg)];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while find_process(&status_json(&env), child.id()).is_none() {
+        assert!(Instant::now() < deadline, "never published");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let table = output(cudabudget(&["status"]).envs(env));
+    let json = output(cudabudget(&["status", "--json"]).envs(env));
+    let _ = child.kill();
+    let _ = child.wait();
+    for out in [&table, &json] {
+        let text = stdout(out);
+        for raw in ['\x1b', '\x07', '\u{9b}', '\u{202e}'] {
+            assert!(
+                !text.contains(raw),
+                "{raw:?} reaches the terminal raw:\n{text:?}"
+            );
+        }
+    }
+    let text = stdout(&table);
+    assert!(text.contains(r"\e]0;pwned\atrain"), "{text}");
+    assert!(text.contains(r"pod\u{202e}evil\e[2J"), "{text}");
+    // JSON keeps the exact text, escaped as JSON.
+    let status: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let process = find_process(&status, child.id()).expect("shown");
+    assert!(
+        process["command"].as_str().unwrap().starts_with(title),
+        "{process}"
+    );
+    assert_eq!(process["pod"], "pod\u{202e}evil\x1b[2J");
+    let _ = std::fs::remove_dir_all(&base);
 }

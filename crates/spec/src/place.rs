@@ -168,6 +168,13 @@ impl Dir {
     /// links on the way are resolved once, first; the walk itself follows none, so a
     /// link swapped in meanwhile fails the walk instead of redirecting it.
     pub fn open_trusted(path: &Path) -> Result<Dir, PlaceError> {
+        Dir::open_trusted_for(path, euid())
+    }
+
+    /// [`Dir::open_trusted`] on behalf of user `me` (root reading a user's own places,
+    /// such as `/run/user/<uid>`): every component root's or `me`'s, writable by nobody
+    /// else unless sticky.
+    pub fn open_trusted_for(path: &Path, me: u32) -> Result<Dir, PlaceError> {
         if !path.is_absolute() {
             return Err(PlaceError::Untrusted {
                 path: path.to_path_buf(),
@@ -175,7 +182,6 @@ impl Dir {
             });
         }
         let real = std::fs::canonicalize(path).map_err(|e| PlaceError::io(path, e))?;
-        let me = euid();
         let root = CString::new("/").expect("no NUL");
         let mut fd = openat(
             libc::AT_FDCWD,
@@ -277,10 +283,60 @@ impl Dir {
         })
     }
 
+    /// The directory `name` inside this one that belongs to `owner` (another user's, for
+    /// a reader such as root's exporter): opened without following a link, accepted only
+    /// if it is a directory owned by `owner` that nobody else may write. Nothing is
+    /// created. Anything else at the name is [`PlaceError::Taken`]; nothing there is
+    /// [`PlaceError::Io`] with `NotFound`.
+    pub fn open_dir_of(&self, name: &str, owner: u32) -> Result<Dir, PlaceError> {
+        let path = self.path.join(name);
+        let cname = c_name(&self.path, OsStr::new(name))?;
+        let fd = match openat(
+            self.fd.as_raw_fd(),
+            &cname,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0,
+        ) {
+            Ok(fd) => fd,
+            Err(error)
+                if matches!(
+                    error.raw_os_error(),
+                    Some(libc::ELOOP) | Some(libc::ENOTDIR)
+                ) =>
+            {
+                return Err(PlaceError::Taken {
+                    what: self.what_is(&cname),
+                    path,
+                });
+            }
+            Err(error) => return Err(PlaceError::io(&path, error)),
+        };
+        let st = fstat(fd.as_fd()).map_err(|e| PlaceError::io(&path, e))?;
+        if st.st_uid != owner {
+            return Err(PlaceError::Taken {
+                what: describe(&st),
+                path,
+            });
+        }
+        if st.st_mode & 0o022 != 0 {
+            return Err(PlaceError::Untrusted {
+                path,
+                why: format!("others may write it (mode {:o})", st.st_mode & 0o7777),
+            });
+        }
+        Ok(Dir { fd, path, owner })
+    }
+
     /// Opens `name` in this directory with `open` (see [`FileOpen`]) and checks the
     /// descriptor: a regular file with one link, owned by us, that nobody else may
     /// write. Links are never followed; a FIFO or device never blocks the open.
     pub fn open_file(&self, name: &str, open: FileOpen) -> Result<File, PlaceError> {
+        self.open_file_of(name, open, euid())
+    }
+
+    /// [`Dir::open_file`] for a file that must belong to `owner` (a reader of another
+    /// user's files, such as root's exporter).
+    pub fn open_file_of(&self, name: &str, open: FileOpen, owner: u32) -> Result<File, PlaceError> {
         let path = self.path.join(name);
         let cname = c_name(&self.path, OsStr::new(name))?;
         let mut flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
@@ -305,7 +361,7 @@ impl Dir {
             // another user's file (EACCES): say what is in the way.
             Err(error) => {
                 return Err(match self.stat_at(name) {
-                    Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != euid() => {
+                    Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != owner => {
                         PlaceError::Taken {
                             what: describe(&st),
                             path,
@@ -316,7 +372,7 @@ impl Dir {
             }
         };
         let st = fstat(fd.as_fd()).map_err(|e| PlaceError::io(&path, e))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != euid() {
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != owner {
             return Err(PlaceError::Taken {
                 what: describe(&st),
                 path,

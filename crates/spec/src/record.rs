@@ -22,8 +22,12 @@
 //! | 1760 | devices, [`DEVICE_SIZE`] bytes each: ordinal (u32), flags (u32, bit 0: UUID known), budget, used, peak, denials, waits (u64 each), UUID (48 bytes) |
 //!
 //! Readers treat a record as untrusted: every length and count is checked against the
-//! layout, the checksum against the contents (a record read while it was being written
-//! fails it and is read again), and text is taken as lossy UTF-8.
+//! layout, the checksum against the contents, every figure against [`MAX_FIGURE`] and
+//! every ordinal against [`MAX_DEVICES`]; text is taken as lossy UTF-8 (and escaped by
+//! whoever shows it on a terminal). The writer replaces the file whole (a temporary file
+//! renamed over it), so a reader never meets a half-written record: one that fails the
+//! checksum is damaged or forged (a reader looks once more, at once, for an older
+//! library that wrote in place).
 
 use std::fmt;
 
@@ -39,6 +43,10 @@ const LENGTHS: usize = 64;
 const STRINGS: usize = 96;
 const DEVICES: usize = 1760;
 const ABSENT: u16 = u16::MAX;
+/// The largest figure (bytes or a count) a record may carry: 2^53, 8 PiB, more than any
+/// card holds and the largest integer a float (Prometheus' samples, JSON readers) keeps
+/// exactly. The writer clamps to it; a reader refuses a record above it (forged).
+pub const MAX_FIGURE: u64 = 1 << 53;
 
 /// The text fields, in their order, with their capacity in bytes (longer text is cut at
 /// a character boundary).
@@ -122,12 +130,16 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     hash
 }
 
+/// FNV-1a of the record with its checksum field as zeros. A plain indexed loop: a
+/// reader checks thousands of files, and so stays fast in a debug build too.
+#[allow(clippy::manual_range_contains)] // no call per byte in a debug build
 fn checksum(buf: &[u8; SIZE]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, &b) in buf.iter().enumerate() {
-        let b = if (16..24).contains(&i) { 0 } else { b };
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    let mut i = 0;
+    while i < SIZE {
+        let b = if i >= 16 && i < 24 { 0 } else { buf[i] };
+        hash = (hash ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
     }
     hash
 }
@@ -204,11 +216,11 @@ impl Record {
         for (i, d) in devices.iter().enumerate() {
             let at = DEVICES + i * DEVICE_SIZE;
             put_u32(buf, at, d.ordinal);
-            put_u64(buf, at + 8, d.budget);
-            put_u64(buf, at + 16, d.used);
-            put_u64(buf, at + 24, d.peak);
-            put_u64(buf, at + 32, d.denials);
-            put_u64(buf, at + 40, d.waits);
+            put_u64(buf, at + 8, d.budget.min(MAX_FIGURE));
+            put_u64(buf, at + 16, d.used.min(MAX_FIGURE));
+            put_u64(buf, at + 24, d.peak.min(MAX_FIGURE));
+            put_u64(buf, at + 32, d.denials.min(MAX_FIGURE));
+            put_u64(buf, at + 40, d.waits.min(MAX_FIGURE));
             if let Some(uuid) = &d.uuid {
                 let uuid = truncate(uuid, UUID_LEN);
                 put_u32(buf, at + 4, 1);
@@ -252,25 +264,39 @@ impl Record {
             }
             at += capacity;
         }
-        let devices = (0..count)
-            .map(|i| {
-                let at = DEVICES + i * DEVICE_SIZE;
-                let uuid = (get_u32(buf, at + 4) & 1 == 1).then(|| {
-                    let field = &buf[at + 48..at + 48 + UUID_LEN];
-                    let len = field.iter().position(|&b| b == 0).unwrap_or(UUID_LEN);
-                    String::from_utf8_lossy(&field[..len]).into_owned()
-                });
-                DeviceFigures {
-                    ordinal: get_u32(buf, at),
-                    uuid,
-                    budget: get_u64(buf, at + 8),
-                    used: get_u64(buf, at + 16),
-                    peak: get_u64(buf, at + 24),
-                    denials: get_u64(buf, at + 32),
-                    waits: get_u64(buf, at + 40),
+        let mut devices = Vec::with_capacity(count);
+        for i in 0..count {
+            let at = DEVICES + i * DEVICE_SIZE;
+            let uuid = (get_u32(buf, at + 4) & 1 == 1).then(|| {
+                let field = &buf[at + 48..at + 48 + UUID_LEN];
+                let len = field.iter().position(|&b| b == 0).unwrap_or(UUID_LEN);
+                String::from_utf8_lossy(&field[..len]).into_owned()
+            });
+            let figure = |offset: usize, name: &'static str| {
+                let value = get_u64(buf, at + offset);
+                if value > MAX_FIGURE {
+                    Err(Invalid::Field(name))
+                } else {
+                    Ok(value)
                 }
-            })
-            .collect();
+            };
+            let ordinal = get_u32(buf, at);
+            if ordinal as usize >= MAX_DEVICES {
+                return Err(Invalid::Field("device ordinal"));
+            }
+            devices.push(DeviceFigures {
+                ordinal,
+                uuid,
+                budget: figure(8, "budget")?,
+                used: figure(16, "used")?,
+                peak: figure(24, "peak")?,
+                denials: figure(32, "denials")?,
+                waits: figure(40, "waits")?,
+            });
+        }
+        if get_u32(buf, 24) == 0 {
+            return Err(Invalid::Field("pid"));
+        }
         let [job, command, pod, namespace, container] = texts;
         Ok(Record {
             pid: get_u32(buf, 24),
@@ -419,6 +445,113 @@ mod tests {
         put_u32(&mut bad, 8, 2);
         reseal(&mut bad);
         assert_eq!(Record::decode(&bad), Err(Invalid::Version(2)));
+    }
+
+    #[test]
+    fn figures_past_any_card_are_clamped_by_the_writer_and_refused_by_readers() {
+        let mut record = sample();
+        record.devices[0].used = u64::MAX;
+        let mut buf = [0u8; SIZE];
+        record.encode(&mut buf);
+        assert_eq!(Record::decode(&buf).unwrap().devices[0].used, MAX_FIGURE);
+        // A forger writes what the writer never does, and seals it.
+        put_u64(&mut buf, DEVICES + 16, 9_223_372_036_854_775_807);
+        let sum = checksum(&buf);
+        put_u64(&mut buf, 16, sum);
+        assert_eq!(Record::decode(&buf), Err(Invalid::Field("used")));
+        put_u64(&mut buf, DEVICES + 16, 0);
+        put_u32(&mut buf, DEVICES, 64);
+        let sum = checksum(&buf);
+        put_u64(&mut buf, 16, sum);
+        assert_eq!(Record::decode(&buf), Err(Invalid::Field("device ordinal")));
+    }
+
+    /// splitmix64.
+    fn next(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// What a record that passed must hold, whatever its bytes were.
+    fn holds_its_checks(bytes: &[u8], record: &Record) {
+        let buf: &[u8; SIZE] = bytes.try_into().expect("only full-size records pass");
+        assert_eq!(get_u64(buf, 16), checksum(buf));
+        assert!(record.devices.len() <= MAX_DEVICES);
+        assert_ne!(record.pid, 0);
+        for d in &record.devices {
+            assert!((d.ordinal as usize) < MAX_DEVICES);
+            for figure in [d.budget, d.used, d.peak, d.denials, d.waits] {
+                assert!(figure <= MAX_FIGURE);
+            }
+        }
+        for (text, (_, capacity)) in [
+            record.job.as_deref(),
+            Some(record.command.as_str()),
+            record.pod.as_deref(),
+            record.namespace.as_deref(),
+            record.container.as_deref(),
+        ]
+        .into_iter()
+        .zip(FIELDS)
+        {
+            // Lossy UTF-8 may widen an invalid byte to 3: bounded all the same.
+            assert!(text.map_or(0, str::len) <= 3 * capacity);
+        }
+    }
+
+    /// Random bytes, truncations, and a forger's edits of a good record (resealed, so
+    /// that the checks past the checksum are what stands): never a panic, and nothing
+    /// accepted that breaks a check. `PROPTEST_CASES` cases (default 5000).
+    #[test]
+    fn any_bytes_are_refused_or_read_within_the_layout_never_a_panic() {
+        let cases: u64 = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(5000);
+        let mut state = 25;
+        let mut good = [0u8; SIZE];
+        sample().encode(&mut good);
+        let mut accepted = 0u64;
+        for case in 0..cases {
+            let mut bytes = good.to_vec();
+            match case % 4 {
+                0 => bytes.iter_mut().for_each(|b| *b = next(&mut state) as u8),
+                1 => bytes.truncate((next(&mut state) % (SIZE as u64 + 1)) as usize),
+                _ => {
+                    for _ in 0..1 + next(&mut state) % 16 {
+                        let at = (next(&mut state) % SIZE as u64) as usize;
+                        let width = [1, 2, 4, 8][(next(&mut state) % 4) as usize];
+                        let at = at.min(SIZE - width);
+                        let value = match next(&mut state) % 4 {
+                            0 => u64::MAX,
+                            1 => 0,
+                            2 => next(&mut state) % 300,
+                            _ => next(&mut state),
+                        };
+                        bytes[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]);
+                    }
+                    if case % 4 == 2 {
+                        let buf: &mut [u8; SIZE] = (&mut bytes[..]).try_into().unwrap();
+                        let sum = checksum(buf);
+                        put_u64(buf, 16, sum);
+                    }
+                    if next(&mut state) % 8 == 0 {
+                        bytes.push(0);
+                    }
+                }
+            }
+            if let Ok(record) = Record::decode(&bytes) {
+                holds_its_checks(&bytes, &record);
+                accepted += 1;
+            }
+        }
+        assert!(
+            cases < 100 || accepted > 0,
+            "the forger's cases reach past the checksum"
+        );
     }
 
     #[test]

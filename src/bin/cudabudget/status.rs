@@ -1,7 +1,7 @@
 //! `cudabudget status`: the budgeted processes of this machine, per job, process and
 //! device, with each GPU's physical total and use where NVML can say.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,18 +10,22 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::gpu::{Nvml, NvmlDevice};
-use crate::record::Record;
 use crate::{Refusal, records, usage};
 
 pub const AFTER_HELP: &str = "Shows the processes that run under a budget and publish \
 their figures (every budgeted process does, within 0.2 s), for this user, or for every \
 user when run as root. Records live in /dev/shm/cudabudget-<uid>/ \
-($CUDABUDGET_RUNTIME_DIR instead of /dev/shm when set).
+($CUDABUDGET_RUNTIME_DIR instead of /dev/shm when set; $XDG_RUNTIME_DIR or \
+$HOME/.cache when another user holds that name). A record is shown only if the user \
+whose directory holds it owns the process (or is root) and the process's start time \
+matches; text from records is shown escaped (\\e, \\x.., \\u{..}).
 
 --json prints one object:
-  {\"processes\": [{\"pid\", \"job\", \"command\", \"namespace\", \"pod\", \"container\",
-   \"devices\": [{\"index\", \"uuid\", \"used_bytes\", \"limit_bytes\", \"peak_bytes\",
-   \"denials\", \"waits\", \"physical_total_bytes\", \"physical_used_bytes\"}]}],
+  {\"processes\": [{\"pid\", \"uid\", \"job\", \"command\", \"namespace\", \"pod\",
+   \"container\", \"devices\": [{\"index\", \"uuid\", \"used_bytes\", \"limit_bytes\",
+   \"peak_bytes\", \"denials\", \"waits\", \"physical_total_bytes\",
+   \"physical_used_bytes\"}]}],
+   \"jobs\": [{\"name\", \"uid\", \"user\", \"processes\", \"used_bytes\"}],
    \"gpus\": [{\"index\", \"uuid\", \"name\", \"total_bytes\", \"used_bytes\"}] or null,
    \"skipped\": [\"why a record file was passed over\"]}
 
@@ -49,6 +53,8 @@ pub struct StatusArgs {
 #[derive(Serialize)]
 pub struct StatusJson {
     pub processes: Vec<ProcessJson>,
+    /// Jobs, each one user's: two users' jobs of one name are two jobs.
+    pub jobs: Vec<JobJson>,
     /// Every GPU NVML sees; `null` where NVML is not available.
     pub gpus: Option<Vec<GpuJson>>,
     /// Record files and directories that were passed over (not trusted, not readable),
@@ -59,6 +65,8 @@ pub struct StatusJson {
 #[derive(Serialize)]
 pub struct ProcessJson {
     pub pid: u32,
+    /// The user the process's record speaks for (its directory's owner).
+    pub uid: u32,
     pub job: Option<String>,
     pub command: String,
     pub namespace: Option<String>,
@@ -84,6 +92,16 @@ pub struct DeviceJson {
 }
 
 #[derive(Serialize)]
+pub struct JobJson {
+    pub name: String,
+    pub uid: u32,
+    /// The user's name, where the system knows it.
+    pub user: Option<String>,
+    pub processes: usize,
+    pub used_bytes: u64,
+}
+
+#[derive(Serialize)]
 pub struct GpuJson {
     pub index: u32,
     pub uuid: Option<String>,
@@ -94,7 +112,7 @@ pub struct GpuJson {
 
 /// The figures of every live budgeted process, and of every GPU NVML sees.
 pub fn collect(nvml: Option<&Nvml>) -> StatusJson {
-    let scan = records::scan(&records::runtime_dir());
+    let scan = records::scan(&records::runtime_dirs());
     let gpus = nvml.map(Nvml::devices);
     let physical = |uuid: &Option<String>| -> Option<&NvmlDevice> {
         let uuid = uuid.as_deref()?;
@@ -102,11 +120,12 @@ pub fn collect(nvml: Option<&Nvml>) -> StatusJson {
             .iter()
             .find(|g| g.uuid.as_deref() == Some(uuid))
     };
-    let processes = scan
+    let processes: Vec<ProcessJson> = scan
         .processes
         .into_iter()
-        .map(|record: Record| ProcessJson {
+        .map(|records::Shown { uid, record }| ProcessJson {
             pid: record.pid,
+            uid,
             job: record.job,
             command: record.command,
             namespace: record.namespace,
@@ -135,6 +154,7 @@ pub fn collect(nvml: Option<&Nvml>) -> StatusJson {
         .collect();
     StatusJson {
         skipped: scan.skipped,
+        jobs: jobs(&processes),
         processes,
         gpus: gpus.map(|gpus| {
             gpus.into_iter()
@@ -168,7 +188,7 @@ pub fn status(args: StatusArgs) -> Result<ExitCode, Refusal> {
         let status = collect(nvml.as_ref());
         let mut out = std::io::stdout().lock();
         let text = if args.json {
-            let mut line = serde_json::to_string(&status).unwrap_or_default();
+            let mut line = terminal_safe_json(serde_json::to_string(&status).unwrap_or_default());
             line.push('\n');
             line
         } else {
@@ -220,11 +240,11 @@ fn table(status: &StatusJson) -> String {
         "COMMAND".into(),
     ]];
     for p in &status.processes {
-        let job = p.job.clone().unwrap_or_else(|| "-".into());
-        let mut command = p.command.clone();
+        let job = p.job.as_deref().map_or_else(|| "-".into(), escape);
+        let mut command = escape(&p.command);
         if let Some(pod) = &p.pod {
-            let namespace = p.namespace.as_deref().unwrap_or("-");
-            command = format!("[{namespace}/{pod}] {command}");
+            let namespace = p.namespace.as_deref().map_or_else(|| "-".into(), escape);
+            command = format!("[{namespace}/{}] {command}", escape(pod));
         }
         let command: String = if command.chars().count() > 60 {
             command.chars().take(59).chain(['…']).collect()
@@ -259,15 +279,9 @@ fn table(status: &StatusJson) -> String {
             ]);
         }
     }
-    // Jobs of more than one process get a total line.
-    let mut jobs: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
-    for p in &status.processes {
-        if let Some(job) = &p.job {
-            let entry = jobs.entry(job).or_default();
-            entry.0 += 1;
-            entry.1 += p.devices.iter().map(|d| d.used_bytes).sum::<u64>();
-        }
-    }
+    // Jobs of more than one process get a total line; the user is named when the table
+    // holds more than one user's processes.
+    let users: BTreeSet<u32> = status.processes.iter().map(|p| p.uid).collect();
     let mut widths = [0usize; 9];
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -292,10 +306,20 @@ fn table(status: &StatusJson) -> String {
             text.push_str(line.trim_end());
             text.push('\n');
         }
-        for (job, (count, used)) in jobs.iter().filter(|(_, (count, _))| *count > 1) {
+        for job in status.jobs.iter().filter(|j| j.processes > 1) {
+            let whose = if users.len() > 1 {
+                match &job.user {
+                    Some(user) => format!(" ({})", escape(user)),
+                    None => format!(" (uid {})", job.uid),
+                }
+            } else {
+                String::new()
+            };
             text.push_str(&format!(
-                "job {job}: {count} processes, {} in use\n",
-                bytes(*used)
+                "job {}{whose}: {} processes, {} in use\n",
+                escape(&job.name),
+                job.processes,
+                bytes(job.used_bytes)
             ));
         }
     }
@@ -306,12 +330,12 @@ fn table(status: &StatusJson) -> String {
                 let name = g
                     .name
                     .as_deref()
-                    .map(|n| format!(" {n}"))
+                    .map(|n| format!(" {}", escape(n)))
                     .unwrap_or_default();
                 text.push_str(&format!(
                     "GPU {}{name} {}: {} of {} in use\n",
                     g.index,
-                    g.uuid.as_deref().unwrap_or("(no UUID)"),
+                    g.uuid.as_deref().map_or_else(|| "(no UUID)".into(), escape),
                     bytes(g.used_bytes),
                     bytes(g.total_bytes)
                 ));
@@ -319,4 +343,99 @@ fn table(status: &StatusJson) -> String {
         }
     }
     text
+}
+
+/// The jobs of `processes`, keyed by user and name.
+fn jobs(processes: &[ProcessJson]) -> Vec<JobJson> {
+    let mut jobs: BTreeMap<(u32, &str), (usize, u64)> = BTreeMap::new();
+    for p in processes {
+        if let Some(job) = &p.job {
+            let entry = jobs.entry((p.uid, job)).or_default();
+            entry.0 += 1;
+            entry.1 = entry
+                .1
+                .saturating_add(p.devices.iter().map(|d| d.used_bytes).sum::<u64>());
+        }
+    }
+    jobs.into_iter()
+        .map(|((uid, name), (processes, used_bytes))| JobJson {
+            name: name.to_string(),
+            uid,
+            user: records::passwd(uid).map(|(name, _)| name),
+            processes,
+            used_bytes,
+        })
+        .collect()
+}
+
+/// Characters that must not reach a terminal as they are: C0 controls, DEL and C1
+/// controls (escape sequences; U+009B is a CSI on its own), and the invisible marks
+/// that reorder text (bidi overrides, embeddings, isolates, marks).
+fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `text` fit for a terminal: every unsafe character written out (`\e`, `\a`, `\t`,
+/// `\n`, `\r`, `\x7f`, `\u{202e}`...), everything else as it is.
+pub fn escape(text: &str) -> String {
+    if !text.chars().any(is_unsafe) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\x1b' => out.push_str("\\e"),
+            '\x07' => out.push_str("\\a"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x80 && is_unsafe(c) => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if is_unsafe(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// JSON as serde writes it (C0 controls escaped) with DEL, C1 controls and the bidi
+/// marks escaped too (`\u007f`, `\u009b`, `\u202e`): the same values, and nothing a
+/// terminal acts on. They can only be inside strings: JSON's own syntax is ASCII.
+fn terminal_safe_json(json: String) -> String {
+    if !json.chars().any(is_unsafe) {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if is_unsafe(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped_for_a_terminal_and_json_keeps_its_values() {
+        let text = "\x1b]0;pwned\x07 a\tb \u{7f}\u{9b}31m \u{202e}txt.exe é";
+        assert_eq!(
+            escape(text),
+            "\\e]0;pwned\\a a\\tb \\x7f\\u{9b}31m \\u{202e}txt.exe é"
+        );
+        assert_eq!(escape("plain"), "plain");
+        let json = terminal_safe_json(serde_json::to_string(&[text]).unwrap());
+        assert!(!json.chars().any(is_unsafe), "{json}");
+        let back: Vec<String> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, [text]);
+    }
 }

@@ -8,6 +8,19 @@
 //! changed, or every [`HEARTBEAT`] so readers in another PID namespace can tell it is
 //! alive. The record is therefore at most [`INTERVAL`] behind the books.
 //!
+//! The directory is our own private one ([`place::first_private`] over the
+//! configuration's `runtime_dirs`: `CUDABUDGET_RUNTIME_DIR` or `/dev/shm`, then the
+//! user's `$XDG_RUNTIME_DIR` and `$HOME/.cache`), mode 0700: only we can create, replace
+//! or rename anything in it, and it shows nobody else our command lines. Readers are the
+//! user's own `cudabudget status` and root's (the exporter runs as root and reads any
+//! mode). When another user holds the name in the shared directory, the record goes to
+//! the next place and one `info` line says where, and what was in the way.
+//!
+//! Every write goes through the directory's descriptor: a temporary file created new
+//! (`O_EXCL`, no link followed), written whole, then renamed over the record
+//! (`renameat`), so that readers never see half a record and nothing is ever reached
+//! by a path resolved again.
+//!
 //! Everything this thread does is best effort: a directory it cannot trust or write, a
 //! thread that cannot start, or anything else that fails leaves the process unpublished
 //! (said at `info`), never disturbed. The record is removed at exit; records of processes
@@ -16,14 +29,15 @@
 pub use cudabudget_spec::record;
 
 use std::ffi::CString;
-use std::fs::File;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen};
 
 use crate::config::LogLevel;
 use crate::ledger::UNRESOLVED;
@@ -34,16 +48,23 @@ use record::{DeviceFigures, Record};
 pub const INTERVAL: Duration = Duration::from_millis(200);
 /// How often the record is rewritten when nothing changed.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
-/// Where the per-user directories live unless `CUDABUDGET_RUNTIME_DIR` names another place.
-pub const DEFAULT_RUNTIME_DIR: &str = "/dev/shm";
-/// The variable that names another runtime directory.
-pub const RUNTIME_DIR_VARIABLE: &str = "CUDABUDGET_RUNTIME_DIR";
+/// The mode of our records directory: ours alone (see the module's comment).
+const DIR_MODE: u32 = 0o700;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
-/// The process whose record [`RECORD_PATH`] is: a child of `fork()` is not its owner
-/// and must not remove it at its exit.
+/// The process whose record [`RECORD`] is: a child of `fork()` is not its owner and must
+/// not remove it at its exit.
 static OWNER: AtomicU32 = AtomicU32::new(0);
-static RECORD_PATH: OnceLock<CString> = OnceLock::new();
+/// The record's directory (held open for the process's life), its device and inode, and
+/// the record's file name.
+static RECORD: OnceLock<(Dir, (u64, u64), CString)> = OnceLock::new();
+
+/// Whether `dir`'s descriptor still is the directory it was opened as. A program may
+/// close descriptors it did not open (a daemon closes them all) and open others under
+/// the same number: then nothing more is written or removed through it.
+fn still_ours(dir: &Dir, identity: (u64, u64)) -> bool {
+    place::fstat(dir.fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == identity)
+}
 
 /// Starts publishing this process's figures, once. Called at the end of a successful
 /// initialisation; costs the caller one thread creation and nothing after.
@@ -78,7 +99,6 @@ struct Identity {
     pid_namespace: u64,
     command: String,
     labels: Labels,
-    runtime_dir: PathBuf,
 }
 
 /// The names a process is shown under besides its pid and command.
@@ -170,78 +190,69 @@ impl Identity {
         let labels = Labels::from_environment(var, || {
             std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok()
         });
-        let runtime_dir = non_empty(var(RUNTIME_DIR_VARIABLE))
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNTIME_DIR));
         Identity {
             pid: std::process::id(),
             start_time,
             pid_namespace,
             command,
             labels,
-            runtime_dir,
         }
     }
 }
 
-/// The user's directory under `runtime_dir`, created if missing and refused unless it is
-/// a real directory of this user that nobody else can write.
-pub fn user_dir(runtime_dir: &Path, uid: u32) -> io::Result<PathBuf> {
-    let dir = runtime_dir.join(record::user_dir_name(uid));
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+/// Our records directory: the first of `roots` that gives one. When none does and a
+/// fallback root is missing (a fresh `$HOME/.cache`), it is made (0700) and the roots
+/// are tried again. Returns the directory and the one line that says what was in the
+/// way before it, if anything was.
+fn records_dir(roots: &[PathBuf]) -> (Option<Dir>, Option<String>) {
+    let (mut dir, mut in_the_way) = place::first_private(roots, DIR_MODE);
+    if dir.is_none() && roots.iter().skip(1).any(|root| !root.exists()) {
+        for root in roots.iter().skip(1).filter(|root| !root.exists()) {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new().mode(0o700).create(root);
+        }
+        (dir, in_the_way) = place::first_private(roots, DIR_MODE);
     }
-    let meta = std::fs::symlink_metadata(&dir)?;
-    if !meta.file_type().is_dir() {
-        return Err(io::Error::other(format!(
-            "{} is not a directory",
-            dir.display()
-        )));
-    }
-    if meta.uid() != uid {
-        return Err(io::Error::other(format!(
-            "{} belongs to uid {}, not {uid}",
-            dir.display(),
-            meta.uid()
-        )));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(io::Error::other(format!(
-            "{} is writable by others (mode {:o})",
-            dir.display(),
-            meta.mode() & 0o7777
-        )));
-    }
-    Ok(dir)
+    let why = (!in_the_way.is_empty()).then(|| {
+        in_the_way
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
+    (dir, why)
 }
 
-fn open_record(identity: &Identity) -> io::Result<(File, PathBuf)> {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let uid = unsafe { libc::geteuid() };
-    let dir = user_dir(&identity.runtime_dir, uid)?;
-    let path = dir.join(record::file_name(identity.pid, identity.pid_namespace));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)?;
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() || meta.uid() != uid {
-        return Err(io::Error::other(format!(
-            "{} is not a file of uid {uid}",
-            path.display()
-        )));
+/// The temporary name a record is written under before it is renamed into place.
+fn temporary_name(pid: u32, namespace: u64) -> String {
+    format!(".{pid}-{namespace}.tmp")
+}
+
+/// Writes `buf` as the record `name`: a new temporary file, written whole, renamed over
+/// the record. A temporary file left by an earlier process with our pid is ours (the
+/// directory is) and replaced.
+fn write_record(dir: &Dir, temporary: &str, name: &str, buf: &[u8]) -> io::Result<()> {
+    const NEW: FileOpen = FileOpen {
+        access: Access::ReadWrite,
+        create: Create::New,
+        mode: 0o600,
+    };
+    let file = match dir.open_file(temporary, NEW) {
+        Ok(file) => file,
+        Err(_) => {
+            let _ = dir.remove_file(temporary);
+            dir.open_file(temporary, NEW).map_err(io::Error::other)?
+        }
+    };
+    let written = file.write_all_at(buf, 0);
+    drop(file);
+    match written.and_then(|()| dir.rename(temporary, name)) {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            let _ = dir.remove_file(temporary);
+            Err(error)
+        }
     }
-    // A record left by an earlier process with this pid: made ours again.
-    use std::os::unix::fs::PermissionsExt;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    file.set_len(record::SIZE as u64)?;
-    Ok((file, path))
 }
 
 extern "C" fn remove_record() {
@@ -250,10 +261,14 @@ extern "C" fn remove_record() {
     if OWNER.load(Ordering::Relaxed) != pid {
         return;
     }
-    if let Some(path) = RECORD_PATH.get() {
-        // SAFETY: a NUL-terminated path that lives as long as the process.
+    if let Some((dir, identity, name)) = RECORD.get() {
+        if !still_ours(dir, *identity) {
+            return;
+        }
+        // SAFETY: a live directory descriptor (held for the process's life) and a
+        // NUL-terminated name that lives as long as the process.
         unsafe {
-            libc::unlink(path.as_ptr());
+            libc::unlinkat(dir.fd().as_raw_fd(), name.as_ptr(), 0);
         }
     }
 }
@@ -284,30 +299,52 @@ fn snapshot(uuids: &[Option<String>]) -> Vec<DeviceFigures> {
 
 fn publish() {
     let identity = Identity::read();
-    let (file, path) = match open_record(&identity) {
-        Ok(opened) => opened,
-        Err(error) => {
-            report::line(
-                LogLevel::Info,
-                format_args!(
-                    "cannot publish this process's figures ({error}); `cudabudget status` will not show it"
-                ),
-            );
-            return;
-        }
+    let roots = crate::runtime::config()
+        .map(|config| config.runtime_dirs.clone())
+        .unwrap_or_default();
+    let (dir, in_the_way) = records_dir(&roots);
+    let Some(dir) = dir else {
+        report::line(
+            LogLevel::Info,
+            format_args!(
+                "cannot publish this process's figures ({}); `cudabudget status` will not show it",
+                in_the_way.as_deref().unwrap_or("no runtime directory")
+            ),
+        );
+        return;
     };
-    if let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) {
-        let _ = RECORD_PATH.set(c_path);
-        OWNER.store(identity.pid, Ordering::Relaxed);
-        // SAFETY: registers a plain extern "C" function.
-        unsafe {
-            libc::atexit(remove_record);
-        }
+    let name = record::file_name(identity.pid, identity.pid_namespace);
+    let temporary = temporary_name(identity.pid, identity.pid_namespace);
+    match &in_the_way {
+        Some(why) => report::line(
+            LogLevel::Info,
+            format_args!(
+                "this process's figures are published in {} ({why})",
+                dir.path().display()
+            ),
+        ),
+        None => report::line(
+            LogLevel::Debug,
+            format_args!("publishing figures in {}", dir.path().join(&name).display()),
+        ),
     }
-    report::line(
-        LogLevel::Debug,
-        format_args!("publishing figures in {}", path.display()),
-    );
+    let Ok(c_name) = CString::new(name.as_str()) else {
+        return;
+    };
+    let Ok(st) = place::fstat(dir.fd()) else {
+        return;
+    };
+    if RECORD.set((dir, (st.st_dev, st.st_ino), c_name)).is_err() {
+        return;
+    }
+    let Some((dir, dir_identity, _)) = RECORD.get() else {
+        return;
+    };
+    OWNER.store(identity.pid, Ordering::Relaxed);
+    // SAFETY: registers a plain extern "C" function.
+    unsafe {
+        libc::atexit(remove_record);
+    }
 
     let mut record = Record {
         pid: identity.pid,
@@ -342,7 +379,24 @@ fn publish() {
             record.sequence += 1;
             record.updated_ms = now_ms();
             record.encode(&mut buf);
-            if file.write_all_at(&buf, 0).is_err() {
+            if !still_ours(dir, *dir_identity) {
+                report::line(
+                    LogLevel::Info,
+                    format_args!(
+                        "the program closed the descriptor of {}; this process's figures are no longer published",
+                        dir.path().display()
+                    ),
+                );
+                return;
+            }
+            if let Err(error) = write_record(dir, &temporary, &name, &buf) {
+                report::line(
+                    LogLevel::Info,
+                    format_args!(
+                        "cannot publish this process's figures in {} any more ({error}); `cudabudget status` will not show it",
+                        dir.path().display()
+                    ),
+                );
                 return;
             }
             last_write = Some(Instant::now());
