@@ -130,7 +130,8 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         | Sym::cuGraphMemAllocNodeGetParams
         | Sym::cuGraphMemFreeNodeGetParams
         | Sym::cuGraphChildGraphNodeGetGraph
-        | Sym::cuDeviceGetGraphMemAttribute => return None,
+        | Sym::cuDeviceGetGraphMemAttribute
+        | Sym::cuDeviceGetAttribute => return None,
     };
     Some(f as *mut c_void)
 }
