@@ -12,9 +12,12 @@
 //!   that uses them (a 2 GiB heap: 2050 MiB), after which the heap cannot change.
 //!
 //! So a load is admitted before the driver's call for what its image says it places on
-//! the device ([`crate::admit::image`]: the cubin's global, constant and code sections
-//! for the device's architecture, PTX's declared globals), and a load that does not fit
-//! is refused before the driver holds any of it. A lazily loaded library's image is read
+//! the device ([`crate::admit::image`]: the cubin's global and constant sections for the
+//! device's architecture, and its code where modules load eagerly; PTX's declared
+//! globals), and a load that does not fit is refused before the driver holds any of it.
+//! The image is read as the driver reads it: from the caller's memory through
+//! `process_vm_readv` (an unmapped address is a failed read, never a fault), or from the
+//! file, if it is a regular one. A lazily loaded library's image is read
 //! at its load and admitted at its first look-up. The load or look-up is then measured:
 //! the device's free memory before and after (`cuMemGetInfo`, a microsecond against the
 //! milliseconds of a load), and what it grew by beyond the image's figure is admitted
@@ -38,7 +41,7 @@
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-use crate::admit::image::{self, Arch, Footprint, Source};
+use crate::admit::image::{self, Arch, Footprint, Placed, Source};
 use crate::config::LogLevel;
 use crate::driver::{CuResult, Handle, real};
 use crate::enforce;
@@ -140,8 +143,27 @@ impl Source for File {
 }
 
 /// What `image` says its load places on `device` (`None`: it cannot say, and why is
-/// told at debug level).
+/// told at debug level): its data, and its code too where modules load eagerly (with
+/// lazy loading a kernel's code arrives at its first use, which no call here sees).
 fn predicted(call: &str, image: Image, device: usize) -> Option<u64> {
+    let placed = placed(call, image, device)?;
+    let bytes = if lazy_loading() {
+        placed.data
+    } else {
+        placed.data.saturating_add(placed.code)
+    };
+    report::line(
+        LogLevel::Debug,
+        format_args!(
+            "{call}: the image places {} of data and {} of code on the device",
+            Bytes(placed.data),
+            Bytes(placed.code)
+        ),
+    );
+    Some(bytes)
+}
+
+fn placed(call: &str, image: Image, device: usize) -> Option<Placed> {
     let arch = arch(device)?;
     let said = match image {
         Image::Memory(p) if !p.is_null() => {
@@ -158,13 +180,7 @@ fn predicted(call: &str, image: Image, device: usize) -> Option<u64> {
         _ => return None,
     };
     match said {
-        Footprint::Bytes(bytes) => {
-            report::line(
-                LogLevel::Debug,
-                format_args!("{call}: the image places {} on the device", Bytes(bytes)),
-            );
-            Some(bytes)
-        }
+        Footprint::Placed(placed) => Some(placed),
         Footprint::Unknown(why) => {
             report::line(
                 LogLevel::Debug,

@@ -307,3 +307,27 @@ fn a_load_that_grows_the_device_more_than_its_image_said_is_charged_what_it_grew
     assert_eq!(undone.num("phys", 0, "used"), 0, "{undone:?}");
     assert_eq!(undone.num("info", 0, "free"), 250 * MI, "{undone:?}");
 }
+
+#[test]
+fn a_modules_code_is_admitted_before_its_load_where_modules_load_eagerly() {
+    // 1.5 GiB of globals and 768 MiB of code: with lazy loading (CUDA's default) the code
+    // arrives with each kernel's first use, so only the globals are admitted before the
+    // load, and the growth the fake makes at once is the correction (undone: it does not
+    // fit); loading eagerly, the code is placed at the load and admitted before it.
+    let image = image_file(
+        "code.cubin",
+        &cubin(&[(".nv.global", 1536 * MI), (".text._Z5touchPc", 768 * MI)]),
+    );
+    let load = op("modimage", &image);
+    let lazy = run(&[&load, "loads", "info"], &[]);
+    assert_eq!(lazy.rc("modimage", 0), 2, "{lazy:?}");
+    assert_eq!(lazy.num("loads", 0, "calls"), 1, "{lazy:?}");
+    assert_eq!(lazy.num("info", 0, "free"), 2 * GI, "{lazy:?}");
+    let eager = run(
+        &[&load, "loads", "phys"],
+        &[("CUDA_MODULE_LOADING", "EAGER")],
+    );
+    assert_eq!(eager.rc("modimage", 0), 2, "{eager:?}");
+    assert_eq!(eager.num("loads", 0, "calls"), 0, "{eager:?}");
+    assert_eq!(eager.num("phys", 0, "peak"), 0, "{eager:?}");
+}

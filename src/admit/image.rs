@@ -69,10 +69,19 @@ impl Arch {
 /// What an image says about the device memory its load takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Footprint {
-    /// These many bytes of globals, constants and code.
-    Bytes(u64),
+    Placed(Placed),
     /// The image cannot say.
     Unknown(Unknown),
+}
+
+/// The device memory an image's load places, in two parts: the module's data, placed
+/// when the module is (globals and its constant banks), and its kernels' code with each
+/// kernel's parameter bank (`.nv.constant0.<kernel>`), which lazy loading (CUDA's
+/// default) places only at the kernel's first use. PTX says nothing of its code.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placed {
+    pub data: u64,
+    pub code: u64,
 }
 
 /// Why an image cannot say what it places on the device.
@@ -95,11 +104,13 @@ pub const WRAPPER_MAGIC: u32 = 0x466243b1;
 const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
 
-/// Sections the driver places in device memory: code, constant banks, globals
-/// (`.nv.global` holds the uninitialised ones and takes no room in the file,
-/// `.nv.global.init` the initialised ones). Shared and local memory are not allocated
-/// per module, and the rest (`.nv.info*`, symbols, relocations) stays on the host.
-const DEVICE_SECTIONS: [&[u8]; 3] = [b".text", b".nv.constant", b".nv.global"];
+/// Sections the driver places in device memory: code and the kernels' parameter banks
+/// ([`CODE_SECTIONS`]); the other constant banks and the globals (`.nv.global` holds the
+/// uninitialised ones and takes no room in the file, `.nv.global.init` the initialised
+/// ones). Shared and local memory are not allocated per module, and the rest
+/// (`.nv.info*`, symbols, relocations, `.rela.nv.constant*`) stays on the host.
+const CODE_SECTIONS: [&[u8]; 2] = [b".text", b".nv.constant0"];
+const DATA_SECTIONS: [&[u8]; 2] = [b".nv.constant", b".nv.global"];
 
 /// Bounds on what is read of an image: beyond them it is called malformed.
 const MAX_SECTION_TABLE: u64 = 1 << 24;
@@ -174,10 +185,10 @@ const MALFORMED: Footprint = Footprint::Unknown(Unknown::Malformed);
 
 /// A cubin: the sizes of its device sections, by their names in the section-name table.
 fn cubin(image: &(impl Source + ?Sized)) -> Footprint {
-    cubin_bytes(image).map_or(MALFORMED, Footprint::Bytes)
+    cubin_sections(image).map_or(MALFORMED, Footprint::Placed)
 }
 
-fn cubin_bytes(image: &(impl Source + ?Sized)) -> Option<u64> {
+fn cubin_sections(image: &(impl Source + ?Sized)) -> Option<Placed> {
     let header: [u8; 64] = read_array(image, 0)?;
     // ELFCLASS64, little-endian: what nvcc has made for every architecture CUDA 12
     // and 13 support.
@@ -189,7 +200,7 @@ fn cubin_bytes(image: &(impl Source + ?Sized)) -> Option<u64> {
     let shnum = u64::from(u16_at(&header, 0x3c));
     let shstrndx = u64::from(u16_at(&header, 0x3e));
     if shnum == 0 {
-        return Some(0);
+        return Some(Placed::default());
     }
     if shentsize < 64 || shstrndx >= shnum {
         return None;
@@ -211,17 +222,20 @@ fn cubin_bytes(image: &(impl Source + ?Sized)) -> Option<u64> {
         u64_at(names_header, 0x20),
         MAX_NAMES,
     )?;
-    let mut total = 0u64;
+    let mut placed = Placed::default();
     for i in 0..shnum {
         let section = entry(i);
         let name_at = u32_at(section, 0) as usize;
         let name = names.get(name_at..).unwrap_or(&[]);
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-        if DEVICE_SECTIONS.iter().any(|p| name.starts_with(p)) {
-            total = total.saturating_add(u64_at(section, 0x20));
+        let size = u64_at(section, 0x20);
+        if CODE_SECTIONS.iter().any(|p| name.starts_with(p)) {
+            placed.code = placed.code.saturating_add(size);
+        } else if DATA_SECTIONS.iter().any(|p| name.starts_with(p)) {
+            placed.data = placed.data.saturating_add(size);
         }
     }
-    Some(total)
+    Some(placed)
 }
 
 /// One entry of a fatbinary.
@@ -273,7 +287,7 @@ fn fatbin(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
     if chosen.kind == KIND_ELF {
         cubin(&payload)
     } else {
-        ptx(&payload).map_or(MALFORMED, Footprint::Bytes)
+        ptx(&payload).map_or(MALFORMED, ptx_placed)
     }
 }
 
@@ -317,9 +331,13 @@ fn fatbin_entries(image: &(impl Source + ?Sized)) -> Option<Vec<Entry>> {
 /// PTX text, NUL-terminated or ending with the image.
 fn ptx_or_unknown(image: &(impl Source + ?Sized)) -> Footprint {
     match ptx(image) {
-        Some(bytes) => Footprint::Bytes(bytes),
+        Some(bytes) => ptx_placed(bytes),
         None => Footprint::Unknown(Unknown::Format),
     }
+}
+
+fn ptx_placed(data: u64) -> Footprint {
+    Footprint::Placed(Placed { data, code: 0 })
 }
 
 /// Reads PTX text from `image` (up to a NUL, the end of the image, or [`MAX_PTX`]) and
@@ -601,9 +619,11 @@ mod tests {
     fn fatbin_with(entries: &[(u16, u32, u64, &[u8])]) -> Vec<u8> {
         let mut body = Vec::new();
         for (kind, arch, flags, payload) in entries {
-            let mut head = [0u8; 64];
+            // nvcc 13 gives PTX entries an 80-byte header, cubins 64 bytes.
+            let mut head = vec![0u8; if *kind == KIND_PTX { 80 } else { 64 }];
             head[0..2].copy_from_slice(&kind.to_le_bytes());
-            head[4..8].copy_from_slice(&64u32.to_le_bytes());
+            let head_size = head.len() as u32;
+            head[4..8].copy_from_slice(&head_size.to_le_bytes());
             head[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
             head[28..32].copy_from_slice(&arch.to_le_bytes());
             head[40..48].copy_from_slice(&flags.to_le_bytes());
@@ -621,6 +641,10 @@ mod tests {
 
     const H200: Arch = Arch(90);
 
+    fn placed(data: u64, code: u64) -> Footprint {
+        Footprint::Placed(Placed { data, code })
+    }
+
     #[test]
     fn a_cubin_is_sized_by_its_global_constant_and_code_sections_only() {
         let elf = cubin_with(&[
@@ -636,7 +660,38 @@ mod tests {
         assert!(elf.len() < 1024, "a 3 GiB module in {} bytes", elf.len());
         assert_eq!(
             footprint(&elf[..], H200),
-            Footprint::Bytes((3 << 30) + 100 + 0x170 + 64 + 512)
+            placed((3 << 30) + 100 + 64, 0x170 + 512)
+        );
+    }
+
+    /// The sections of `__device__ char big[3ull << 30]`, a `__constant__ int[64]`, an
+    /// initialised `__device__ int[4]` and one kernel, as nvcc 13.0 made them for sm_90
+    /// (readelf -S on the H200 machine).
+    #[test]
+    fn a_cubin_from_nvcc_13_is_sized_as_its_sections_say() {
+        let elf = cubin_with(&[
+            (".strtab", 0x1cd),
+            (".symtab", 0x388),
+            (".debug_frame", 0x520),
+            (".note.nv.tkinfo", 0x588),
+            (".note.nv.cuinfo", 0x62c),
+            (".nv.info", 0x64c),
+            (".nv.compat", 0x670),
+            (".nv.info.touch", 0x694),
+            (".nv.callgraph", 0x20),
+            (".rela.nv.constant4", 0x30),
+            (".rela.debug_frame", 0x18),
+            (".nv.constant4", 0x10),
+            (".nv.constant3", 0x100),
+            (".text.touch", 0x300),
+            (".nv.global.init", 0x10),
+            (".nv.shared.reserved.0", 0),
+            (".nv.global", 0xc000_0000),
+            (".nv.constant0.touch", 0x218),
+        ]);
+        assert_eq!(
+            footprint(&elf[..], H200),
+            placed(0x10 + 0x100 + 0x10 + 0xc000_0000, 0x300 + 0x218)
         );
     }
 
@@ -653,13 +708,13 @@ mod tests {
             (KIND_PTX, 52, 0, &ptx),
         ]);
         // The device's own architecture first,
-        assert_eq!(footprint(&fat[..], Arch(90)), Footprint::Bytes(3 << 30));
+        assert_eq!(footprint(&fat[..], Arch(90)), placed(3 << 30, 0));
         // else the newest lower one of its major,
-        assert_eq!(footprint(&fat[..], Arch(89)), Footprint::Bytes(64 << 20));
-        assert_eq!(footprint(&fat[..], Arch(87)), Footprint::Bytes(64 << 20));
+        assert_eq!(footprint(&fat[..], Arch(89)), placed(64 << 20, 0));
+        assert_eq!(footprint(&fat[..], Arch(87)), placed(64 << 20, 0));
         // else PTX, which is compiled for it.
-        assert_eq!(footprint(&fat[..], Arch(100)), Footprint::Bytes(1000));
-        assert_eq!(footprint(&fat[..], Arch(75)), Footprint::Bytes(1000));
+        assert_eq!(footprint(&fat[..], Arch(100)), placed(1000, 0));
+        assert_eq!(footprint(&fat[..], Arch(75)), placed(1000, 0));
         assert_eq!(
             footprint(&fat[..], Arch(50)),
             Footprint::Unknown(Unknown::NoEntry)
@@ -672,6 +727,18 @@ mod tests {
         let fat = fatbin_with(&[(KIND_ELF, 90, 0x8000, &big), (KIND_ELF, 80, 0, &big)]);
         assert_eq!(
             footprint(&fat[..], H200),
+            Footprint::Unknown(Unknown::Compressed)
+        );
+        // As nvcc 13 makes them: the PTX compressed (Zstandard), the cubins not.
+        let zstd_ptx = [0x28, 0xb5, 0x2f, 0xfd, 1, 2, 3];
+        let fat = fatbin_with(&[
+            (KIND_PTX, 90, 0x8011, &zstd_ptx),
+            (KIND_ELF, 90, 0x11, &big),
+            (KIND_ELF, 80, 0x11, &big),
+        ]);
+        assert_eq!(footprint(&fat[..], H200), placed(3 << 30, 0));
+        assert_eq!(
+            footprint(&fat[..], Arch(100)),
             Footprint::Unknown(Unknown::Compressed)
         );
     }
@@ -689,7 +756,7 @@ mod tests {
             .visible .entry k(.param .u64 .ptr .global .align 1 k_param_0)\n{\n\
             .reg .b64 %rd<3>;\n ld.global.u32 %r1, [counter];\n ret;\n}\n";
         let expected = 3221225472 + 4 + 8 * 6 + 2 * (1 + 4 + 3);
-        assert_eq!(footprint(&ptx[..], H200), Footprint::Bytes(expected));
+        assert_eq!(footprint(&ptx[..], H200), placed(expected, 0));
     }
 
     #[test]
@@ -700,7 +767,7 @@ mod tests {
                 "{image:?}"
             );
         }
-        let mut wrapper = vec![0u8; 24];
+        let mut wrapper = [0u8; 24];
         wrapper[..4].copy_from_slice(&WRAPPER_MAGIC.to_le_bytes());
         wrapper[8..16].copy_from_slice(&0x1234u64.to_le_bytes());
         assert_eq!(wrapped(&wrapper[..]), Some(0x1234));
