@@ -178,6 +178,7 @@ driver_table! {
     cuDeviceGetUuid(uuid: *mut [u8; 16], device: Device);
     cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: Device);
     cuCtxGetDevice(device: *mut Device);
+    cuCtxGetCurrent(ctx: *mut Handle);
     cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Device);
     cuDevicePrimaryCtxRelease_v2(device: Device);
     cuDevicePrimaryCtxReset_v2(device: Device);

@@ -64,6 +64,8 @@ struct Load {
     resident: bool,
     /// What its image says its first look-up brings (a lazily loaded library).
     pending: u64,
+    /// The context it was loaded in, which takes it along when destroyed (0: unknown).
+    context: usize,
 }
 
 static LOADS: Lock<Vec<Load>> = Lock::new(Vec::new());
@@ -84,6 +86,11 @@ fn remember_pending(
     if !resident {
         LAZY.fetch_add(1, Ordering::AcqRel);
     }
+    let mut context = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    if !unsafe { real::cuCtxGetCurrent(&mut context) }.is_ok() {
+        context = std::ptr::null_mut();
+    }
     LOADS.lock().push(Load {
         handle: handle as usize,
         device,
@@ -91,6 +98,7 @@ fn remember_pending(
         books: d.books_epoch(),
         resident,
         pending,
+        context: context as usize,
     });
 }
 
@@ -421,18 +429,28 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
     }
 }
 
-/// A module's or library's unload: what it held is given back.
+/// A module's or library's unload, or a context's destruction: what it held is given
+/// back, and a context's modules and libraries go with it.
 pub fn unload(handle: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
     let rc = real();
     if !rc.is_ok() {
         return rc;
     }
-    let gone = {
+    let key = handle as usize;
+    let gone: Vec<Load> = {
         let mut loads = LOADS.lock();
-        let at = loads.iter().position(|l| l.handle == handle as usize);
-        at.map(|i| loads.swap_remove(i))
+        let mut gone = Vec::new();
+        let mut i = 0;
+        while i < loads.len() {
+            if loads[i].handle == key || (key != 0 && loads[i].context == key) {
+                gone.push(loads.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        gone
     };
-    if let Some(l) = gone {
+    for l in gone {
         if !l.resident {
             LAZY.fetch_sub(1, Ordering::AcqRel);
         }

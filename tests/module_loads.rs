@@ -331,3 +331,30 @@ fn a_modules_code_is_admitted_before_its_load_where_modules_load_eagerly() {
     assert_eq!(eager.num("loads", 0, "calls"), 0, "{eager:?}");
     assert_eq!(eager.num("phys", 0, "peak"), 0, "{eager:?}");
 }
+
+#[test]
+fn a_module_goes_with_the_context_it_was_loaded_in() {
+    // Loaded in a created context, which is destroyed while the primary context lives
+    // on: the driver unloads the module with it, and its charge goes too.
+    let image = image_file("512mi.cubin", &module_of(512 * MI));
+    let load = op("modimage", &image);
+    let run = run(
+        &[
+            "ctxcreate:0",
+            &load,
+            "ctxdestroy:0",
+            "ctx:0",
+            "info",
+            "phys",
+        ],
+        &[],
+    );
+    assert_eq!(run.rc("modimage", 0), 0, "{run:?}");
+    assert_eq!(run.rc("ctxdestroy", 0), 0, "{run:?}");
+    assert_eq!(
+        run.num("phys", 0, "used"),
+        0,
+        "the driver unloaded it\n{run:?}"
+    );
+    assert_eq!(run.num("info", 0, "free"), 2 * GI, "{run:?}");
+}

@@ -131,7 +131,8 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         | Sym::cuGraphMemFreeNodeGetParams
         | Sym::cuGraphChildGraphNodeGetGraph
         | Sym::cuDeviceGetGraphMemAttribute
-        | Sym::cuDeviceGetAttribute => return None,
+        | Sym::cuDeviceGetAttribute
+        | Sym::cuCtxGetCurrent => return None,
     };
     Some(f as *mut c_void)
 }
