@@ -21,6 +21,7 @@ as it happens, and that image is reported SKIP, not judged.
 
 Usage (from the repository root, target/release/libcudabudget.so built; nvcc on PATH):
     python3 scripts/gpu/cases/load_neighbour.py [--lib PATH] [--seconds 8] [--images cubin,ptx,fatbin]
+      [--prebuilt DIR]   (DIR/big.cubin and DIR/small.cubin instead of nvcc)
 Exit status 0 iff no check FAILed.
 """
 
@@ -280,8 +281,9 @@ def main():
     p.add_argument("--role", choices=["filler", "neighbour", "tenant"])
     p.add_argument("--lib", default="target/release/libcudabudget.so")
     p.add_argument("--seconds", type=float, default=8)
-    p.add_argument("--images", default="cubin,ptx,fatbin")
+    p.add_argument("--images", default=None, help="default: cubin,ptx,fatbin (cubin with --prebuilt)")
     p.add_argument("--free-left", type=int, default=FREE_LEFT)
+    p.add_argument("--prebuilt", help="a directory with big.cubin and small.cubin, instead of nvcc")
     p.add_argument("--big")
     p.add_argument("--small")
     args = p.parse_args()
@@ -294,9 +296,13 @@ def main():
     cc = Cuda().cc()
     work = tempfile.mkdtemp(prefix="cb-load-neighbour-")
     say("INFO device compute capability %d.%d; work dir %s" % (cc + (work,)))
-    images = compile_images(work, cc)
+    if args.prebuilt:
+        images = {"cubin": {n: os.path.join(args.prebuilt, n + ".cubin") for n in ("big", "small")}}
+    else:
+        images = compile_images(work, cc)
     failed = False
-    for kind in args.images.split(","):
+    kinds = args.images or ("cubin" if args.prebuilt else "cubin,ptx,fatbin")
+    for kind in kinds.split(","):
         if kind not in images:
             say("FAIL load_neighbour[%s]: nvcc could not make the image" % kind)
             failed = True
