@@ -328,7 +328,7 @@ def main():
         ):
             say("%s load_neighbour[%s] budget: %s" % ("PASS" if ok else "FAIL", kind, what))
             failed |= not ok
-    say("logs in %s" % work)
+    say("load_neighbour: %s (logs in %s)" % ("FAILED" if failed else "passed", work))
     return 1 if failed else 0
 
 
