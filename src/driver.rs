@@ -174,9 +174,11 @@ driver_table! {
     cuDeviceGet(device: *mut Device, ordinal: c_int);
     cuDeviceTotalMem_v2(bytes: *mut usize, device: Device);
     cuDeviceGetName(name: *mut c_char, len: c_int, device: Device);
+    cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, device: Device);
     cuDeviceGetUuid(uuid: *mut [u8; 16], device: Device);
     cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: Device);
     cuCtxGetDevice(device: *mut Device);
+    cuCtxGetCurrent(ctx: *mut Handle);
     cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Device);
     cuDevicePrimaryCtxRelease_v2(device: Device);
     cuDevicePrimaryCtxReset_v2(device: Device);

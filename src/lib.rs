@@ -17,6 +17,8 @@
 //!   decide.
 //! - `gate`: stream-ordered allocations against switches of a device's current pool.
 //! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
+//! - `admit`: decisions before a call (`admit::image`: what a module image places on the
+//!   device).
 //! - `hooks`: the exported symbols only.
 //! - `report`: what the user is told; `tell`: what the process tells others
 //!   (`tell::events`: the events file, `CUDABUDGET_EVENTS`; `tell::publish`: the
@@ -27,6 +29,7 @@
 // Under `cargo test` the hooks are not exported (see hooks/mod.rs), so they look unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod admit;
 mod capture;
 pub use cudabudget_spec::config;
 mod driver;

@@ -11,12 +11,22 @@
 //!   `MALLOC_HEAP_SIZE` and `PRINTF_FIFO_SIZE` allocate at the next launch of a kernel
 //!   that uses them (a 2 GiB heap: 2050 MiB), after which the heap cannot change.
 //!
-//! So a load or a first look-up is measured: the device's free memory before and after
-//! (`cuMemGetInfo`, a microsecond against the milliseconds of a load), and the growth is
-//! admitted against the budget. A load whose growth does not fit is undone (the module
-//! unloaded) and returns `CUDA_ERROR_OUT_OF_MEMORY`; a look-up cannot be undone, so its
-//! growth stays charged and the look-up returns `CUDA_ERROR_OUT_OF_MEMORY` (the memory
-//! goes with the library's unload). What a module or library holds is kept against its
+//! So a load is admitted before the driver's call for what its image says it places on
+//! the device ([`crate::admit::image`]: the cubin's global and constant sections for the
+//! device's architecture, and its code where modules load eagerly; PTX's declared
+//! globals), and a load that does not fit is refused before the driver holds any of it.
+//! The image is read as the driver reads it: from the caller's memory through
+//! `process_vm_readv` (an unmapped address is a failed read, never a fault), or from the
+//! file, if it is a regular one. A lazily loaded library's image is read
+//! at its load and admitted at its first look-up. The load or look-up is then measured:
+//! the device's free memory before and after (`cuMemGetInfo`, a microsecond against the
+//! milliseconds of a load), and what it grew by beyond the image's figure is admitted
+//! too (the charge is the larger of the two). Where the image cannot say (a compressed
+//! fatbinary entry, a format it does not know), the measurement alone decides, after the
+//! call: a load whose growth does not fit is undone (the module unloaded) and returns
+//! `CUDA_ERROR_OUT_OF_MEMORY`; a look-up cannot be undone, so its growth stays charged
+//! and the look-up returns `CUDA_ERROR_OUT_OF_MEMORY` (the memory goes with the
+//! library's unload). What a module or library holds is kept against its
 //! handle and given back at its unload. The heap and the FIFO are charged when they are
 //! set, by the change of the limit, before the driver is asked: a limit that does not fit
 //! is never set. The stack is measured, and a stack that does not fit is set back.
@@ -28,12 +38,16 @@
 //! a spilling kernel grows at its launch, are not seen by any call: the footprint re-read
 //! charges them (within a second, where NVML sees the process).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
+use crate::admit::image::{self, Arch, Footprint, Placed, Source};
+use crate::config::LogLevel;
 use crate::driver::{CuResult, Handle, real};
 use crate::enforce;
-use crate::ledger::{DeviceLedger, MAX_DEVICES};
+use crate::ledger::{DeviceLedger, MAX_DEVICES, Reservation};
 use crate::lock::Lock;
+use crate::report::{self, Bytes};
 
 /// `CU_LIMIT_STACK_SIZE`; `CU_LIMIT_PRINTF_FIFO_SIZE` is 1, `CU_LIMIT_MALLOC_HEAP_SIZE` 2.
 const LIMIT_STACK_SIZE: i32 = 0;
@@ -48,14 +62,34 @@ struct Load {
     books: u64,
     /// Its globals are on the device: later look-ups cost nothing and are not measured.
     resident: bool,
+    /// What its image says its first look-up brings (a lazily loaded library).
+    pending: u64,
+    /// The context it was loaded in, which takes it along when destroyed (0: unknown).
+    context: usize,
 }
 
 static LOADS: Lock<Vec<Load>> = Lock::new(Vec::new());
 
 /// Keeps what `handle` holds on `device` (charged in `d`'s current books) until it goes.
 fn remember(handle: Handle, device: usize, d: &DeviceLedger, bytes: u64, resident: bool) {
+    remember_pending(handle, device, d, bytes, resident, 0);
+}
+
+fn remember_pending(
+    handle: Handle,
+    device: usize,
+    d: &DeviceLedger,
+    bytes: u64,
+    resident: bool,
+    pending: u64,
+) {
     if !resident {
         LAZY.fetch_add(1, Ordering::AcqRel);
+    }
+    let mut context = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    if !unsafe { real::cuCtxGetCurrent(&mut context) }.is_ok() {
+        context = std::ptr::null_mut();
     }
     LOADS.lock().push(Load {
         handle: handle as usize,
@@ -63,7 +97,162 @@ fn remember(handle: Handle, device: usize, d: &DeviceLedger, bytes: u64, residen
         bytes,
         books: d.books_epoch(),
         resident,
+        pending,
+        context: context as usize,
     });
+}
+
+/// Where the image of a load is: in the caller's memory (as the driver reads it, from a
+/// pointer and its own headers), or in a file.
+#[derive(Clone, Copy)]
+pub enum Image {
+    Memory(*const c_void),
+    File(*const c_char),
+}
+
+/// The caller's memory from `base`, read with `process_vm_readv` on ourselves: an
+/// address that is not mapped is a failed read, never a fault.
+struct Memory(usize);
+
+impl Source for Memory {
+    fn read(&self, at: u64, buf: &mut [u8]) -> bool {
+        let Some(from) = usize::try_from(at)
+            .ok()
+            .and_then(|at| self.0.checked_add(at))
+            .filter(|from| from.checked_add(buf.len()).is_some())
+        else {
+            return false;
+        };
+        if buf.is_empty() {
+            return true;
+        }
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: from as *mut c_void,
+            iov_len: buf.len(),
+        };
+        // SAFETY: `local` is our own buffer of that length; the remote range is only
+        // read by the kernel, which answers EFAULT where it is not mapped.
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        n == buf.len() as isize
+    }
+}
+
+/// A regular file, read where asked.
+struct File(std::fs::File);
+
+impl Source for File {
+    fn read(&self, at: u64, buf: &mut [u8]) -> bool {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, at).is_ok()
+    }
+}
+
+/// What `image` says its load places on `device` (`None`: it cannot say, and why is
+/// told at debug level): its data, and its code too where modules load eagerly (with
+/// lazy loading a kernel's code arrives at its first use, which no call here sees).
+fn predicted(call: &str, image: Image, device: usize) -> Option<u64> {
+    let placed = placed(call, image, device)?;
+    let bytes = if lazy_loading() {
+        placed.data
+    } else {
+        placed.data.saturating_add(placed.code)
+    };
+    report::line(
+        LogLevel::Debug,
+        format_args!(
+            "{call}: the image places {} of data and {} of code on the device",
+            Bytes(placed.data),
+            Bytes(placed.code)
+        ),
+    );
+    Some(bytes)
+}
+
+fn placed(call: &str, image: Image, device: usize) -> Option<Placed> {
+    let arch = arch(device)?;
+    let said = match image {
+        Image::Memory(p) if !p.is_null() => {
+            let memory = Memory(p as usize);
+            match image::wrapped(&memory) {
+                Some(fatbin) => image::footprint(&Memory(fatbin as usize), arch),
+                None => image::footprint(&memory, arch),
+            }
+        }
+        Image::File(path) if !path.is_null() => match open_regular(path) {
+            Some(file) => image::footprint(&File(file), arch),
+            None => return None,
+        },
+        _ => return None,
+    };
+    match said {
+        Footprint::Placed(placed) => Some(placed),
+        Footprint::Unknown(why) => {
+            report::line(
+                LogLevel::Debug,
+                format_args!(
+                    "{call}: the image cannot say what it places on the device ({why:?}): \
+                     measured at the load"
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The file at `path` if it is a regular one (a FIFO read here would take the driver's
+/// bytes), opened without waiting.
+fn open_regular(path: *const c_char) -> Option<std::fs::File> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::OpenOptionsExt;
+    // SAFETY: the caller's NUL-terminated path (the driver takes it too).
+    let path = unsafe { std::ffi::CStr::from_ptr(path) };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(std::ffi::OsStr::from_bytes(path.to_bytes()))
+        .ok()?;
+    file.metadata().ok()?.is_file().then_some(file)
+}
+
+/// The compute capability of `device`, asked of the driver once.
+fn arch(device: usize) -> Option<Arch> {
+    static ARCH: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+    let known = ARCH.get(device)?;
+    let seen = known.load(Ordering::Relaxed);
+    if seen != 0 {
+        return Some(Arch(seen));
+    }
+    /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR`, `…_MINOR`.
+    const MAJOR: i32 = 75;
+    const MINOR: i32 = 76;
+    let (mut handle, mut major, mut minor) = (0, 0, 0);
+    // SAFETY: valid out-pointers; a device ordinal the driver checks.
+    let ok = unsafe {
+        real::cuDeviceGet(&mut handle, i32::try_from(device).ok()?).is_ok()
+            && real::cuDeviceGetAttribute(&mut major, MAJOR, handle).is_ok()
+            && real::cuDeviceGetAttribute(&mut minor, MINOR, handle).is_ok()
+    };
+    let arch = Arch::new(u32::try_from(major).ok()?, u32::try_from(minor).ok()?);
+    (ok && arch.0 > 0).then(|| {
+        known.store(arch.0, Ordering::Relaxed);
+        arch
+    })
+}
+
+/// Reserves what the image says, before the driver's call: `Err` is the refusal.
+fn admit_predicted<'d>(
+    call: &str,
+    device: usize,
+    d: &'d DeviceLedger,
+    predicted: u64,
+) -> Result<Option<Reservation<'d>>, CuResult> {
+    if predicted == 0 {
+        return Ok(None);
+    }
+    enforce::admit(call, device, d, predicted).map(Some)
 }
 /// Libraries whose first look-up is still to come: while 0, look-ups take no lock.
 static LAZY: AtomicUsize = AtomicUsize::new(0);
@@ -131,6 +320,7 @@ pub fn load(
     call: &'static str,
     out: *mut Handle,
     lazy: bool,
+    image: Image,
     real: impl FnOnce() -> CuResult,
     unload: impl FnOnce(Handle) -> CuResult,
 ) -> CuResult {
@@ -143,16 +333,23 @@ pub fn load(
         return real();
     }
     crate::footprint::settle_before_admission(device);
+    let predicted = predicted(call, image, device);
     if lazy && lazy_loading() {
         // Nothing arrives at a lazily loaded library's load (cudart makes hundreds of
-        // them at start-up): its first look-up is measured instead.
+        // them at start-up): its first look-up is admitted and measured instead.
         let rc = real();
         if rc.is_ok() && !out.is_null() {
             // SAFETY: the driver just wrote the handle.
-            remember(unsafe { *out }, device, d, 0, false);
+            let handle = unsafe { *out };
+            remember_pending(handle, device, d, 0, false, predicted.unwrap_or(0));
         }
         return rc;
     }
+    let predicted = predicted.unwrap_or(0);
+    let reservation = match admit_predicted(call, device, d, predicted) {
+        Ok(r) => r,
+        Err(refusal) => return refusal,
+    };
     let (rc, change) = measure(real);
     let grown = change.max(0).unsigned_abs();
     if !rc.is_ok() || out.is_null() {
@@ -160,11 +357,17 @@ pub fn load(
     }
     // SAFETY: the driver just wrote the handle.
     let handle = unsafe { *out };
-    if grown > 0 && !admit_held(call, device, d, grown) {
+    let extra = grown.saturating_sub(predicted);
+    if extra > 0 && !admit_held(call, device, d, extra) {
         let _ = unload(handle);
+        drop(reservation);
         return CuResult::OUT_OF_MEMORY;
     }
-    remember(handle, device, d, grown, !lazy || grown > 0);
+    if let Some(r) = reservation {
+        r.commit();
+    }
+    let bytes = predicted.max(grown);
+    remember(handle, device, d, bytes, !lazy || bytes > 0);
     CuResult::SUCCESS
 }
 
@@ -179,24 +382,35 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
         .lock()
         .iter()
         .find(|l| l.handle == library as usize && !l.resident)
-        .map(|l| l.device);
-    let Some(device) = pending else {
+        .map(|l| (l.device, l.pending));
+    let Some((device, predicted)) = pending else {
         return real();
     };
     let Some(d) = crate::runtime::budgeted(device) else {
         return real();
     };
     let books = d.books_epoch();
+    // What the image said, admitted before the globals arrive: a look-up that does not
+    // fit fails before the driver holds any of it (the library stays to be loaded).
+    let reservation = match admit_predicted(call, device, d, predicted) {
+        Ok(r) => r,
+        Err(refusal) => return refusal,
+    };
     let (rc, change) = measure(real);
     if !rc.is_ok() {
         return rc;
     }
     let grown = change.max(0).unsigned_abs();
-    let fits = grown == 0 || admit_held(call, device, d, grown);
+    let extra = grown.saturating_sub(predicted);
+    let fits = extra == 0 || admit_held(call, device, d, extra);
     if !fits {
         // Held already and nothing to undo: charged all the same, until the unload.
-        d.charge(grown);
+        d.charge(extra);
     }
+    if let Some(r) = reservation {
+        r.commit();
+    }
+    let grown = predicted.max(grown);
     let mut loads = LOADS.lock();
     if let Some(l) = loads
         .iter_mut()
@@ -215,18 +429,28 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
     }
 }
 
-/// A module's or library's unload: what it held is given back.
+/// A module's or library's unload, or a context's destruction: what it held is given
+/// back, and a context's modules and libraries go with it.
 pub fn unload(handle: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
     let rc = real();
     if !rc.is_ok() {
         return rc;
     }
-    let gone = {
+    let key = handle as usize;
+    let gone: Vec<Load> = {
         let mut loads = LOADS.lock();
-        let at = loads.iter().position(|l| l.handle == handle as usize);
-        at.map(|i| loads.swap_remove(i))
+        let mut gone = Vec::new();
+        let mut i = 0;
+        while i < loads.len() {
+            if loads[i].handle == key || (key != 0 && loads[i].context == key) {
+                gone.push(loads.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        gone
     };
-    if let Some(l) = gone {
+    for l in gone {
         if !l.resident {
             LAZY.fetch_sub(1, Ordering::AcqRel);
         }

@@ -5,17 +5,19 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::guard;
 use crate::driver::{CuResult, DevicePtr, Handle, real};
-use crate::loads;
+use crate::loads::{self, Image};
 
-/// A module load (`real`): charged by what it costs, unloaded again if it does not fit.
+/// A module load (`real`): admitted for what its image says, then charged by what it
+/// costs, unloaded again if that does not fit.
 fn module_load(
     call: &'static str,
     module: *mut Handle,
+    image: Image,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     guard(call, || {
         // SAFETY: the module the driver just loaded.
-        loads::load(call, module, false, real, |m| unsafe {
+        loads::load(call, module, false, image, real, |m| unsafe {
             real::cuModuleUnload(m)
         })
     })
@@ -25,11 +27,12 @@ fn module_load(
 fn library_load(
     call: &'static str,
     library: *mut Handle,
+    image: Image,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     guard(call, || {
         // SAFETY: the library the driver just loaded.
-        loads::load(call, library, true, real, |l| unsafe {
+        loads::load(call, library, true, image, real, |l| unsafe {
             real::cuLibraryUnload(l)
         })
     })
@@ -40,7 +43,7 @@ fn library_load(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char) -> CuResult {
     // SAFETY: the caller's arguments.
-    module_load("cuModuleLoad", module, || unsafe {
+    module_load("cuModuleLoad", module, Image::File(fname), || unsafe {
         real::cuModuleLoad(module, fname)
     })
 }
@@ -50,9 +53,12 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char)
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CuResult {
     // SAFETY: the caller's arguments.
-    module_load("cuModuleLoadData", module, || unsafe {
-        real::cuModuleLoadData(module, image)
-    })
+    module_load(
+        "cuModuleLoadData",
+        module,
+        Image::Memory(image),
+        || unsafe { real::cuModuleLoadData(module, image) },
+    )
 }
 
 /// # Safety
@@ -66,9 +72,12 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     values: *mut *mut c_void,
 ) -> CuResult {
     // SAFETY: the caller's arguments.
-    module_load("cuModuleLoadDataEx", module, || unsafe {
-        real::cuModuleLoadDataEx(module, image, n, options, values)
-    })
+    module_load(
+        "cuModuleLoadDataEx",
+        module,
+        Image::Memory(image),
+        || unsafe { real::cuModuleLoadDataEx(module, image, n, options, values) },
+    )
 }
 
 /// # Safety
@@ -79,9 +88,12 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
     fatbin: *const c_void,
 ) -> CuResult {
     // SAFETY: the caller's arguments.
-    module_load("cuModuleLoadFatBinary", module, || unsafe {
-        real::cuModuleLoadFatBinary(module, fatbin)
-    })
+    module_load(
+        "cuModuleLoadFatBinary",
+        module,
+        Image::Memory(fatbin),
+        || unsafe { real::cuModuleLoadFatBinary(module, fatbin) },
+    )
 }
 
 /// # Safety
@@ -109,18 +121,23 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     n_lib: u32,
 ) -> CuResult {
     // SAFETY: the caller's arguments.
-    library_load("cuLibraryLoadData", library, || unsafe {
-        real::cuLibraryLoadData(
-            library,
-            code,
-            jit_options,
-            jit_values,
-            n_jit,
-            lib_options,
-            lib_values,
-            n_lib,
-        )
-    })
+    library_load(
+        "cuLibraryLoadData",
+        library,
+        Image::Memory(code),
+        || unsafe {
+            real::cuLibraryLoadData(
+                library,
+                code,
+                jit_options,
+                jit_values,
+                n_jit,
+                lib_options,
+                lib_values,
+                n_lib,
+            )
+        },
+    )
 }
 
 /// # Safety
@@ -138,18 +155,23 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     n_lib: u32,
 ) -> CuResult {
     // SAFETY: the caller's arguments.
-    library_load("cuLibraryLoadFromFile", library, || unsafe {
-        real::cuLibraryLoadFromFile(
-            library,
-            file,
-            jit_options,
-            jit_values,
-            n_jit,
-            lib_options,
-            lib_values,
-            n_lib,
-        )
-    })
+    library_load(
+        "cuLibraryLoadFromFile",
+        library,
+        Image::File(file),
+        || unsafe {
+            real::cuLibraryLoadFromFile(
+                library,
+                file,
+                jit_options,
+                jit_values,
+                n_jit,
+                lib_options,
+                lib_values,
+                n_lib,
+            )
+        },
+    )
 }
 
 /// # Safety

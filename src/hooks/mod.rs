@@ -130,7 +130,9 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
         | Sym::cuGraphMemAllocNodeGetParams
         | Sym::cuGraphMemFreeNodeGetParams
         | Sym::cuGraphChildGraphNodeGetGraph
-        | Sym::cuDeviceGetGraphMemAttribute => return None,
+        | Sym::cuDeviceGetGraphMemAttribute
+        | Sym::cuDeviceGetAttribute
+        | Sym::cuCtxGetCurrent => return None,
     };
     Some(f as *mut c_void)
 }

@@ -83,6 +83,7 @@ typedef unsigned long long u64;
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0)                       \
     X(cuArrayDestroy, "cuArrayDestroy", 0)                                       \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0)                     \
+    X(cuModuleLoad, "cuModuleLoad", 0)                                           \
     X(cuModuleLoadData, "cuModuleLoadData", 0)                                   \
     X(cuModuleUnload, "cuModuleUnload", 0)                                       \
     X(cuLibraryLoadData, "cuLibraryLoadData", 0)                                 \
@@ -747,6 +748,38 @@ static void run_op(const char *text) {
             rc = api.cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0);
             print_alloc("libload", rc, S_LIBRARY, (u64)(uintptr_t)l, 0);
         }
+    } else if (!strcmp(name, "modimage") || !strcmp(name, "libimage") || !strcmp(name, "modfile")) {
+        /* modimage:PATH / libimage:PATH: the file's bytes loaded from memory (a module, a
+         * library); modfile:PATH: the module loaded by its path */
+        need_fields(op, 2);
+        const char *path = op->f[1];
+        if (name[3] == 'f') {
+            CUmodule m = NULL;
+            rc = api.cuModuleLoad(&m, path);
+            print_alloc(name, rc, S_MODULE, (u64)(uintptr_t)m, 0);
+        } else {
+            FILE *f = fopen(path, "rb");
+            if (!f) usage_error(op->text, "cannot open the image");
+            static unsigned char image[1 << 20];
+            size_t len = fread(image, 1, sizeof image - 1, f);
+            image[len] = 0;
+            fclose(f);
+            if (name[0] == 'm') {
+                CUmodule m = NULL;
+                rc = api.cuModuleLoadData(&m, image);
+                print_alloc(name, rc, S_MODULE, (u64)(uintptr_t)m, 0);
+            } else {
+                CUlibrary l = NULL;
+                rc = api.cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0);
+                print_alloc(name, rc, S_LIBRARY, (u64)(uintptr_t)l, 0);
+            }
+        }
+    } else if (!strcmp(name, "loads")) {
+        /* how many module and library loads reached the driver */
+        need_fields(op, 1);
+        u64 (*loads)(void) = (u64(*)(void))helper("fake_cuda_module_loads");
+        if (!loads) out("loads rc=-1");
+        else out("loads rc=0 calls=%llu", loads());
     } else if (!strcmp(name, "libglobal") || !strcmp(name, "libkernel")) {
         need_fields(op, 2);
         CUlibrary l = (CUlibrary)(uintptr_t)slot_field(op, 1)->value;
@@ -1068,7 +1101,7 @@ static const char *const k_ops[] = {
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",
-    "modload", "libload", "libglobal", "libkernel", "unload", "setlimit", "kernel",
+    "modload", "libload", "modimage", "libimage", "modfile", "loads", "libglobal", "libkernel", "unload", "setlimit", "kernel",
 };
 
 /* Unknown op names are refused before anything runs. */

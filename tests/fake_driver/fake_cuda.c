@@ -35,7 +35,9 @@ static int g_nphys;
 static u64 g_mem;
 static u64 g_ctx_bytes;
 static u64 g_other;       /* bytes other processes hold on every physical device */
-static u64 g_module_bytes; /* what a module or library costs on the device */
+static u64 g_module_bytes; /* what a module or library whose image the fake cannot read costs */
+static int g_cc_major = 9, g_cc_minor; /* FAKE_CUDA_CC=<major>.<minor>: the compute capability (9.0) */
+static u64 g_module_loads; /* calls that reached a module or library load */
 static int g_eager;          /* CUDA_MODULE_LOADING=EAGER: libraries load at once */
 static int g_no_loading_mode; /* FAKE_CUDA_NO_LOADING_MODE: cuModuleGetLoadingMode unsupported */
 static u64 g_queries_in_capture; /* cuMemGetInfo/cuCtxGetLimit calls while a capture is ongoing */
@@ -206,6 +208,7 @@ struct entry {
     struct fake_ctx *ctx;
     unsigned gen;
     unsigned flags;
+    u64 pending; /* K_MODULE: a lazily loaded library's globals, placed at its first look-up */
     struct capture *cap;
     /* K_GVA: live (allocated by a launch, not yet freed); obj = its alloc node while the graph exists.
      * K_GRAPH, K_GNODE, K_EXEC: obj = the object. */
@@ -336,6 +339,12 @@ static void load_config_locked(void) {
     g_ctx_bytes = env_u64("FAKE_CUDA_CTX_BYTES", 0);
     g_other = env_u64("FAKE_CUDA_OTHER_USED", 0);
     g_module_bytes = env_u64("FAKE_CUDA_MODULE_BYTES", 0);
+    const char *cc = getenv("FAKE_CUDA_CC");
+    if (cc && *cc) {
+        char *dot;
+        g_cc_major = (int)strtol(cc, &dot, 10);
+        g_cc_minor = *dot == '.' ? (int)strtol(dot + 1, NULL, 10) : 0;
+    }
     const char *loading = getenv("CUDA_MODULE_LOADING");
     g_eager = loading && strcasecmp(loading, "EAGER") == 0;
     g_stack_threads = env_u64("FAKE_CUDA_STACK_THREADS", 1024);
@@ -960,12 +969,13 @@ CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
 
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 
+/* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR (75) and _MINOR (76) as FAKE_CUDA_CC says;
+ * every other attribute 1. */
 CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
-    (void)attrib;
     BEGIN;
     if (!value) FAIL(CUDA_ERROR_INVALID_VALUE);
     if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
-    *value = 1;
+    *value = attrib == 75 ? g_cc_major : attrib == 76 ? g_cc_minor : 1;
     END
 }
 
@@ -1444,19 +1454,82 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
 
 /* ---------- modules, libraries, limits ---------- */
 
+/* What a cubin or fatbinary image places on the device, read as the driver would: the
+ * sizes of a cubin's (ELF64) .text*, .nv.constant* and .nv.global* sections; from a
+ * fatbinary, the cubin for the device's compute capability (FAKE_CUDA_CC), else the newest
+ * lower one of the same major. `len`: how many bytes are known to be there (a file's
+ * size; for memory, the image's own headers are trusted, as the driver trusts them).
+ * Returns 0 when it cannot say (another format, a compressed entry, PTX to compile): the
+ * load then costs FAKE_CUDA_MODULE_BYTES. Written apart from the library's parser, so that
+ * the tests check one against the other. */
+static u64 rd16(const unsigned char *p) { return (u64)p[0] | (u64)p[1] << 8; }
+static u64 rd32(const unsigned char *p) { return rd16(p) | rd16(p + 2) << 16; }
+static u64 rd64(const unsigned char *p) { return rd32(p) | rd32(p + 4) << 32; }
+
+static int cubin_bytes(const unsigned char *p, u64 len, u64 *bytes) {
+    if (len < 64 || memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2 || p[5] != 1) return 0;
+    u64 shoff = rd64(p + 0x28), shentsize = rd16(p + 0x3a), shnum = rd16(p + 0x3c), shstrndx = rd16(p + 0x3e);
+    if (shentsize < 64 || shstrndx >= shnum || shoff > len || shnum * shentsize > len - shoff) return 0;
+    const unsigned char *names = p + shoff + shstrndx * shentsize;
+    u64 noff = rd64(names + 0x18), nsize = rd64(names + 0x20);
+    if (noff > len || nsize > len - noff) return 0;
+    static const char *const device_sections[] = {".text", ".nv.constant", ".nv.global"};
+    u64 total = 0;
+    for (u64 i = 0; i < shnum; i++) {
+        const unsigned char *sh = p + shoff + i * shentsize;
+        u64 name = rd32(sh);
+        if (name >= nsize) continue;
+        const char *n = (const char *)p + noff + name;
+        size_t n_len = strnlen(n, (size_t)(nsize - name));
+        for (int k = 0; k < 3; k++) {
+            size_t plen = strlen(device_sections[k]);
+            if (n_len >= plen && !memcmp(n, device_sections[k], plen)) total += rd64(sh + 0x20);
+        }
+    }
+    *bytes = total;
+    return 1;
+}
+
+static int image_bytes(const unsigned char *p, u64 len, u64 *bytes) {
+    if (!p || len < 16) return 0;
+    if (!memcmp(p, "\x7f" "ELF", 4)) return cubin_bytes(p, len, bytes);
+    if (rd32(p) != 0xBA55ED50ull) return 0;
+    u64 end = rd16(p + 6) + rd64(p + 8), cc = (u64)(g_cc_major * 10 + g_cc_minor);
+    if (end > len) return 0;
+    u64 chosen = 0, chosen_arch = 0, chosen_len = 0, chosen_flags = 0;
+    int exact = 0;
+    for (u64 at = rd16(p + 6); at + 64 <= end;) {
+        const unsigned char *e = p + at;
+        u64 head = rd32(e + 4), size = rd64(e + 8), kind = rd16(e), arch = rd32(e + 28);
+        if (head < 64 || size > end - at - head) return 0;
+        int usable = kind == 2 && (arch == cc || (arch / 10 == cc / 10 && arch < cc));
+        if (usable && !exact && (!chosen || arch > chosen_arch)) {
+            chosen = at + head, chosen_arch = arch, chosen_len = size, chosen_flags = rd64(e + 40);
+            exact = arch == cc;
+        }
+        at += head + size;
+    }
+    if (!chosen || (chosen_flags & (0x2000 | 0x8000))) return 0;
+    return cubin_bytes(p + chosen, chosen_len, bytes);
+}
+
 /* A module's or library's globals are device memory that no allocation call names: each
- * costs FAKE_CUDA_MODULE_BYTES on the current device, as the H200 measured: a module at
- * its load; a library at its load with CUDA_MODULE_LOADING=EAGER, else (lazy loading) at
- * its first cuLibraryGet*. An unload, or the context's end, gives it back. */
+ * costs what its image says (above), else FAKE_CUDA_MODULE_BYTES, on the current device,
+ * as the H200 measured: a module at its load; a library at its load with
+ * CUDA_MODULE_LOADING=EAGER, else (lazy loading) at its first cuLibraryGet*. An unload,
+ * or the context's end, gives it back. */
 #define MODULE_PENDING 1u
 
-static CUresult module_load(u64 *out, int library) {
+static CUresult module_load(u64 *out, int library, const void *image, u64 len) {
     BEGIN;
+    g_module_loads++;
     int dev;
     TRY(cur_device(&dev));
     if (!out) FAIL(CUDA_ERROR_INVALID_VALUE);
+    u64 cost = g_module_bytes;
+    (void)image_bytes(image, len, &cost);
     int lazy = library && !g_eager;
-    u64 bytes = lazy ? 0 : g_module_bytes;
+    u64 bytes = lazy ? 0 : cost;
     if (bytes) TRY(charge(dev, bytes, 1));
     struct entry *e = tadd(reused_handle(), K_MODULE, dev, bytes);
     if (!e) {
@@ -1465,9 +1538,32 @@ static CUresult module_load(u64 *out, int library) {
     }
     e->ctx = t_cur;
     e->flags = lazy ? MODULE_PENDING : 0;
+    e->pending = lazy ? cost : 0;
     *out = e->key;
     END
 }
+
+/* A file's image, read whole (at most 64 MiB), for module_load; NULL when unreadable. */
+static unsigned char *read_image(const char *path, u64 *len) {
+    *len = 0;
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) return NULL;
+    unsigned char *buf = malloc(64 * MIB);
+    if (buf) *len = fread(buf, 1, 64 * MIB, f);
+    fclose(f);
+    return buf;
+}
+
+static CUresult file_load(u64 *out, int library, const char *path) {
+    u64 len;
+    unsigned char *image = read_image(path, &len);
+    CUresult rc = module_load(out, library, image, len);
+    free(image);
+    return rc;
+}
+
+/* Memory images: their own headers say how long they are. */
+#define IMAGE_LEN (1ull << 40)
 
 static CUresult module_unload(u64 key) {
     BEGIN;
@@ -1485,9 +1581,9 @@ static CUresult library_lookup(u64 key, void *out) {
     struct entry *e = tfind(key);
     if (!e || e->kind != K_MODULE) FAIL(CUDA_ERROR_INVALID_HANDLE);
     if (!out) FAIL(CUDA_ERROR_INVALID_VALUE);
-    if ((e->flags & MODULE_PENDING) && g_module_bytes) {
-        TRY(charge(e->device, g_module_bytes, 1));
-        e->size += g_module_bytes;
+    if ((e->flags & MODULE_PENDING) && e->pending) {
+        TRY(charge(e->device, e->pending, 1));
+        e->size += e->pending;
     }
     e->flags &= ~MODULE_PENDING;
     END
@@ -1511,33 +1607,30 @@ CUresult cuModuleGetLoadingMode(int *mode) {
 }
 
 CUresult cuModuleLoad(CUmodule *module, const char *fname) {
-    (void)fname;
-    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
+    AS_MODULE((void **)module, file_load(module ? &h_ : NULL, 0, fname))
 }
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
-    (void)image;
-    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
+    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0, image, IMAGE_LEN))
 }
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, int *options, void **values) {
-    (void)image, (void)n, (void)options, (void)values;
-    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
+    (void)n, (void)options, (void)values;
+    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0, image, IMAGE_LEN))
 }
 CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatbin) {
-    (void)fatbin;
-    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0))
+    AS_MODULE((void **)module, module_load(module ? &h_ : NULL, 0, fatbin, IMAGE_LEN))
 }
 CUresult cuModuleUnload(CUmodule module) { return module_unload((u64)(uintptr_t)module); }
 
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
                            void **lv, unsigned int nl) {
-    (void)code, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
     pause_in("cuLibraryLoadData");
-    AS_MODULE((void **)library, module_load(library ? &h_ : NULL, 1))
+    AS_MODULE((void **)library, module_load(library ? &h_ : NULL, 1, code, IMAGE_LEN))
 }
 CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *file, int *jo, void **jv, unsigned int nj, int *lo,
                                void **lv, unsigned int nl) {
-    (void)file, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
-    AS_MODULE((void **)library, module_load(library ? &h_ : NULL, 1))
+    (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    AS_MODULE((void **)library, file_load(library ? &h_ : NULL, 1, file))
 }
 CUresult cuLibraryUnload(CUlibrary library) { return module_unload((u64)(uintptr_t)library); }
 
@@ -2566,6 +2659,15 @@ unsigned long long fake_cuda_queries_in_capture(void) {
 }
 
 unsigned long long fake_cuda_peak(int ordinal) { return stat_ordinal(ordinal, g_peak); }
+
+/* How many module and library loads reached the fake (a load the library refuses first
+ * never does). */
+unsigned long long fake_cuda_module_loads(void) {
+    pthread_mutex_lock(&g_mu);
+    u64 n = g_module_loads;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
 
 /* How many pools of device `ordinal` were destroyed while they had blocks in use (or the
  * last answer about their use said so): the library keeps such a pool's reserve charged

@@ -1,0 +1,3 @@
+//! Decisions: what a call may take before the driver is asked.
+
+pub mod image;
