@@ -25,6 +25,7 @@ ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform ja
 ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
 ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
 ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml job_gpu"
+ALL_CASES+=" load_neighbour"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) ONLY="$2"; shift 2 ;;
@@ -468,6 +469,20 @@ if selected job_gpu; then
   if ! grep -q '^job_gpu: ' "$WORK/job_gpu.out"; then
     log "FAIL job_gpu/ran rc=$jrc: $(tail -c 600 "$WORK/job_gpu.err")"
     echo "FAIL job_gpu/ran" >>"$RESULTS"
+  fi
+  wait_gpu_idle
+fi
+# A tenant under 2 GiB loading modules with 3 GiB of globals beside a neighbour that
+# allocates and frees 1 GiB (scripts/gpu/cases/load_neighbour.py prints PASS/FAIL lines).
+if selected load_neighbour; then
+  echo "-- load_neighbour (tenant under 2 GiB loading 3 GiB of globals beside a 1 GiB neighbour) ..."
+  timeout -k 10 300 "$PY" "$C/load_neighbour.py" --lib "$LIB" --seconds 5 >"$WORK/load_neighbour.out" 2>"$WORK/load_neighbour.err"
+  lrc=$?
+  tee -a "$LOG" <"$WORK/load_neighbour.out"
+  grep -E '^(PASS|FAIL|SKIP) ' "$WORK/load_neighbour.out" >>"$RESULTS"
+  if ! grep -q '^load_neighbour: ' "$WORK/load_neighbour.out"; then
+    log "FAIL load_neighbour/ran rc=$lrc: $(tail -c 600 "$WORK/load_neighbour.err")"
+    echo "FAIL load_neighbour/ran" >>"$RESULTS"
   fi
   wait_gpu_idle
 fi
