@@ -226,15 +226,7 @@ async fn connection(
         _ => return,
     }
     if first[0] != 0x16 {
-        let mut stream = stream;
-        let _ = tokio::time::timeout(
-            Duration::from_secs(1),
-            stream.write_all(
-                b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
-                  Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n",
-            ),
-        )
-        .await;
+        refuse_plain(stream).await;
         return;
     }
     let Ok(Ok(stream)) = tokio::time::timeout(limits.read_timeout, acceptor.accept(stream)).await
@@ -248,6 +240,25 @@ async fn connection(
         started,
         progress,
     )
+    .await;
+}
+
+/// Answers plain HTTP on the TLS port with a 400 that says why, then closes. What the
+/// client sent so far is read first (a bounded amount), so that the close does not reset
+/// the connection before the client reads the answer.
+async fn refuse_plain(mut stream: TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut sent = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut sent)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream
+            .write_all(
+                b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+                  Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n",
+            )
+            .await?;
+        stream.shutdown().await
+    })
     .await;
 }
 
