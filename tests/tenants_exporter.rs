@@ -25,9 +25,9 @@ struct Exporter {
 }
 
 impl Exporter {
-    /// The exporter with `extra` options; `address_space`: a limit on its virtual memory
-    /// (RLIMIT_AS, as a node's limits on a service would be), if any.
-    fn start(extra: &[&str], address_space: Option<u64>) -> Exporter {
+    /// The exporter with `extra` options, under `limits` (resource, soft and hard limit:
+    /// as a node's limits on a service would be).
+    fn start(extra: &[&str], limits: &[(libc::__rlimit_resource_t, u64)]) -> Exporter {
         let mut args = vec!["exporter", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         let mut command = cudabudget(&args);
@@ -35,20 +35,21 @@ impl Exporter {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        if let Some(bytes) = address_space {
-            // SAFETY: the closure only calls setrlimit, which is async-signal-safe.
-            unsafe {
-                command.pre_exec(move || {
+        let limits = limits.to_vec();
+        // SAFETY: the closure only calls setrlimit, which is async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                for &(resource, value) in &limits {
                     let limit = libc::rlimit {
-                        rlim_cur: bytes,
-                        rlim_max: bytes,
+                        rlim_cur: value,
+                        rlim_max: value,
                     };
-                    if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    if libc::setrlimit(resource, &limit) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    Ok(())
-                });
-            }
+                }
+                Ok(())
+            });
         }
         let mut child = command.spawn().expect("start the exporter");
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
@@ -164,7 +165,7 @@ fn raise_nofile() -> u64 {
 
 #[test]
 fn a_get_with_a_huge_content_length_does_not_stop_the_exporter() {
-    let mut exporter = Exporter::start(&[], None);
+    let mut exporter = Exporter::start(&[], &[]);
     let mut stream = exporter.connect();
     stream
         .write_all(
@@ -181,7 +182,7 @@ fn a_get_with_a_huge_content_length_does_not_stop_the_exporter() {
 
 #[test]
 fn a_request_whose_body_never_comes_does_not_delay_another_scrape() {
-    let mut exporter = Exporter::start(&[], None);
+    let mut exporter = Exporter::start(&[], &[]);
     let mut stalled = Vec::new();
     for length in ["4096", "1", "18446744073709551615"] {
         let mut stream = exporter.connect();
@@ -218,8 +219,9 @@ fn a_scrape_is_answered_within_a_second_while_thousands_of_idle_connections_and_
     }
     // Under a limit on its address space (as a service's unit may set), so that a thread
     // per connection cannot be had.
-    let mut exporter = Exporter::start(&[], Some(1 << 30));
+    let mut exporter = Exporter::start(&[], &[(libc::RLIMIT_AS, 1 << 30)]);
     let mut open = Vec::with_capacity(idle);
+    let connecting = Instant::now();
     for i in 0..idle {
         let mut stream = exporter.connect();
         // Half a request line, or nothing at all.
@@ -228,6 +230,7 @@ fn a_scrape_is_answered_within_a_second_while_thousands_of_idle_connections_and_
         }
         open.push(stream);
     }
+    eprintln!("{idle} connections opened in {:?}", connecting.elapsed());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let slowloris = {
         let mut stream = exporter.connect();
@@ -249,7 +252,10 @@ fn a_scrape_is_answered_within_a_second_while_thousands_of_idle_connections_and_
         })
     };
     let took = exporter.scrape_within(Duration::from_secs(1));
-    eprintln!("scrape with {idle} idle connections open: {took:?}");
+    eprintln!(
+        "scrape with {idle} idle connections open: {took:?}; the exporter holds {} MiB",
+        exporter.resident() >> 20
+    );
     exporter.scrape_within(Duration::from_secs(1));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     slowloris.join().unwrap();
@@ -260,7 +266,7 @@ fn a_scrape_is_answered_within_a_second_while_thousands_of_idle_connections_and_
 
 #[test]
 fn a_request_with_300000_header_lines_is_refused_without_holding_memory() {
-    let mut exporter = Exporter::start(&[], None);
+    let mut exporter = Exporter::start(&[], &[]);
     let mut stream = exporter.connect();
     stream
         .set_write_timeout(Some(Duration::from_secs(5)))
@@ -300,7 +306,7 @@ fn a_request_with_300000_header_lines_is_refused_without_holding_memory() {
 
 #[test]
 fn connections_beyond_the_cap_are_closed_at_once_and_scrapes_come_back() {
-    let mut exporter = Exporter::start(&["--max-connections", "20", "--read-timeout", "1"], None);
+    let mut exporter = Exporter::start(&["--max-connections", "20", "--read-timeout", "1"], &[]);
     let held: Vec<TcpStream> = (0..20).map(|_| exporter.connect()).collect();
     // Let the exporter accept them all.
     std::thread::sleep(Duration::from_millis(200));
@@ -326,7 +332,7 @@ fn connections_beyond_the_cap_are_closed_at_once_and_scrapes_come_back() {
 
 #[test]
 fn a_slowloris_client_is_cut_off_after_the_read_timeout() {
-    let mut exporter = Exporter::start(&["--read-timeout", "1"], None);
+    let mut exporter = Exporter::start(&["--read-timeout", "1"], &[]);
     let mut stream = exporter.connect();
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n")
@@ -356,6 +362,22 @@ fn a_slowloris_client_is_cut_off_after_the_read_timeout() {
     }
     assert!(cut, "still connected after {:?}", started.elapsed());
     assert!(started.elapsed() < Duration::from_secs(4));
+    exporter.scrape_within(Duration::from_secs(1));
+    exporter.assert_alive();
+}
+
+#[test]
+fn running_out_of_descriptors_does_not_stop_the_exporter() {
+    // 128 descriptors: the exporter serves fewer connections than that and closes the
+    // others at once, instead of failing to accept (or dying) for good.
+    let mut exporter = Exporter::start(&["--read-timeout", "1"], &[(libc::RLIMIT_NOFILE, 128)]);
+    let held: Vec<TcpStream> = (0..300).map(|_| exporter.connect()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    exporter.assert_alive();
+    // Once the read timeout has closed the idle ones, scrapes are served again.
+    std::thread::sleep(Duration::from_millis(1500));
+    exporter.scrape_within(Duration::from_secs(1));
+    drop(held);
     exporter.scrape_within(Duration::from_secs(1));
     exporter.assert_alive();
 }

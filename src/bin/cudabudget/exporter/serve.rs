@@ -45,6 +45,8 @@ pub const STALL: Duration = Duration::from_secs(30);
 pub const LIFETIME: Duration = Duration::from_secs(600);
 /// Descriptors kept for everything but connections (the listener, records, NVML, ...).
 const SPARE_DESCRIPTORS: u64 = 64;
+/// The queue of connections not yet accepted.
+const BACKLOG: i32 = 4096;
 /// Scrapes that may wait for a gathering at once; beyond, 503.
 const WAITING_SCRAPES: usize = 256;
 /// Password checks (bcrypt, deliberately slow) that may run at once.
@@ -131,6 +133,7 @@ pub fn serve(
         decoy,
     });
     let tls = config.tls.map(TlsAcceptor::from);
+    widen_backlog(&listener);
     runtime.block_on(async move {
         listener
             .set_nonblocking(true)
@@ -140,6 +143,18 @@ pub fn serve(
         accept(listener, site, tls, limits).await;
         Ok(())
     })
+}
+
+/// A longer queue of connections waiting to be accepted than std's 128 (the kernel caps
+/// it at net.core.somaxconn): a burst of connections waits there instead of its SYNs
+/// being dropped and retried a second later. Listening again only changes the backlog.
+fn widen_backlog(listener: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: listen on a descriptor we own, already listening; a failure leaves the
+    // backlog as it was.
+    unsafe {
+        libc::listen(listener.as_raw_fd(), BACKLOG);
+    }
 }
 
 async fn accept(
@@ -287,7 +302,7 @@ async fn http<T>(
     // reads). The stall limit stays above the read timeout, which closes idle
     // keep-alive connections itself.
     let stall = STALL.max(limits.read_timeout + Duration::from_secs(1));
-    let check = Duration::from_secs(1).min(limits.read_timeout);
+    let check = stall / 4;
     loop {
         tokio::select! {
             _ = &mut connection => return,
