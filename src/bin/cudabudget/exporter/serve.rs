@@ -119,10 +119,15 @@ pub fn serve(
         .max_blocking_threads(PASSWORD_CHECKS)
         .build()
         .map_err(|e| format!("cannot start the server's runtime ({e})"))?;
-    let decoy = if config.users.is_empty() {
-        String::new()
-    } else {
-        bcrypt::hash("decoy", bcrypt::DEFAULT_COST).unwrap_or_default()
+    // As costly as the users' own hashes, so that an unknown name takes as long.
+    let decoy = match config.users.values().next() {
+        None => String::new(),
+        Some(hash) => {
+            let cost = hash
+                .parse::<bcrypt::HashParts>()
+                .map_or(bcrypt::DEFAULT_COST, |h| h.get_cost());
+            bcrypt::hash("decoy", cost).unwrap_or_default()
+        }
     };
     let site = Arc::new(Site {
         users: config.users,
