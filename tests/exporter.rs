@@ -7,9 +7,11 @@ mod util;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use util::cli::{Budgeted, cudabudget, output, stderr};
+use util::cli::{Budgeted, cudabudget, output, scratch, stderr};
 use util::{GI, MI};
 
 /// An exporter on a free port of 127.0.0.1, stopped when dropped.
@@ -32,6 +34,7 @@ impl Exporter {
         let first = lines.next().and_then(Result::ok).unwrap_or_default();
         let address = first
             .strip_prefix("cudabudget: exporter listening on http://")
+            .or_else(|| first.strip_prefix("cudabudget: exporter listening on https://"))
             .and_then(|rest| rest.strip_suffix("/metrics"))
             .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
             .to_string();
@@ -40,24 +43,62 @@ impl Exporter {
 
     /// (status code, body) of `GET path`.
     fn get(&self, path: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(&self.address).expect("connect to the exporter");
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
-        let code = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .expect("a status code");
+        let (code, head, body) = self.request(path, &[]);
         assert!(
             code != 200
                 || !path.starts_with("/metrics")
                 || head.contains("text/plain; version=0.0.4"),
             "content type: {head}"
         );
-        (code, body.to_string())
+        (code, body)
     }
+
+    /// (status code, head, body) of `GET path` with `headers`, over plain HTTP.
+    fn request(&self, path: &str, headers: &[&str]) -> (u16, String, String) {
+        let mut stream = TcpStream::connect(&self.address).expect("connect to the exporter");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut response = Vec::new();
+        exchange(&mut stream, path, headers, &mut response);
+        split_response(&String::from_utf8_lossy(&response))
+    }
+}
+
+/// Sends `GET path` with `headers` (HTTP/1.0: the server closes after its answer) and
+/// reads the answer into `response`.
+fn exchange(stream: &mut impl ReadWrite, path: &str, headers: &[&str], response: &mut Vec<u8>) {
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: test\r\n");
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    stream.flush().unwrap();
+    if let Err(e) = stream.read_to_end(response) {
+        // A TLS peer that closes without close_notify: what came is the answer.
+        assert!(
+            e.kind() == std::io::ErrorKind::UnexpectedEof && !response.is_empty(),
+            "reading the answer: {e}"
+        );
+    }
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// (status code, head, body) of an HTTP response.
+fn split_response(response: &str) -> (u16, String, String) {
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    (code, head.to_string(), body.to_string())
 }
 
 impl Drop for Exporter {
@@ -317,5 +358,230 @@ fn the_dashboard_and_alerts_use_only_metrics_the_exporter_serves() {
                 "{file} uses {name}, which is not served: {served:?}"
             );
         }
+    }
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1 in `dir` (cert.pem, key.pem),
+/// made with the `openssl` command.
+fn self_signed(dir: &std::path::Path) -> Vec<u8> {
+    let status = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
+        ])
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("the openssl command (apt-get install openssl) makes the test certificate");
+    assert!(status.success(), "openssl req failed");
+    std::fs::read(dir.join("cert.pem")).unwrap()
+}
+
+/// (status code, head, body) of `GET path` over TLS, trusting only `ca_pem`.
+fn get_tls(address: &str, ca_pem: &[u8], path: &str) -> (u16, String, String) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connection =
+        rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("localhost").unwrap())
+            .unwrap();
+    let tcp = TcpStream::connect(address).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    let mut response = Vec::new();
+    exchange(&mut stream, path, &[], &mut response);
+    split_response(&String::from_utf8_lossy(&response))
+}
+
+#[test]
+fn with_a_web_config_file_the_metrics_are_served_over_tls_and_plain_http_is_refused() {
+    let dir = scratch("exporter-tls");
+    let cert = self_signed(&dir);
+    // Relative names: relative to the configuration file, as exporter-toolkit has it.
+    let config = dir.join("web.yml");
+    std::fs::write(
+        &config,
+        "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n  min_version: TLS12\n",
+    )
+    .unwrap();
+    let exporter = Exporter::start(&["--web-config-file", config.to_str().unwrap()]);
+    let (code, head, body) = get_tls(&exporter.address, &cert, "/metrics");
+    assert_eq!(code, 200, "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    assert!(body.contains("cudabudget_processes "), "{body}");
+
+    // Plain HTTP on the TLS port: refused, nothing served.
+    let (code, _, body) = exporter.request("/metrics", &[]);
+    assert_eq!(code, 400);
+    assert!(!body.contains("cudabudget_"), "{body}");
+    // Still serving.
+    assert_eq!(get_tls(&exporter.address, &cert, "/metrics").0, 200);
+}
+
+/// `Authorization: Basic …` for `user:password`.
+fn basic(user: &str, password: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = format!("{user}:{password}").into_bytes();
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    format!("Authorization: Basic {out}")
+}
+
+#[test]
+fn with_basic_auth_users_only_the_right_credentials_get_the_metrics() {
+    let dir = scratch("exporter-auth");
+    let hash = bcrypt::hash("s3cret pass", 4).unwrap();
+    let config = dir.join("web.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "basic_auth_users:\n  prometheus: '{hash}'\nhttp_server_config:\n  headers:\n    \
+             X-Frame-Options: deny\n"
+        ),
+    )
+    .unwrap();
+    let exporter = Exporter::start(&["--web-config-file", config.to_str().unwrap()]);
+    for headers in [
+        vec![],
+        vec![basic("prometheus", "wrong")],
+        vec![basic("nobody", "s3cret pass")],
+        vec!["Authorization: Basic !!!".to_string()],
+        vec!["Authorization: Bearer s3cret".to_string()],
+    ] {
+        let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+        let (code, head, body) = exporter.request("/metrics", &headers);
+        assert_eq!(code, 401, "{headers:?}: {head}");
+        assert!(head.contains("www-authenticate: Basic"), "{head}");
+        assert!(!body.contains("cudabudget_"), "{body}");
+    }
+    let right = basic("prometheus", "s3cret pass");
+    for _ in 0..2 {
+        let (code, head, body) = exporter.request("/metrics", &[right.as_str()]);
+        assert_eq!(code, 200, "{head}");
+        assert!(head.contains("x-frame-options: deny"), "{head}");
+        assert!(body.contains("cudabudget_processes "), "{body}");
+    }
+}
+
+/// The exit status and stderr of `cudabudget args`, killed if still running after 5 s.
+fn run_briefly(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = cudabudget(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut text = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    (status, text)
+}
+
+#[test]
+fn a_bad_web_config_file_refuses_the_start_with_one_line() {
+    let dir = scratch("exporter-bad-web-config");
+    let cert = dir.join("cert.pem");
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    let cases = [
+        ("unknown-top.yml", "tls_config:\n  cert_file: a\n"),
+        (
+            "unknown-tls.yml",
+            "tls_server_config:\n  cert_file: cert.pem\n  key_file: cert.pem\n  ciphers: [a]\n",
+        ),
+        ("not-yaml.yml", "basic_auth_users: [unclosed\n"),
+        (
+            "plain-password.yml",
+            "basic_auth_users:\n  prometheus: secret\n",
+        ),
+        ("no-key.yml", "tls_server_config:\n  cert_file: cert.pem\n"),
+        (
+            "bad-cert.yml",
+            "tls_server_config:\n  cert_file: cert.pem\n  key_file: missing.pem\n",
+        ),
+        (
+            "header.yml",
+            "http_server_config:\n  headers:\n    Authorization: x\n",
+        ),
+        ("list.yml", "- basic_auth_users\n"),
+    ];
+    let mut paths: Vec<String> = cases
+        .iter()
+        .map(|(name, text)| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.to_str().unwrap().to_string()
+        })
+        .collect();
+    paths.push(dir.join("missing.yml").to_str().unwrap().to_string());
+    for path in &paths {
+        let (status, text) = run_briefly(&[
+            "exporter",
+            "--listen",
+            "127.0.0.1:0",
+            "--web-config-file",
+            path,
+        ]);
+        assert_eq!(status, Some(2), "{path}: {text}");
+        assert!(
+            text.starts_with(&format!("cudabudget: --web-config-file {path}: ")),
+            "{path}: {text}"
+        );
+        assert_eq!(text.lines().count(), 1, "{path}: {text}");
     }
 }

@@ -1,8 +1,13 @@
 //! `cudabudget exporter`: the figures `status` shows, as Prometheus metrics at
 //! `/metrics` (text exposition format 0.0.4), read afresh at every scrape.
 
+mod serve;
+mod web_config;
+
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Args;
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -23,9 +28,19 @@ With --hami-names also HAMi's vGPU_device_memory_usage_in_bytes and
 vGPU_device_memory_limit_in_bytes (labels: podnamespace, podname, ctrname,
 vdeviceid, deviceuuid, zone), per container and device.
 
+Under abuse: a request's head must arrive within --read-timeout (also how long an
+idle keep-alive connection is kept), in at most 16 KiB and 64 header lines; bodies
+are never read; beyond --max-connections a new connection is closed at once.
+
+TLS and basic authentication: --web-config-file FILE, in the format of Prometheus'
+exporter-toolkit (tls_server_config: cert_file, key_file, client_auth_type,
+client_ca_file, min_version, max_version; basic_auth_users: NAME: BCRYPT-HASH;
+http_server_config: headers). A key it does not know refuses the start.
+
 Examples:
   cudabudget exporter --listen 127.0.0.1:9464
-  cudabudget exporter --listen 0.0.0.0:9464 --hami-names";
+  cudabudget exporter --listen 0.0.0.0:9464 --hami-names
+  cudabudget exporter --listen 0.0.0.0:9464 --web-config-file /etc/cudabudget/web.yml";
 
 #[derive(Args)]
 pub struct ExporterArgs {
@@ -36,6 +51,22 @@ pub struct ExporterArgs {
     /// Also export HAMi's metric names, so dashboards made for HAMi keep working.
     #[arg(long = "hami-names")]
     hami_names: bool,
+
+    /// TLS and basic authentication, as Prometheus' exporter-toolkit configures them.
+    #[arg(long = "web-config-file", value_name = "FILE")]
+    web_config_file: Option<PathBuf>,
+
+    /// Seconds a client has to send a request's head; also how long an idle
+    /// keep-alive connection is kept.
+    #[arg(long = "read-timeout", value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    read_timeout: u64,
+
+    /// Connections served at once; beyond, a new one is closed at once (lowered to fit
+    /// the descriptor limit).
+    #[arg(long = "max-connections", value_name = "N", default_value_t = 8192,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections: u64,
 }
 
 const LABELS: [&str; 7] = [
@@ -57,44 +88,54 @@ const HAMI_LABELS: [&str; 6] = [
 ];
 
 pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
-    let server = tiny_http::Server::http(args.listen.as_str()).map_err(|e| {
+    let config = match &args.web_config_file {
+        Some(path) => web_config::load(path).map_err(usage)?,
+        None => web_config::WebConfig {
+            tls: None,
+            users: BTreeMap::new(),
+            headers: Vec::new(),
+        },
+    };
+    let listener = std::net::TcpListener::bind(args.listen.as_str()).map_err(|e| {
         usage(format!(
             "--listen {:?}: cannot listen there ({e}); give ADDR:PORT, e.g. 127.0.0.1:9464",
             args.listen
         ))
     })?;
-    let address = server
-        .server_addr()
-        .to_ip()
-        .map_or_else(|| args.listen.clone(), |a| a.to_string());
-    say(format!("exporter listening on http://{address}/metrics"));
-    let nvml = Nvml::open().ok();
-    for request in server.incoming_requests() {
-        let path = request.url().split('?').next().unwrap_or("");
-        let response = match path {
-            "/metrics" => {
-                let body = metrics(&status::collect(nvml.as_ref()), args.hami_names);
-                tiny_http::Response::from_data(body).with_header(header(
-                    "Content-Type",
-                    "text/plain; version=0.0.4; charset=utf-8",
-                ))
-            }
-            "/" => tiny_http::Response::from_data(
-                b"<html><body><a href=\"/metrics\">cudabudget metrics</a></body></html>\n".to_vec(),
-            )
-            .with_header(header("Content-Type", "text/html; charset=utf-8")),
-            _ => {
-                tiny_http::Response::from_data(b"not found; the metrics are at /metrics\n".to_vec())
-                    .with_status_code(404)
-            }
-        };
-        let _ = request.respond(response);
+    let descriptors = serve::raise_descriptor_limit();
+    let max_connections = serve::connection_cap(
+        usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        descriptors,
+    );
+    let address = listener
+        .local_addr()
+        .map_or_else(|_| args.listen.clone(), |a| a.to_string());
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    say(format!(
+        "exporter listening on {scheme}://{address}/metrics"
+    ));
+    if (max_connections as u64) < args.max_connections {
+        say(format!(
+            "exporter: at most {max_connections} connections (the descriptor limit is \
+             {descriptors})"
+        ));
     }
+    let hami_names = args.hami_names;
+    let gather = serve::gatherer(move || {
+        let nvml = Nvml::open().ok();
+        move || metrics(&status::collect(nvml.as_ref()), hami_names)
+    });
+    let limits = serve::Limits {
+        max_connections,
+        read_timeout: Duration::from_secs(args.read_timeout),
+    };
+    serve::serve(listener, config, limits, gather)
+        .map_err(|message| Refusal { message, status: 1 })?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn header(name: &str, value: &str) -> tiny_http::Header {
-    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid ASCII header")
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
