@@ -206,7 +206,7 @@ fn line(
             denial.budget
         )
     })
-    .and_then(|()| match crate::job::joined() {
+    .and_then(|()| match crate::books::job::joined() {
         // In a job: who holds the most of the device.
         Some(ledger) if device < crate::ledger::MAX_DEVICES => {
             buffer.write_str(",\"top_holders\":[")?;

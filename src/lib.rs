@@ -10,7 +10,8 @@
 //! Modules:
 //! - [`quantity`], [`config`]: environment → budgets (pure).
 //! - [`ledger`]: per-device reservations and the address table (pure, thread-safe).
-//! - `job`: a job's shared books (`CUDABUDGET_SCOPE=job:…`), in shared memory.
+//! - `books::job`: a job's shared books (`CUDABUDGET_SCOPE=job:…`), a mapped file.
+//! - `sys`: clocks and futexes.
 //! - `driver`, `nvml`: the real libraries, from our own handles.
 //! - `runtime`: the process-wide state; `lifecycle`: initialisation, `fork()` and exit.
 //! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`, `loads`: what the hooks
@@ -26,6 +27,7 @@
 // Under `cargo test` the hooks are not exported (see hooks/mod.rs), so they look unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod books;
 mod capture;
 pub use cudabudget_spec::config;
 mod driver;
@@ -35,7 +37,6 @@ mod footprint;
 mod gate;
 mod graphs;
 mod hooks;
-mod job;
 pub mod ledger;
 mod lifecycle;
 mod loads;
@@ -46,5 +47,6 @@ mod publish;
 pub use cudabudget_spec::quantity;
 mod report;
 mod runtime;
+mod sys;
 mod vmm;
 mod wait;
