@@ -132,7 +132,30 @@ struct Claim {
     fd: AtomicU32,
     /// Bumped at each claim: the generation the next claim gets.
     generation: AtomicU32,
-    _pad: u64,
+    /// [`seal`] of the claim, start time and descriptor: a slot whose seal does not match
+    /// was written by something else, and is neither free nor judged dead.
+    seal: AtomicU64,
+}
+
+/// The seal of a slot's claim, start time and descriptor (a free slot: all zero, seal
+/// `!0`).
+fn seal(claim: u64, start: u64, fd: u32) -> u64 {
+    !(claim ^ start.rotate_left(17) ^ u64::from(fd))
+}
+
+/// Who holds a slot, by its words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Holder {
+    Free,
+    Member {
+        claim: u64,
+        start: u64,
+        fd: u32,
+    },
+    /// Being taken out of use by this pid.
+    Tomb(u32),
+    /// Words that do not agree (a stray write, or a claim being written).
+    Garbled,
 }
 
 #[repr(C)]
@@ -162,6 +185,8 @@ struct Mapped {
     damaged: AtomicBool,
     /// The slot of the Job using the mapping (+1; 0: none yet).
     slot: AtomicUsize,
+    /// The descriptor the file is open with (to mark it damaged for every member).
+    fd: AtomicU32,
 }
 
 const MAPPINGS: usize = 64;
@@ -172,6 +197,7 @@ static MAPPED: [Mapped; MAPPINGS] = [const {
         ino: AtomicU64::new(0),
         damaged: AtomicBool::new(false),
         slot: AtomicUsize::new(0),
+        fd: AtomicU32::new(u32::MAX),
     }
 }; MAPPINGS];
 
@@ -206,6 +232,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let base = m.base.load(Ordering::Acquire);
         if base != 0 && addr >= base && addr < base + FILE_BYTES {
             m.damaged.store(true, Ordering::Release);
+            poison(m.fd.load(Ordering::Acquire));
             // SAFETY: replaces our own mapping, of this exact range, with anonymous
             // memory (mmap is a plain system call, safe in a signal handler).
             let p = unsafe {
@@ -244,7 +271,18 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     }
 }
 
-fn register_mapping(base: *mut u8, dev: u64, ino: u64) -> Option<usize> {
+/// Marks the ledger behind `fd` damaged for every member: its magic is zeroed through the
+/// descriptor (a plain system call, safe in a signal handler). A member whose mapping
+/// was replaced no longer writes the file, so the others must stop trusting it too.
+fn poison(fd: u32) {
+    if fd != u32::MAX {
+        let zero = [0u8; 8];
+        // SAFETY: writes 8 bytes from a live buffer to a descriptor we keep open.
+        unsafe { libc::pwrite(fd as libc::c_int, zero.as_ptr().cast(), 8, 0) };
+    }
+}
+
+fn register_mapping(base: *mut u8, dev: u64, ino: u64, fd: u32) -> Option<usize> {
     MAPPED.iter().position(|m| {
         m.base
             .compare_exchange(0, base as usize, Ordering::AcqRel, Ordering::Relaxed)
@@ -254,6 +292,7 @@ fn register_mapping(base: *mut u8, dev: u64, ino: u64) -> Option<usize> {
                 m.slot.store(0, Ordering::Release);
                 m.dev.store(dev, Ordering::Release);
                 m.ino.store(ino, Ordering::Release);
+                m.fd.store(fd, Ordering::Release);
                 true
             }
     })
@@ -277,8 +316,10 @@ fn ours_in_this_image(dev: u64, ino: u64, slot: usize) -> bool {
 pub struct Job {
     base: *mut u8,
     slot: usize,
-    /// Our claim word (pid and generation).
+    /// Our claim word (pid and generation), start time and descriptor, as in our slot.
     claim: u64,
+    start: u64,
+    fdno: u32,
     /// Our thread-independent lock tag base (slot + 1 and generation).
     lock_id: u64,
     path: String,
@@ -309,6 +350,7 @@ impl Drop for Job {
     fn drop(&mut self) {
         if let Some(i) = self.mapping {
             MAPPED[i].slot.store(0, Ordering::Release);
+            MAPPED[i].fd.store(u32::MAX, Ordering::Release);
             MAPPED[i].base.store(0, Ordering::Release);
         }
         // SAFETY: our own mapping of FILE_BYTES; nothing refers to it after the drop.
@@ -508,6 +550,10 @@ fn create(dir: &Dir, name: &str) -> Result<(), PlaceError> {
             for i in 0..DEVICES * SLOTS {
                 *shares.add(2 * i + 1) = !0;
             }
+            for i in 0..SLOTS {
+                let claim = base.add(layout::CLAIMS_AT + i * layout::CLAIM_BYTES) as *mut u64;
+                *claim.add(3) = !0;
+            }
             libc::munmap(base.cast(), FILE_BYTES);
         }
         Ok(())
@@ -592,11 +638,13 @@ fn attach(fd: OwnedFd, path: String) -> Result<Job, Failed> {
     }
     install_sigbus_handler();
     let base = map(fd.as_raw_fd()).map_err(|e| refused(format!("cannot map it: {e}")))?;
-    let mapping = register_mapping(base, st.st_dev, st.st_ino);
+    let mapping = register_mapping(base, st.st_dev, st.st_ino, fd.as_raw_fd() as u32);
     let mut job = Job {
         base,
         slot: usize::MAX,
         claim: 0,
+        start: 0,
+        fdno: 0,
         lock_id: 0,
         path,
         dev: st.st_dev,
@@ -620,12 +668,11 @@ fn attach(fd: OwnedFd, path: String) -> Result<Job, Failed> {
     // A slot with this pid and start time not used by this image is its previous
     // image's (before an exec): that image is gone.
     for i in 0..SLOTS {
-        let c = job.claim_at(i);
-        let claim = c.claim.load(Ordering::Acquire);
-        if claim != 0
-            && claim & TOMB != TOMB
+        if let Holder::Member {
+            claim, start: s, ..
+        } = job.holder(i)
             && claim as u32 == pid
-            && c.start.load(Ordering::Acquire) == start
+            && s == start
             && !ours_in_this_image(job.dev, job.ino, i)
         {
             job.free_slot(i, claim);
@@ -641,6 +688,8 @@ fn attach(fd: OwnedFd, path: String) -> Result<Job, Failed> {
     };
     job.slot = slot;
     job.claim = claim;
+    job.start = start;
+    job.fdno = job.fd.as_raw_fd() as u32;
     job.lock_id = (slot as u64 + 1) | (claim & 0xFFFF_FFFF_0000_0000);
     if let Some(i) = mapping {
         MAPPED[i].slot.store(slot + 1, Ordering::Release);
@@ -754,6 +803,7 @@ impl Job {
     fn mark_damaged(&self, why: String) {
         if !self.damaged.swap(true, Ordering::AcqRel) {
             *self.damage_why.lock() = Some(why);
+            poison(self.fd.as_raw_fd() as u32);
         }
     }
 
@@ -770,12 +820,30 @@ impl Job {
         ))
     }
 
+    /// Who holds slot `i`, by its words.
+    fn holder(&self, i: usize) -> Holder {
+        let c = self.claim_at(i);
+        let claim = c.claim.load(Ordering::Acquire);
+        if claim & TOMB == TOMB {
+            return Holder::Tomb(claim as u32);
+        }
+        let start = c.start.load(Ordering::Acquire);
+        let fd = c.fd.load(Ordering::Acquire);
+        if c.seal.load(Ordering::Acquire) != seal(claim, start, fd) {
+            Holder::Garbled
+        } else if claim == 0 {
+            Holder::Free
+        } else {
+            Holder::Member { claim, start, fd }
+        }
+    }
+
     /// Takes a free slot for `pid` (started at `start`): its claim and generation.
     fn claim_slot(&self, pid: u32, start: u64) -> Option<(usize, u64)> {
         let fd = self.fd.as_raw_fd() as u32;
         (0..SLOTS).find_map(|i| {
             let c = self.claim_at(i);
-            if c.claim.load(Ordering::Relaxed) != 0 {
+            if self.holder(i) != Holder::Free {
                 return None;
             }
             let generation = c
@@ -792,6 +860,7 @@ impl Job {
             }
             c.fd.store(fd, Ordering::Release);
             c.start.store(start, Ordering::Release);
+            c.seal.store(seal(claim, start, fd), Ordering::Release);
             for d in 0..DEVICES {
                 let s = self.share_at(i, d);
                 s.used.store(0, Ordering::SeqCst);
@@ -829,18 +898,24 @@ impl Job {
         let old = self.mine[device].load(Ordering::Relaxed);
         let new = f(old)?;
         self.mine[device].store(new, Ordering::Relaxed);
-        let c = self.claim_at(self.slot);
-        let claim = c.claim.load(Ordering::Acquire);
-        if claim == 0 {
-            // Our claim was wiped (a stray write): take it back.
-            let _ = c
-                .claim
-                .compare_exchange(0, self.claim, Ordering::AcqRel, Ordering::Relaxed);
-        }
-        if c.claim.load(Ordering::Acquire) != self.claim {
-            // Another process holds the slot now: our books are gone from the job.
-            self.mark_damaged("this process's slot was taken by another".to_string());
-            return Some((old, new));
+        match self.holder(self.slot) {
+            Holder::Member { claim, start, fd }
+                if (claim, start, fd) == (self.claim, self.start, self.fdno) => {}
+            Holder::Member { .. } | Holder::Tomb(_) => {
+                // Another process holds the slot now (or is taking it): our books are
+                // gone from the job.
+                self.mark_damaged("this process's slot was taken by another".to_string());
+                return Some((old, new));
+            }
+            Holder::Free | Holder::Garbled => {
+                // A stray write: our slot is restored.
+                let c = self.claim_at(self.slot);
+                c.fd.store(self.fdno, Ordering::Release);
+                c.start.store(self.start, Ordering::Release);
+                c.claim.store(self.claim, Ordering::Release);
+                c.seal
+                    .store(seal(self.claim, self.start, self.fdno), Ordering::Release);
+            }
         }
         let s = self.share_at(self.slot, device);
         s.used.store(new, Ordering::SeqCst);
@@ -897,19 +972,19 @@ impl Job {
         if slot == 0 || slot > SLOTS {
             return false;
         }
-        let claim = self.claim_at(slot - 1).claim.load(Ordering::Acquire);
-        claim != 0 && claim & TOMB != TOMB && claim >> 32 == held >> 32
+        match self.holder(slot - 1) {
+            Holder::Member { claim, .. } => claim >> 32 == held >> 32,
+            // Being written: given the benefit of the doubt (bounded anyway).
+            Holder::Garbled => true,
+            Holder::Free | Holder::Tomb(_) => false,
+        }
     }
 
     fn holder_alive(&self, held: u64) -> bool {
-        let slot = (held & 0xFFFF) as usize - 1;
-        let c = self.claim_at(slot);
-        let claim = c.claim.load(Ordering::Acquire);
-        self.alive(
-            claim as u32,
-            c.start.load(Ordering::Acquire),
-            c.fd.load(Ordering::Acquire),
-        )
+        match self.holder((held & 0xFFFF) as usize - 1) {
+            Holder::Member { claim, start, fd } => self.alive(claim as u32, start, fd),
+            _ => true,
+        }
     }
 
     /// Admits `bytes` on `device` for this process if the job stays within `budget`;
@@ -1005,26 +1080,22 @@ impl Job {
             if i == self.slot {
                 continue;
             }
-            let c = self.claim_at(i);
-            let claim = c.claim.load(Ordering::Acquire);
-            if claim == 0 {
-                self.clean_free_slot(i);
-                continue;
-            }
-            let pid = claim as u32;
-            if claim & TOMB == TOMB {
-                // Being taken out of use: finish it if whoever started is gone.
-                if pid != me && !pid_exists(pid) {
-                    self.free_slot(i, claim);
+            match self.holder(i) {
+                Holder::Free => self.clean_free_slot(i),
+                Holder::Tomb(pid) => {
+                    // Being taken out of use: finish it if whoever started is gone.
+                    if pid != me && !pid_exists(pid) {
+                        let claim = self.claim_at(i).claim.load(Ordering::Acquire);
+                        self.free_slot(i, claim);
+                    }
                 }
-                continue;
-            }
-            if !self.alive(
-                pid,
-                c.start.load(Ordering::Acquire),
-                c.fd.load(Ordering::Acquire),
-            ) {
-                self.free_slot(i, claim);
+                Holder::Member { claim, start, fd } => {
+                    if !self.alive(claim as u32, start, fd) {
+                        self.free_slot(i, claim);
+                    }
+                }
+                // Left counted (fail closed): its owner restores it at its next call.
+                Holder::Garbled => {}
             }
         }
         for w in 0..WAITERS {
@@ -1101,7 +1172,9 @@ impl Job {
             s.inv.store(!0, Ordering::SeqCst);
         }
         c.start.store(0, Ordering::Release);
+        c.fd.store(0, Ordering::Release);
         c.claim.store(0, Ordering::Release);
+        c.seal.store(!0, Ordering::Release);
         for (d, freed) in freed.into_iter().enumerate() {
             if freed {
                 self.wake(d);
@@ -1148,9 +1221,10 @@ impl Job {
     /// The process is leaving (exit): its share goes back, its slot is free.
     pub fn leave(&self) {
         let _w = self.writing.lock();
-        let c = self.claim_at(self.slot);
-        if c.claim.load(Ordering::Acquire) != self.claim {
-            return;
+        match self.holder(self.slot) {
+            Holder::Member { claim, .. } if claim != self.claim => return,
+            Holder::Tomb(_) => return,
+            _ => {}
         }
         for d in 0..DEVICES {
             if self.mine[d].swap(0, Ordering::AcqRel) != 0 {
@@ -1160,10 +1234,11 @@ impl Job {
                 self.wake(d);
             }
         }
+        let c = self.claim_at(self.slot);
         c.start.store(0, Ordering::Release);
-        let _ = c
-            .claim
-            .compare_exchange(self.claim, 0, Ordering::AcqRel, Ordering::Relaxed);
+        c.fd.store(0, Ordering::Release);
+        c.claim.store(0, Ordering::Release);
+        c.seal.store(!0, Ordering::Release);
         if let Some(i) = self.mapping {
             MAPPED[i].slot.store(0, Ordering::Release);
         }
