@@ -455,8 +455,8 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 ) {
-                    // SAFETY: just published, never freed.
                     Ok(_) => Joined::Job {
+                        // SAFETY: just published, never freed.
                         job: unsafe { &*job },
                         in_the_way,
                     },
@@ -724,7 +724,7 @@ fn start_time(pid: u32) -> Option<u64> {
 
 impl Job {
     fn word64(&self, at: usize) -> &AtomicU64 {
-        debug_assert!(at % 8 == 0 && at + 8 <= FILE_BYTES);
+        debug_assert!(at.is_multiple_of(8) && at + 8 <= FILE_BYTES);
         // SAFETY: an aligned word inside the FILE_BYTES mapping, which lives as long as
         // the Job (shared memory: reached only through atomics).
         unsafe { &*(self.base.add(at) as *const AtomicU64) }

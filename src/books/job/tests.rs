@@ -539,7 +539,7 @@ fn concurrent_case(seed: u64, dir: &Path) {
         for (k, m) in members.iter().enumerate() {
             let (admitted, over, stop) = (&admitted, &over, &stop);
             s.spawn(move || {
-                let mut rng = Rng(seed ^ (k as u64 + 1) * 0x9e37_79b9);
+                let mut rng = Rng(seed ^ ((k as u64 + 1) * 0x9e37_79b9));
                 let mut mine = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     if rng.below(2) == 0 || mine.is_empty() {
