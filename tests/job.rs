@@ -1267,3 +1267,34 @@ fn a_stray_write_of_where_the_jobs_total_was_kept_neither_denies_nor_admits_past
         "admitted past the budget: {large:?}"
     );
 }
+
+#[test]
+fn doctor_names_a_damaged_job_ledger() {
+    let dir = job_dir("doctor");
+    let e = envs(&dir, "job:doc", "1Gi");
+    let ok = client(&["info"], &e);
+    assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
+    let path = ledger_file(&dir, "doc");
+    let doctor = |envs: &[(&str, &str)]| -> serde_json::Value {
+        let mut cmd = util::cli::cudabudget(&["doctor", "--json"]);
+        cmd.envs(envs.iter().copied());
+        let out = util::cli::output(&mut cmd);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "job-ledger")
+            .cloned()
+            .unwrap()
+    };
+    let whole = doctor(&e);
+    assert_eq!(whole["status"], "ok", "{whole:#}");
+    write_at(&path, 0, b"garbage!");
+    let damaged = doctor(&e);
+    assert_eq!(damaged["status"], "fail", "{damaged:#}");
+    assert!(
+        damaged["summary"].as_str().unwrap().contains(&path),
+        "{damaged:#}"
+    );
+}
