@@ -173,3 +173,44 @@ fn with_no_place_for_the_ledger_a_process_keeps_its_own_budget() {
     assert_eq!(lines.len(), 1, "{}", run.stderr);
     assert!(lines[0].contains("own budget"), "{}", lines[0]);
 }
+
+#[test]
+fn another_users_file_beside_hamis_shared_cache_moves_the_ledger_to_a_private_place() {
+    // HAMi's processes name a cache file in a shared directory; mallory planted a file
+    // where our ledger beside it would go. alice's processes share one budget in her own
+    // directory instead, and a line names the planted file.
+    let Some(t) = Tenants::get() else { return };
+    let shared = t.sticky_dir("job-hami");
+    let cache = shared.join("vgpu.cache");
+    let planted = shared.join("vgpu.cache.cudabudget");
+    std::fs::write(&planted, b"mallory was here").unwrap();
+    chown(&planted, &t.mallory);
+    let roots = t.sticky_dir("job-hami-roots");
+    let hami = |ops: &[&str]| {
+        let mut cmd = member(t, &t.alice, &roots, ops, &[]);
+        cmd.env_remove("CUDABUDGET_SCOPE")
+            .env_remove("CUDABUDGET_LIMIT")
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache);
+        cmd
+    };
+    let mut holder = hami(&["alloc:700Mi", "sleep:1500"]);
+    holder
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let holder = holder.spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let other = run(hami(&["alloc:500Mi", "alloc:300Mi"]));
+    let out = holder.wait_with_output().unwrap();
+    let holder_err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(other.rc("init", 0), 0, "{other:?}");
+    assert_eq!(other.rc("alloc", 0), 2, "not one budget: {other:?}");
+    assert_eq!(other.rc("alloc", 1), 0, "{other:?}");
+    let named = planted.display().to_string();
+    assert_eq!(
+        holder_err.lines().filter(|l| l.contains(&named)).count(),
+        1,
+        "{holder_err}"
+    );
+    assert_eq!(std::fs::read(&planted).unwrap(), b"mallory was here");
+}
