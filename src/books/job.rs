@@ -25,7 +25,10 @@
 //! holds in its own memory and writes it out on each change (restoring its slot if
 //! anything else wrote there). A share is read as the larger of the two words, so a stray
 //! write lowers it only by writing both consistently; a free slot holds (0, !0), and
-//! anything else there counts (fail closed) until a scan cleans it.
+//! anything else there counts (fail closed) until a scan has seen it for a second and
+//! cleans it. The claim, start time and descriptor carry a seal (a function of the
+//! three): a slot whose seal does not match is neither free nor judged dead, its shares
+//! keep counting, and its owner restores it at its next call.
 //!
 //! What the job holds on a device is the sum of the slots' shares; no total is kept.
 //! Admission adds to the member's own share first, then sums (all sequentially
@@ -50,11 +53,15 @@
 //! The header (the first 40 bytes, written once) is checked on every admission, the size
 //! at every scan. A ledger cut under its members would raise SIGBUS at the next access:
 //! a handler (installed once, chained to whatever was there) maps zeroed memory over the
-//! mapping when the fault lies in it, and the job is then damaged. A damaged job admits
+//! mapping when the fault lies in it, and the job is then damaged. A member that finds
+//! damage zeroes the file's magic through its descriptor (its own writes may no longer
+//! reach the file), so that every member stops trusting it. A damaged job admits
 //! nothing (fail closed) and says so once, naming the file; frees and exits go on. A
 //! damaged ledger is never made again while it may have members: a process that joins
 //! one is refused CUDA with a line naming the file (remove it once the job's processes
-//! are gone).
+//! are gone). Limits: a handler installed after ours (by the program) takes SIGBUS from
+//! us; a member stopped while a stray write wiped its slot may see its share cleaned
+//! after a second.
 //!
 //! # Waits
 //! `CUDABUDGET_ON_EXCEED=wait:<d>`: each waiting thread takes an entry of the job's queue
