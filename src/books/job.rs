@@ -831,13 +831,12 @@ impl Job {
     fn holder(&self, i: usize) -> Holder {
         let c = self.claim_at(i);
         let claim = c.claim.load(Ordering::Acquire);
-        if claim & TOMB == TOMB {
-            return Holder::Tomb(claim as u32);
-        }
         let start = c.start.load(Ordering::Acquire);
         let fd = c.fd.load(Ordering::Acquire);
         if c.seal.load(Ordering::Acquire) != seal(claim, start, fd) {
             Holder::Garbled
+        } else if claim & TOMB == TOMB {
+            Holder::Tomb(claim as u32)
         } else if claim == 0 {
             Holder::Free
         } else {
@@ -1165,12 +1164,17 @@ impl Job {
     fn free_slot(&self, i: usize, claim: u64) {
         let c = self.claim_at(i);
         let tomb = TOMB | u64::from(std::process::id());
+        let (start, fd) = (
+            c.start.load(Ordering::Acquire),
+            c.fd.load(Ordering::Acquire),
+        );
         if c.claim
             .compare_exchange(claim, tomb, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()
         {
             return;
         }
+        c.seal.store(seal(tomb, start, fd), Ordering::Release);
         let mut freed = [false; DEVICES];
         for (d, freed) in freed.iter_mut().enumerate() {
             let s = self.share_at(i, d);
