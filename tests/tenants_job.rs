@@ -19,15 +19,7 @@ fn member(
     ops: &[&str],
     more: &[(&str, &str)],
 ) -> std::process::Command {
-    // Shared once for the whole binary (the tests run in parallel).
-    static SHARED: std::sync::OnceLock<(PathBuf, PathBuf, PathBuf)> = std::sync::OnceLock::new();
-    let (client, lib, fake) = SHARED.get_or_init(|| {
-        (
-            t.share(Path::new(util::client_bin("gpa"))),
-            t.share(&lib_path()),
-            t.share_dir(Path::new(fake_dir())),
-        )
-    });
+    let (client, lib, fake, _) = shared(t);
     let mut args = vec!["gpa"];
     args.extend_from_slice(ops);
     let mut cmd = as_user(t, user, client, &args);
@@ -41,6 +33,21 @@ fn member(
         cmd.env(k, v);
     }
     cmd
+}
+
+/// The client, the library, the fake driver's directory and the CLI, copied where the
+/// tenants can run them: once for the whole binary (the tests run in parallel).
+fn shared(t: &Tenants) -> &'static (PathBuf, PathBuf, PathBuf, PathBuf) {
+    static SHARED: std::sync::OnceLock<(PathBuf, PathBuf, PathBuf, PathBuf)> =
+        std::sync::OnceLock::new();
+    SHARED.get_or_init(|| {
+        (
+            t.share(Path::new(util::client_bin("gpa"))),
+            t.share(&lib_path()),
+            t.share_dir(Path::new(fake_dir())),
+            t.share(Path::new(env!("CARGO_BIN_EXE_cudabudget"))),
+        )
+    })
 }
 
 fn run(cmd: std::process::Command) -> Run {
@@ -213,4 +220,36 @@ fn another_users_file_beside_hamis_shared_cache_moves_the_ledger_to_a_private_pl
         "{holder_err}"
     );
     assert_eq!(std::fs::read(&planted).unwrap(), b"mallory was here");
+}
+
+#[test]
+fn doctor_names_another_users_directory_in_the_way_of_the_jobs_ledger() {
+    let Some(t) = Tenants::get() else { return };
+    let dir = t.sticky_dir("job-doctor");
+    let taken = dir.join(format!("cudabudget-{}", t.alice.uid));
+    std::fs::create_dir(&taken).unwrap();
+    chown(&taken, &t.mallory);
+    let (_, _, fake, cli) = shared(t);
+    let nowhere = t.shared.join("no-such-home");
+    let mut cmd = as_user(t, &t.alice, cli, &["doctor", "--json"]);
+    cmd.env("LD_LIBRARY_PATH", fake)
+        .env("CUDABUDGET_JOB_DIR", &dir)
+        .env("CUDABUDGET_SCOPE", "job:train")
+        .env("CUDABUDGET_LIMIT", "1Gi")
+        .env("HOME", &nowhere);
+    let out = util::cli::output(&mut cmd);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "job-ledger")
+        .cloned()
+        .unwrap();
+    assert_eq!(check["status"], "warn", "{check:#}");
+    let summary = check["summary"].as_str().unwrap();
+    assert!(summary.contains(&taken.display().to_string()), "{summary}");
+    assert!(summary.contains("uid"), "{summary}");
 }
