@@ -93,9 +93,11 @@ fn admit_or_wait<'d>(
     let deadline = std::time::Instant::now() + patience;
     let budget = d.budget();
     d.note_wait();
+    // A job's waiter keeps its place in the queue until it is admitted or gives up.
+    let turn = d.job().map(|(job, index)| job.queue(index));
     loop {
-        let woke = match d.job() {
-            Some((job, index)) => job.wait_for_room(index, bytes, budget, deadline),
+        let woke = match &turn {
+            Some(turn) => turn.wait_for_room(bytes, budget, deadline),
             None => {
                 crate::wait::wait_for_room(deadline, || d.used().saturating_add(bytes) <= budget)
             }

@@ -83,12 +83,12 @@ impl DeviceLedger {
 
     /// The job this device's budget belongs to, with the device's index there.
     #[inline]
-    pub fn job(&self) -> Option<(&'static crate::job::Job, usize)> {
+    pub fn job(&self) -> Option<(&'static crate::books::job::Job, usize)> {
         let index = self.job_device.load(Ordering::Relaxed);
         if index == NO_JOB {
             return None;
         }
-        crate::job::joined().map(|job| (job, index as usize))
+        crate::books::job::joined().map(|job| (job, index as usize))
     }
 
     /// What counts against the budget: the job's use in a job, else the process's.

@@ -10,7 +10,8 @@
 //! Modules:
 //! - [`quantity`], [`config`]: environment → budgets (pure).
 //! - [`ledger`]: per-device reservations and the address table (pure, thread-safe).
-//! - `job`: a job's shared books (`CUDABUDGET_SCOPE=job:…`), in shared memory.
+//! - `books::job`: a job's shared books (`CUDABUDGET_SCOPE=job:…`), a mapped file.
+//! - `sys`: clocks and futexes.
 //! - `driver`, `nvml`: the real libraries, from our own handles.
 //! - `runtime`: the process-wide state; `lifecycle`: initialisation, `fork()` and exit.
 //! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`, `loads`: what the hooks
@@ -30,6 +31,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod admit;
+mod books;
 mod capture;
 pub use cudabudget_spec::config;
 mod driver;
@@ -38,7 +40,6 @@ mod footprint;
 mod gate;
 mod graphs;
 mod hooks;
-mod job;
 pub mod ledger;
 mod lifecycle;
 mod loads;
@@ -48,6 +49,7 @@ mod pools;
 pub use cudabudget_spec::quantity;
 mod report;
 mod runtime;
+mod sys;
 mod tell;
 mod vmm;
 mod wait;

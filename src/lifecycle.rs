@@ -83,51 +83,82 @@ fn decide() -> Result<Mode, ConfigError> {
         return Ok(Mode::NoDriver);
     }
     let joining = std::time::Instant::now();
-    if let Some(path) = job_path()
-        && let Err(why) = crate::job::join(&path)
+    if let Some(config) = runtime::config()
+        && let Some(ledger) = job_ledger(config)
     {
+        use crate::books::job::{self, Joined};
+        let what = match ledger {
+            job::Ledger::Named(name) => format!("job {name}"),
+            job::Ledger::Hami(cache) => format!("the job of HAMi's shared cache {cache}"),
+        };
+        // Threads that arrive together may each decide: one line between them.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            report::line(
-                LogLevel::Error,
-                format_args!(
-                    "job ledger {path}: {why}; CUDA is disabled for this process \
-                     (a job's budget is never replaced by a per-process one)"
-                ),
-            );
-        }
-        return Ok(Mode::Refused);
-    }
-    if let Some(job) = crate::job::joined() {
-        report::line(
-            LogLevel::Debug,
-            format_args!(
-                "joined job ledger {} in {:.1} µs",
-                job.path(),
-                joining.elapsed().as_secs_f64() * 1e6
-            ),
-        );
-        extern "C" fn leave_job() {
-            if let Some(job) = crate::job::joined() {
-                job.leave();
+        let say = || !SAID.swap(true, std::sync::atomic::Ordering::Relaxed);
+        match job::join(ledger, &config.job_dirs) {
+            Joined::Job { job, in_the_way } => {
+                if !in_the_way.is_empty() && say() {
+                    report::line(
+                        LogLevel::Warn,
+                        format_args!(
+                            "{}; {what}'s ledger is {} instead",
+                            in_the_way.join("; "),
+                            job.path()
+                        ),
+                    );
+                }
+                report::line(
+                    LogLevel::Debug,
+                    format_args!(
+                        "joined job ledger {} in {:.1} µs",
+                        job.path(),
+                        joining.elapsed().as_secs_f64() * 1e6
+                    ),
+                );
+                extern "C" fn leave_job() {
+                    if let Some(job) = crate::books::job::joined() {
+                        job.leave();
+                    }
+                }
+                // SAFETY: registers a plain extern "C" function.
+                unsafe { libc::atexit(leave_job) };
+            }
+            Joined::Alone { in_the_way } => {
+                if say() {
+                    report::line(
+                        LogLevel::Warn,
+                        format_args!(
+                            "{}; {what} has no place for its ledger, so this process runs \
+                             under its own budget alone",
+                            in_the_way.join("; ")
+                        ),
+                    );
+                }
+            }
+            Joined::Refused { path, why } => {
+                if say() {
+                    report::line(
+                        LogLevel::Error,
+                        format_args!(
+                            "job ledger {path}: {why}; CUDA is disabled for this process (a \
+                         job's budget is never replaced by a per-process one; remove the \
+                         file once the job's processes have ended)"
+                        ),
+                    );
+                }
+                return Ok(Mode::Refused);
             }
         }
-        // SAFETY: registers a plain extern "C" function.
-        unsafe { libc::atexit(leave_job) };
     }
     Ok(Mode::Budgeted)
 }
 
-/// The job ledger's file, when the budget is a job's: `CUDABUDGET_SCOPE=job:<name>`, or
-/// HAMi's shared cache file when HAMi's variables set the budget.
-fn job_path() -> Option<String> {
-    let config = runtime::config()?;
+/// The job ledger, when the budget is a job's: `CUDABUDGET_SCOPE=job:<name>`, or HAMi's
+/// shared cache file when HAMi's variables set the budget.
+fn job_ledger(config: &Config) -> Option<crate::books::job::Ledger<'_>> {
+    use crate::books::job::Ledger;
     match &config.scope {
-        crate::config::Scope::Job(name) => Some(crate::job::path_for(name)),
-        crate::config::Scope::Process => config
-            .hami_shared_cache
-            .as_deref()
-            .map(crate::job::path_for_hami),
+        crate::config::Scope::Job(name) => Some(Ledger::Named(name)),
+        crate::config::Scope::Process => config.hami_shared_cache.as_deref().map(Ledger::Hami),
     }
 }
 
@@ -146,7 +177,7 @@ fn install_fork_handler() {
             crate::enforce::reset_in_child();
             crate::footprint::after_fork();
             crate::loads::after_fork();
-            crate::job::after_fork();
+            crate::books::job::after_fork();
             crate::wait::after_fork();
         }
         crate::nvml::after_fork();

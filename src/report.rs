@@ -75,16 +75,7 @@ pub fn config_error(error: &ConfigError) {
     }
 }
 
-/// Milliseconds of a coarse monotonic clock (served by the vDSO: no system call).
-pub fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC_COARSE is served by the vDSO.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
-}
+pub use crate::sys::clock::monotonic_ms;
 
 static LAST_DENIAL_MS: AtomicU64 = AtomicU64::new(0);
 static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
@@ -92,6 +83,10 @@ static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
 /// A refused allocation: one event (when `CUDABUDGET_EVENTS` is set), and at most one
 /// line a second, with a count of those left out.
 pub fn denial(call: &str, device: usize, denial: &Denial) {
+    // A job whose ledger was found damaged says so once, naming the file.
+    if let Some(news) = crate::books::job::joined().and_then(|job| job.damage_news()) {
+        line(LogLevel::Error, format_args!("{news}"));
+    }
     crate::tell::events::denial(call, device, denial);
     if !enabled(LogLevel::Warn) {
         return;

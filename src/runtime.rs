@@ -228,7 +228,7 @@ fn resolve_budget(
         None => limit.resolve(physical_total(device).or(known_total)?),
     };
     d.set_budget(bytes.min(UNRESOLVED - 1));
-    if crate::job::joined().is_some() {
+    if crate::books::job::joined().is_some() {
         d.join_job(device);
     }
     Some(d)

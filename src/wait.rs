@@ -2,7 +2,7 @@
 //! allocation does not fit sleeps (a futex, no polling) until a free in the process
 //! makes room or its time is up; waiters are served in arrival order, so a large
 //! request is not overtaken for ever by small ones. (A job's waiters sleep on the job's
-//! shared word instead: [`crate::job::Job::wait_for_room`].)
+//! shared word instead: [`crate::books::job::Turn::wait_for_room`].)
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -24,6 +24,9 @@ fn envs<'a>(dir: &'a str, job: &'a str, limit: &'a str) -> Vec<(&'a str, &'a str
         ("CUDABUDGET_SCOPE", job),
         ("CUDABUDGET_LIMIT", limit),
         ("FAKE_NVML_PID_OFFSET", "100000"),
+        // No fallback place outside the test's directory ($HOME/.cache would be one).
+        ("HOME", dir),
+        ("XDG_RUNTIME_DIR", ""),
     ]
 }
 
@@ -241,10 +244,14 @@ fn a_request_larger_than_the_budget_or_made_during_a_capture_never_waits() {
 fn a_damaged_or_foreign_ledger_refuses_cuda_with_one_line() {
     let dir = job_dir("corrupt");
     let e = envs(&dir, "job:bad", "1Gi");
-    let path = format!("{dir}/cudabudget-{}-job-bad", unsafe_uid());
+    let private = format!("{dir}/cudabudget-{}", unsafe_uid());
+    std::fs::create_dir_all(&private).unwrap();
+    set_mode(&private, 0o700);
+    let path = format!("{private}/job-bad");
     for (what, bytes) in [
         ("truncated", vec![0u8; 100]),
         ("foreign", vec![0x41u8; 1 << 20]),
+        ("empty", Vec::new()),
     ] {
         std::fs::write(&path, &bytes).unwrap();
         set_mode(&path, 0o600);
@@ -256,12 +263,18 @@ fn a_damaged_or_foreign_ledger_refuses_cuda_with_one_line() {
             .filter(|l| l.contains("job ledger"))
             .collect();
         assert_eq!(lines.len(), 1, "{what}: {}", run.stderr);
+        assert!(lines[0].contains(&path), "{what}: {}", lines[0]);
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "{what}: the ledger was made again"
+        );
     }
     // A ledger of a valid size whose header is damaged.
     let good = job_dir("corrupt-good");
     let ok = client(&["info"], &envs(&good, "job:bad", "1Gi"));
     assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
-    let good_path = format!("{good}/cudabudget-{}-job-bad", unsafe_uid());
+    let good_path = ledger_file(&good, "bad");
     let mut bytes = std::fs::read(&good_path).unwrap();
     bytes[8] ^= 0xff; // the version
     std::fs::write(&path, &bytes).unwrap();
@@ -272,29 +285,31 @@ fn a_damaged_or_foreign_ledger_refuses_cuda_with_one_line() {
 }
 
 #[test]
-fn a_ledger_others_may_write_or_another_user_owns_is_refused() {
+fn a_ledger_others_may_write_or_another_user_owns_is_passed_over_with_one_line() {
+    // Not a ledger to trust: the process keeps a budget (here its own, as the test's
+    // job has no other place) and says which file is in the way.
     let dir = job_dir("perm");
     let e = envs(&dir, "job:p", "1Gi");
     let ok = client(&["info"], &e);
     assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
-    let path = format!("{dir}/cudabudget-{}-job-p", unsafe_uid());
+    let path = ledger_file(&dir, "p");
     set_mode(&path, 0o666);
-    let run1 = client(&["info"], &e);
-    assert_eq!(run1.rc("init", 0), 800, "{run1:?}");
-    assert!(run1.stderr.contains("others may write"), "{}", run1.stderr);
+    let run1 = client(&["alloc:700Mi", "alloc:500Mi"], &e);
+    assert_eq!(run1.rc("init", 0), 0, "{run1:?}");
+    assert_eq!(run1.rc("alloc", 1), 2, "unbudgeted: {run1:?}");
+    let named: Vec<&str> = run1.stderr.lines().filter(|l| l.contains(&path)).collect();
+    assert_eq!(named.len(), 1, "{}", run1.stderr);
+    assert!(named[0].contains("others may write"), "{}", named[0]);
     set_mode(&path, 0o600);
     // Another owner: possible to arrange only as root.
     if unsafe_uid() == 0 {
         let c = std::ffi::CString::new(path.clone()).unwrap();
         // SAFETY: a valid path; 65534 is nobody.
         assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
-        let run2 = client(&["info"], &e);
-        assert_eq!(run2.rc("init", 0), 800, "{run2:?}");
-        assert!(
-            run2.stderr.contains("belongs to uid 65534"),
-            "{}",
-            run2.stderr
-        );
+        let run2 = client(&["alloc:700Mi", "alloc:500Mi"], &e);
+        assert_eq!(run2.rc("init", 0), 0, "{run2:?}");
+        assert_eq!(run2.rc("alloc", 1), 2, "unbudgeted: {run2:?}");
+        assert!(run2.stderr.contains("uid 65534"), "{}", run2.stderr);
     }
 }
 
@@ -389,7 +404,7 @@ fn the_debug_log_names_the_job_ledger_joined() {
     e.push(("CUDABUDGET_LOG", "debug"));
     let run = client(&["alloc:1Mi"], &e);
     assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
-    let path = format!("{dir}/cudabudget-{}-job-named", unsafe_uid());
+    let path = format!("{dir}/cudabudget-{}/job-named", unsafe_uid());
     assert!(
         run.stderr
             .contains(&format!("joined job ledger {path} in ")),
@@ -808,4 +823,478 @@ view.wait()
         "fail",
     );
     assert_eq!(out.trim(), "324", "{out}");
+}
+
+/// The job's ledger file in `dir`, wherever this build keeps it: in the user's own
+/// directory there (`cudabudget-<uid>/job-<name>`), or, in builds before that, at
+/// `cudabudget-<uid>-job-<name>`.
+fn ledger_file(dir: &str, name: &str) -> String {
+    let uid = unsafe_uid();
+    let private = format!("{dir}/cudabudget-{uid}/job-{name}");
+    if std::path::Path::new(&private).exists() {
+        private
+    } else {
+        format!("{dir}/cudabudget-{uid}-job-{name}")
+    }
+}
+
+/// Writes `bytes` at `offset` of `path` (in place, as a stray write would).
+fn write_at(path: &str, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+/// Where the admission lock word of device 0 lies in the ledger at `path`, by its
+/// layout (the magic's last two bytes are its version).
+fn lock_offset(path: &str) -> u64 {
+    let head = std::fs::read(path).unwrap();
+    match &head[..8] {
+        b"CBJOBv01" => 64,
+        b"CBJOBv02" => 128,
+        other => panic!("unknown layout {other:?}"),
+    }
+}
+
+/// A Python member of job `name` in `dir` (1 GiB, `patience`), started now: `code` runs
+/// after [`THREADS_PRELUDE`]; its standard output is piped.
+fn python_member(dir: &str, name: &str, code: &str, patience: &str) -> Child {
+    Command::new("python3")
+        .args(["-c", &format!("{THREADS_PRELUDE}{code}")])
+        .env("LD_LIBRARY_PATH", util::fake_dir())
+        .env("LD_PRELOAD", util::lib_path())
+        .env("CUDABUDGET_JOB_DIR", dir)
+        .env("CUDABUDGET_SCOPE", format!("job:{name}"))
+        .env("CUDABUDGET_LIMIT", "1Gi")
+        .env("CUDABUDGET_ON_EXCEED", patience)
+        .env("FAKE_NVML_PID_OFFSET", "100000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs")
+}
+
+/// Reads one line of a member's standard output.
+fn read_line(child: &mut Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    let out = child.stdout.as_mut().unwrap();
+    std::io::BufReader::new(out).read_line(&mut line).unwrap();
+    line
+}
+
+#[test]
+fn a_killed_member_not_yet_reaped_gives_its_share_back() {
+    // A zombie runs nothing and holds nothing: its share comes back before its parent
+    // reaps it (this test reaps it only at the end).
+    let dir = job_dir("zombie");
+    let e = envs(&dir, "job:z", "1Gi");
+    let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
+    settle();
+    // SAFETY: a plain signal to our own child, which is not reaped (it stays a zombie).
+    unsafe { libc::kill(holder.id() as i32, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    let after = client(&["alloc:800Mi"], &e);
+    let took = t.elapsed();
+    holder.wait().unwrap();
+    assert_eq!(
+        after.rc("alloc", 0),
+        0,
+        "the zombie's share stayed\n{after:?}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+fn a_member_that_execs_another_program_gives_its_share_back() {
+    // After exec the process is another program: what the old image held is gone with
+    // its address space, whether or not the new one uses CUDA.
+    let dir = job_dir("exec");
+    let mut member = python_member(
+        &dir,
+        "exec",
+        r#"
+import os
+rc, p = alloc(800 * MI); assert rc == 0
+print("held", flush=True)
+os.execv("/bin/sleep", ["sleep", "30"])
+"#,
+        "fail",
+    );
+    assert_eq!(read_line(&mut member).trim(), "held");
+    std::thread::sleep(Duration::from_millis(200));
+    let e = envs(&dir, "job:exec", "1Gi");
+    let t = Instant::now();
+    let after = client(&["alloc:800Mi"], &e);
+    let took = t.elapsed();
+    member.kill().unwrap();
+    member.wait().unwrap();
+    assert_eq!(
+        after.rc("alloc", 0),
+        0,
+        "the old image's share stayed\n{after:?}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+fn a_member_that_execs_into_another_member_starts_with_nothing_held() {
+    // The new image joins the job with the same pid and start time as the old one: it
+    // is a new member, and the old image's 800 MiB are not charged to it or the job.
+    let dir = job_dir("reexec");
+    let mut member = python_member(
+        &dir,
+        "reexec",
+        r#"
+import os, sys
+if len(sys.argv) < 2:
+    rc, p = alloc(800 * MI); assert rc == 0
+    os.execv(sys.executable, [sys.executable, "-c", PRELUDE_AGAIN, "again"])
+"#
+        .replace(
+            "PRELUDE_AGAIN",
+            &format!(
+                "{:?}",
+                format!("{THREADS_PRELUDE}\nrc, p = alloc(800 * MI)\nprint(rc, flush=True)\n")
+            ),
+        )
+        .as_str(),
+        "fail",
+    );
+    let line = read_line(&mut member);
+    let out = member.wait_with_output().unwrap();
+    assert_eq!(
+        line.trim(),
+        "0",
+        "the new image was charged the old one's share\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A Python member of job `name` in `dir` that watches itself: an allocation or free
+/// that takes over `limit_s` prints `stuck` and ends the process.
+const WATCHDOG: &str = r#"
+import os, signal
+def timed(f, *a, limit_s=2.0):
+    done = threading.Event()
+    def watch():
+        if not done.wait(limit_s):
+            print("stuck", flush=True)
+            os._exit(3)
+    threading.Thread(target=watch, daemon=True).start()
+    t = time.time()
+    r = f(*a)
+    done.set()
+    return r, time.time() - t
+"#;
+
+#[test]
+fn a_stopped_member_never_holds_up_the_others_frees_or_allocations() {
+    // A member allocating and freeing in a loop is stopped (SIGSTOP) a hundred times,
+    // at whatever point of its calls the signal finds it; each time, another member
+    // allocates and frees: neither waits on the stopped one beyond the bound.
+    let dir = job_dir("stopped");
+    let mut busy = python_member(
+        &dir,
+        "stopped",
+        r#"
+print("busy", flush=True)
+while True:
+    rc, p = alloc(MI)
+    if rc == 0:
+        free(p)
+"#,
+        "fail",
+    );
+    assert_eq!(read_line(&mut busy).trim(), "busy");
+    let pid = busy.id();
+    let other = python_member(
+        &dir,
+        "stopped",
+        &format!(
+            r#"{WATCHDOG}
+busy = {pid}
+worst = 0.0
+for i in range(100):
+    os.kill(busy, signal.SIGSTOP)
+    time.sleep(0.002)
+    (rc, p), took = timed(alloc, 100 * MI)
+    assert rc == 0, rc
+    _, took2 = timed(free, p)
+    worst = max(worst, took, took2)
+    os.kill(busy, signal.SIGCONT)
+print("worst", worst, flush=True)
+"#
+        ),
+        "fail",
+    );
+    let out = other.wait_with_output().unwrap();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let worst: f64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{text}\n{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(
+        worst < 0.5,
+        "an allocation or free waited {worst} s: {text}"
+    );
+}
+
+#[test]
+fn a_lock_word_naming_a_live_member_that_is_not_admitting_holds_nobody_up() {
+    // A member killed while it held a device's lock, its slot then reused by a new live
+    // member (or a crafted lock=1 on slot 0, which a live member then took): the lock
+    // names a live process that is not admitting. Others allocate and free within the
+    // bound; they do not spin.
+    let dir = job_dir("stale-lock");
+    let e = envs(&dir, "job:sl", "1Gi");
+    let idle = spawn(&["alloc:1Mi", "sleep:6000"], &e);
+    settle();
+    let path = ledger_file(&dir, "sl");
+    // Slot 0 + 1 (its first generation): the idle member's slot.
+    write_at(&path, lock_offset(&path), &1u64.to_le_bytes());
+    let mut cmd = command(&["alloc:100Mi", "free:0", "alloc:100Mi"], &e);
+    let t = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t.elapsed() > Duration::from_secs(4) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = t.elapsed();
+    // The idle member's own exit gives its share back without waiting on the lock.
+    let mut idle = idle;
+    let idle_exited = (0..1000).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        idle.try_wait().unwrap().is_some()
+    });
+    if !idle_exited {
+        let _ = idle.kill();
+    }
+    let _ = idle.wait();
+    assert!(status.is_some(), "the member spun on the lock for {took:?}");
+    assert!(idle_exited, "the idle member spun on the lock at its exit");
+    let run = finish(child);
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+#[test]
+fn three_waiting_threads_of_one_member_are_all_served_when_room_comes() {
+    // 900 MiB held in three pieces; three threads each wait for 300 MiB. Everything
+    // comes back: all three go, soon, not one of them and two at the end of their time.
+    let dir = job_dir("three");
+    let out = python_job(
+        &dir,
+        "three",
+        r#"
+held = [alloc(300 * MI)[1] for _ in range(3)]
+got = {}
+def want(name):
+    rc, p = alloc(300 * MI)
+    got[name] = (rc, time.time())
+ts = [threading.Thread(target=want, args=(i,)) for i in range(3)]
+for t in ts:
+    t.start()
+    time.sleep(0.1)
+time.sleep(0.3)
+freed = time.time()
+for p in held:
+    free(p)
+for t in ts: t.join()
+print(" ".join(f"{got[i][0]}:{got[i][1] - freed:.2f}" for i in range(3)))
+"#,
+        "wait:8s",
+    );
+    for field in out.split_whitespace() {
+        let (rc, after) = field.split_once(':').unwrap();
+        assert_eq!(rc, "0", "{out}");
+        let after: f64 = after.parse().unwrap();
+        assert!(after < 2.0, "a waiting thread was served late: {out}");
+    }
+    assert_eq!(out.split_whitespace().count(), 3, "{out}");
+}
+
+#[test]
+fn a_stopped_waiter_at_the_head_of_the_queue_loses_its_turn() {
+    // One member waits first (for 700 MiB) and is stopped; another waits behind it for
+    // 200 MiB. When everything comes back, the one behind goes at once: the stopped one
+    // does not hold the queue.
+    let dir = job_dir("stophead");
+    let mut holder = python_member(
+        &dir,
+        "stophead",
+        r#"
+import sys
+rc, a = alloc(900 * MI); assert rc == 0
+print("held", flush=True)
+sys.stdin.readline()
+free(a)
+print("freed", time.time(), flush=True)
+time.sleep(3)
+"#,
+        "fail",
+    );
+    assert_eq!(read_line(&mut holder).trim(), "held");
+    let mut head = python_member(
+        &dir,
+        "stophead",
+        "print('asking', flush=True)\nrc, p = alloc(700 * MI)\nprint(rc, flush=True)\n",
+        "wait:20s",
+    );
+    assert_eq!(read_line(&mut head).trim(), "asking");
+    // Long enough for its first call (the library's start) to be made and queued.
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(head.id() as i32, libc::SIGSTOP) };
+    let mut behind = python_member(
+        &dir,
+        "stophead",
+        "print('asking', flush=True)\nrc, p = alloc(200 * MI)\nprint(rc, time.time(), flush=True)\n",
+        "wait:6s",
+    );
+    assert_eq!(read_line(&mut behind).trim(), "asking");
+    std::thread::sleep(Duration::from_millis(1000));
+    {
+        use std::io::Write;
+        let stdin = holder.stdin.as_mut().unwrap();
+        stdin.write_all(b"free\n").unwrap();
+        stdin.flush().unwrap();
+    }
+    let freed_line = read_line(&mut holder);
+    let behind_line = read_line(&mut behind);
+    // SAFETY: as above.
+    unsafe { libc::kill(head.id() as i32, libc::SIGCONT) };
+    let _ = head.kill();
+    let _ = head.wait();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let _ = behind.wait();
+    let freed_at: f64 = freed_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut fields = behind_line.split_whitespace();
+    assert_eq!(fields.next(), Some("0"), "{behind_line}");
+    let at: f64 = fields.next().unwrap().parse().unwrap();
+    assert!(
+        at - freed_at < 1.0,
+        "the member behind a stopped waiter waited {} s after the free",
+        at - freed_at
+    );
+}
+
+#[test]
+fn a_ledger_truncated_under_its_members_neither_kills_them_nor_is_made_anew() {
+    // The file is cut to 0 bytes while a member holds 700 MiB of the job's 1 GiB: the
+    // member goes on (no SIGBUS), frees what it holds, and is refused anything new with
+    // a line naming the file; a process that comes after does not make a fresh ledger
+    // next to the live member (which would give each of them the whole budget).
+    let dir = job_dir("truncate");
+    let e = envs(&dir, "job:t", "1Gi");
+    let member = spawn(
+        &[
+            "alloc:700Mi",
+            "sleep:800",
+            "free:0",
+            "alloc:100Mi",
+            "sleep:800",
+        ],
+        &e,
+    );
+    settle();
+    let path = ledger_file(&dir, "t");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let next = client(&["alloc:500Mi"], &e);
+    let member = finish(member);
+    assert!(member.status.success(), "the member died: {member:?}");
+    assert_eq!(member.rc("free", 0), 0, "{member:?}");
+    assert_eq!(
+        member.rc("alloc", 1),
+        2,
+        "admitted from a damaged ledger: {member:?}"
+    );
+    assert!(
+        member.stderr.contains(&path) && member.stderr.contains("damaged"),
+        "{}",
+        member.stderr
+    );
+    assert!(
+        !next.lines.iter().any(|l| l.starts_with("alloc rc=0")),
+        "a fresh ledger beside a live member: {next:?}"
+    );
+    assert!(next.stderr.contains(&path), "{}", next.stderr);
+}
+
+#[test]
+fn a_stray_write_of_where_the_jobs_total_was_kept_neither_denies_nor_admits_past_the_budget() {
+    // Any process of the user can write the ledger. Layout 1 kept the job's total at
+    // byte 56 and trusted it: all ones denied every member for good, zero admitted past
+    // the budget. What the job holds is the sum of its members' own shares.
+    let dir = job_dir("total");
+    let e = envs(&dir, "job:tot", "1Gi");
+    let holder = spawn(&["alloc:700Mi", "sleep:2000"], &e);
+    settle();
+    let path = ledger_file(&dir, "tot");
+    write_at(&path, 56, &u64::MAX.to_le_bytes());
+    let small = client(&["alloc:100Mi"], &e);
+    write_at(&path, 56, &0u64.to_le_bytes());
+    let large = client(&["alloc:500Mi"], &e);
+    finish(holder);
+    assert_eq!(small.rc("alloc", 0), 0, "denied for good: {small:?}");
+    assert_eq!(
+        large.rc("alloc", 0),
+        2,
+        "admitted past the budget: {large:?}"
+    );
+}
+
+#[test]
+fn doctor_names_a_damaged_job_ledger() {
+    let dir = job_dir("doctor");
+    let e = envs(&dir, "job:doc", "1Gi");
+    let ok = client(&["info"], &e);
+    assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
+    let path = ledger_file(&dir, "doc");
+    let doctor = |envs: &[(&str, &str)]| -> serde_json::Value {
+        let mut cmd = util::cli::cudabudget(&["doctor", "--json"]);
+        cmd.envs(envs.iter().copied());
+        let out = util::cli::output(&mut cmd);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "job-ledger")
+            .cloned()
+            .unwrap()
+    };
+    let whole = doctor(&e);
+    assert_eq!(whole["status"], "ok", "{whole:#}");
+    write_at(&path, 0, b"garbage!");
+    let damaged = doctor(&e);
+    assert_eq!(damaged["status"], "fail", "{damaged:#}");
+    assert!(
+        damaged["summary"].as_str().unwrap().contains(&path),
+        "{damaged:#}"
+    );
 }

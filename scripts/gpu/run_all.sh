@@ -25,7 +25,7 @@ ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform ja
 ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
 ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
 ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml job_gpu"
-ALL_CASES+=" load_neighbour"
+ALL_CASES+=" load_neighbour job_tenants"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) ONLY="$2"; shift 2 ;;
@@ -483,6 +483,20 @@ if selected load_neighbour; then
   if ! grep -q '^load_neighbour: ' "$WORK/load_neighbour.out"; then
     log "FAIL load_neighbour/ran rc=$lrc: $(tail -c 600 "$WORK/load_neighbour.err")"
     echo "FAIL load_neighbour/ran" >>"$RESULTS"
+  fi
+  wait_gpu_idle
+fi
+# A job's members beside one SIGSTOPped and one SIGKILLed at any point of its calls
+# (scripts/gpu/cases/job_tenants.py prints PASS/FAIL lines and a summary line).
+if selected job_tenants; then
+  echo "-- job_tenants (a stopped member, a member killed holding the lock) ..."
+  timeout -k 10 240 "$PY" "$C/job_tenants.py" --lib "$LIB" >"$WORK/job_tenants.out" 2>"$WORK/job_tenants.err"
+  trc=$?
+  tee -a "$LOG" <"$WORK/job_tenants.out"
+  grep -E '^(PASS|FAIL|SKIP) ' "$WORK/job_tenants.out" >>"$RESULTS"
+  if ! grep -q '^job_tenants: ' "$WORK/job_tenants.out"; then
+    log "FAIL job_tenants/ran rc=$trc: $(tail -c 600 "$WORK/job_tenants.err")"
+    echo "FAIL job_tenants/ran" >>"$RESULTS"
   fi
   wait_gpu_idle
 fi

@@ -340,7 +340,7 @@ pub fn denial(call: &str, device: usize, denial: &Denial) {
         len -= 1;
     }
     name[..len].copy_from_slice(&call.as_bytes()[..len]);
-    let top_holders = match crate::job::joined() {
+    let top_holders = match crate::books::job::joined() {
         Some(ledger) if device < crate::ledger::MAX_DEVICES => Some(ledger.top_holders(device)),
         _ => None,
     };

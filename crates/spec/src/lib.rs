@@ -4,6 +4,7 @@
 //! - [`quantity`]: `20Gi`, `40%`, HAMi's `1g`.
 //! - [`config`]: the environment turned into one validated [`config::Config`].
 //! - [`record`]: the layout of the per-process record `status` and the exporter read.
+//! - [`job_file`]: the layout of a job's ledger file (library and `doctor`).
 //! - [`place`]: directories and files in places other users can reach (`/tmp`,
 //!   `/dev/shm`, a configured directory), opened without trusting a name.
 //!
@@ -11,6 +12,7 @@
 //! no threads, no global state.
 
 pub mod config;
+pub mod job_file;
 pub mod place;
 pub mod quantity;
 pub mod record;

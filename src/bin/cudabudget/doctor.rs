@@ -21,7 +21,8 @@ pub const AFTER_HELP: &str = "Checks, in order: driver (libcuda.so.1 and its ver
 devices, nvml, library (found, and loads when preloaded into a child), glibc (this \
 system's against what the library needs), configuration (the budget this environment \
 gives each visible device), pid-namespace, runtime-dir (/dev/shm writable for the \
-records status reads), mps, and interposition (a child under a 64 MiB budget asks for \
+records status reads), job-ledger (where a job's ledger goes, what is in the way, and \
+whether this environment's job ledger is damaged), mps, and interposition (a child under a 64 MiB budget asks for \
 256 MiB and must be refused).
 
 Exit status: 0 when nothing failed (warnings included), 1 otherwise; every failed \
@@ -107,6 +108,7 @@ pub fn doctor(args: DoctorArgs) -> Result<ExitCode, Refusal> {
         configuration(&found),
         pid_namespace(),
         runtime_dir(),
+        job_ledger(),
         mps(),
         interposition(&found),
     ];
@@ -530,6 +532,107 @@ fn runtime_dir() -> Check {
              set CUDABUDGET_RUNTIME_DIR to a directory the processes can write",
         )
         .details(json!({"path": dir})),
+    }
+}
+
+/// Where a job's ledger goes (the user's own directory under the first job root that
+/// gives one), what another user put in the way, and, when this environment names a
+/// job, whether its ledger is whole.
+fn job_ledger() -> Check {
+    use cudabudget_spec::job_file;
+    use cudabudget_spec::place::{self, FileOpen, PlaceError};
+    let Ok(config) = config::Config::from_vars_os(std::env::vars_os()) else {
+        return Check::new(
+            "job-ledger",
+            Status::Skip,
+            "the configuration does not parse",
+        );
+    };
+    let (dir, in_the_way) = place::first_private(&config.job_dirs, 0o700);
+    let in_the_way: Vec<String> = in_the_way.iter().map(ToString::to_string).collect();
+    let Some(dir) = dir else {
+        return Check::new(
+            "job-ledger",
+            Status::Warn,
+            format!(
+                "no place for a job's ledger ({}): each process of a job runs under its own \
+                 budget",
+                in_the_way.join("; ")
+            ),
+        )
+        .remedy(
+            "remove what is in the way (another user's file or directory), or set \
+             CUDABUDGET_JOB_DIR, XDG_RUNTIME_DIR or HOME to a directory of your own",
+        )
+        .details(json!({"in_the_way": in_the_way}));
+    };
+    let details = json!({"dir": dir.path(), "in_the_way": in_the_way});
+    let moved = if in_the_way.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} in the way)", in_the_way.join("; "))
+    };
+    let config::Scope::Job(name) = &config.scope else {
+        return Check::new(
+            "job-ledger",
+            if in_the_way.is_empty() {
+                Status::Ok
+            } else {
+                Status::Warn
+            },
+            format!("job ledgers go in {}{moved}", dir.path().display()),
+        )
+        .details(details);
+    };
+    let file_name = format!("job-{name}");
+    let path = dir.path().join(&file_name);
+    let problem = match dir.open_file(&file_name, FileOpen::READ) {
+        Ok(file) => {
+            use std::os::unix::fs::FileExt;
+            let mut head = [0u8; job_file::HEADER_BYTES];
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let n = file.read_at(&mut head, 0).unwrap_or(0);
+            job_file::problem(&head[..n], len)
+        }
+        Err(PlaceError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Check::new(
+                "job-ledger",
+                if in_the_way.is_empty() {
+                    Status::Ok
+                } else {
+                    Status::Warn
+                },
+                format!(
+                    "job {name}'s ledger will be {} (no member yet){moved}",
+                    path.display()
+                ),
+            )
+            .details(details);
+        }
+        Err(error) => Some(error.to_string()),
+    };
+    match problem {
+        None => Check::new(
+            "job-ledger",
+            if in_the_way.is_empty() {
+                Status::Ok
+            } else {
+                Status::Warn
+            },
+            format!("job {name}'s ledger {} is whole{moved}", path.display()),
+        )
+        .details(details),
+        Some(why) => Check::new(
+            "job-ledger",
+            Status::Fail,
+            format!(
+                "job ledger {} is damaged or not a ledger ({why}): the job's members refuse \
+                 new allocations and new processes of the job get no CUDA",
+                path.display()
+            ),
+        )
+        .remedy("remove the file once the job's processes have ended")
+        .details(details),
     }
 }
 

@@ -1,0 +1,145 @@
+//! The layout of a job's ledger file (`CUDABUDGET_SCOPE=job:<name>`), shared by the
+//! library (which maps it) and `cudabudget doctor` (which names a damaged one).
+//!
+//! | offset | what |
+//! |---|---|
+//! | 0 | header: magic, version, slot / device / waiter counts, size, checksum |
+//! | 64 | when a member last looked for dead ones (ms, CLOCK_MONOTONIC) |
+//! | 128 | per device: admission lock word, next ticket, wake word, waiter count |
+//! | [`WAITERS_AT`] | [`WAITERS`] waiting threads: ticket, claim of their slot, device, heartbeat |
+//! | [`CLAIMS_AT`] | per slot: claim (pid and generation), start time, descriptor |
+//! | [`SHARES_AT`] | per device, per slot: what the slot holds, and its complement |
+//!
+//! Everything but the header's first 40 bytes changes while the job runs; those 40 are
+//! written once, before the file gets its name, and checked by every reader.
+
+use crate::record::MAX_DEVICES;
+
+/// "CBJOBv02": a cudabudget job ledger of layout 2.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"CBJOBv02");
+pub const VERSION: u32 = 2;
+/// Processes a job holds at once.
+pub const SLOTS: usize = 1024;
+pub const DEVICES: usize = MAX_DEVICES;
+/// Threads of the job that can wait in the queue at once.
+pub const WAITERS: usize = 256;
+
+pub const HEADER_BYTES: usize = 40;
+pub const DEVICE_WORDS_AT: usize = 128;
+pub const DEVICE_WORD_BYTES: usize = 32;
+pub const WAITERS_AT: usize = 4096;
+pub const WAITER_BYTES: usize = 32;
+pub const CLAIMS_AT: usize = WAITERS_AT + WAITERS * WAITER_BYTES;
+pub const CLAIM_BYTES: usize = 32;
+pub const SHARES_AT: usize = CLAIMS_AT + SLOTS * CLAIM_BYTES;
+/// A slot's share on one device: what it holds, then the bitwise complement of that.
+pub const SHARE_BYTES: usize = 16;
+pub const FILE_BYTES: usize = SHARES_AT + DEVICES * SLOTS * SHARE_BYTES;
+
+const _: () = assert!(DEVICE_WORDS_AT + DEVICES * DEVICE_WORD_BYTES <= WAITERS_AT);
+
+/// FNV-1a (64-bit) over the little-endian magic, version, slot, device and waiter
+/// counts and size: what tells a foreign or damaged file from ours.
+pub fn checksum(
+    magic: u64,
+    version: u32,
+    slots: u32,
+    devices: u32,
+    waiters: u32,
+    size: u64,
+) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in magic
+        .to_le_bytes()
+        .into_iter()
+        .chain(version.to_le_bytes())
+        .chain(slots.to_le_bytes())
+        .chain(devices.to_le_bytes())
+        .chain(waiters.to_le_bytes())
+        .chain(size.to_le_bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The header this build writes.
+pub fn header() -> [u8; HEADER_BYTES] {
+    let mut h = [0u8; HEADER_BYTES];
+    h[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(SLOTS as u32).to_le_bytes());
+    h[16..20].copy_from_slice(&(DEVICES as u32).to_le_bytes());
+    h[20..24].copy_from_slice(&(WAITERS as u32).to_le_bytes());
+    h[24..32].copy_from_slice(&(FILE_BYTES as u64).to_le_bytes());
+    let check = checksum(
+        MAGIC,
+        VERSION,
+        SLOTS as u32,
+        DEVICES as u32,
+        WAITERS as u32,
+        FILE_BYTES as u64,
+    );
+    h[32..40].copy_from_slice(&check.to_le_bytes());
+    h
+}
+
+/// What is wrong with a ledger whose first bytes are `head` and whose file is `len`
+/// bytes long, in words; `None` when it is a ledger of this build's layout.
+pub fn problem(head: &[u8], len: u64) -> Option<String> {
+    if len != FILE_BYTES as u64 {
+        return Some(format!(
+            "it is {len} bytes, not the {FILE_BYTES} of this build's layout (truncated, \
+             grown, another version's or damaged)"
+        ));
+    }
+    let Some(head) = head.get(..HEADER_BYTES) else {
+        return Some("its header cannot be read".to_string());
+    };
+    let u32_at = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+    let (magic, version) = (u64_at(0), u32_at(8));
+    let (slots, devices, waiters, size, check) =
+        (u32_at(12), u32_at(16), u32_at(20), u64_at(24), u64_at(32));
+    if magic != MAGIC {
+        Some("it is not a cudabudget job ledger of this layout (bad magic)".to_string())
+    } else if version != VERSION {
+        Some(format!(
+            "it has layout version {version}, this build reads {VERSION}"
+        ))
+    } else if check != checksum(magic, version, slots, devices, waiters, size) {
+        Some("its header checksum is wrong (damaged)".to_string())
+    } else if slots as usize != SLOTS
+        || devices as usize != DEVICES
+        || waiters as usize != WAITERS
+        || size != FILE_BYTES as u64
+    {
+        Some("its header does not match this build's layout".to_string())
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_builds_header_is_a_ledger_and_any_changed_byte_is_not() {
+        let h = header();
+        assert_eq!(problem(&h, FILE_BYTES as u64), None);
+        for i in 0..HEADER_BYTES {
+            let mut bad = h;
+            bad[i] ^= 0x01;
+            assert!(problem(&bad, FILE_BYTES as u64).is_some(), "byte {i}");
+        }
+        assert!(problem(&h, 0).unwrap().contains("0 bytes"));
+        assert!(problem(&h[..10], FILE_BYTES as u64).is_some());
+    }
+
+    #[test]
+    fn a_ledger_takes_less_than_two_mib() {
+        assert!(FILE_BYTES < 2 << 20, "{FILE_BYTES}");
+    }
+}

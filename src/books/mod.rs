@@ -1,0 +1,3 @@
+//! State kept by the library, without driver calls.
+
+pub mod job;
