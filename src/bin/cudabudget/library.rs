@@ -394,9 +394,11 @@ fn unpredictable_place(tmp: &Path, version: &str, bytes: &[u8]) -> Result<PathBu
 fn random_name(len: usize) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     let mut random = vec![0u8; len];
-    // SAFETY: `random` is a writable buffer of `len` bytes.
-    let got = unsafe { libc::getrandom(random.as_mut_ptr().cast(), len, 0) };
-    if got != len as isize {
+    // The system call, not glibc's getrandom(3): the dist build links against glibc 2.17,
+    // which has no such symbol.
+    // SAFETY: `random` is a writable buffer of `len` bytes; flags 0.
+    let got = unsafe { libc::syscall(libc::SYS_getrandom, random.as_mut_ptr(), len, 0) };
+    if got != len as libc::c_long {
         // No getrandom (old kernel): time and pid, still not guessable to the name.
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
