@@ -4,6 +4,7 @@
 mod util;
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -262,45 +263,112 @@ fn the_pid_namespace_check_tells_a_container_from_the_host() {
     }
 }
 
-#[test]
-fn a_runtime_directory_that_cannot_hold_records_fails() {
-    let (code, checks) = doctor("runtime-proc", &[("CUDABUDGET_RUNTIME_DIR", "/proc")]);
-    assert_status(&checks, "runtime-dir", "fail");
-    assert!(
-        checks["runtime-dir"]["summary"]
-            .as_str()
-            .unwrap()
-            .contains("will not see")
+/// `doctor --json` with `runtime` as `CUDABUDGET_RUNTIME_DIR`, `home` as `HOME` and no
+/// `XDG_RUNTIME_DIR`: the runtime-dir check.
+fn runtime_dir_check(test: &str, runtime: &Path, home: &Path) -> (i32, Value) {
+    let (code, checks) = doctor_with(
+        test,
+        &[
+            ("CUDABUDGET_RUNTIME_DIR", runtime.to_str().unwrap()),
+            ("HOME", home.to_str().unwrap()),
+        ],
+        |c| {
+            c.env_remove("XDG_RUNTIME_DIR");
+        },
     );
-    assert_eq!(code, 1);
+    (code, checks["runtime-dir"].clone())
+}
 
-    // A directory another user owns is not used.
-    let base = scratch("runtime-foreign");
+fn user_dir_name() -> String {
+    // SAFETY: geteuid cannot fail.
+    format!("cudabudget-{}", unsafe { libc::geteuid() })
+}
+
+#[test]
+fn the_runtime_dir_check_names_the_directory_records_go_to() {
+    let runtime = scratch("runtime-here");
+    let home = scratch("runtime-here-home");
+    let (code, check) = runtime_dir_check("runtime-here", &runtime, &home);
+    assert_eq!(check["status"], "ok", "{check:#}");
+    let dir = runtime.canonicalize().unwrap().join(user_dir_name());
+    assert_eq!(check["details"]["dir"], dir.to_str().unwrap(), "{check:#}");
+    assert_eq!(
+        check["details"]["in_the_way"],
+        serde_json::json!([]),
+        "{check:#}"
+    );
+    let summary = check["summary"].as_str().unwrap();
+    assert!(
+        summary.contains(&format!("records go to {}", dir.display())),
+        "{summary}"
+    );
+    // Made as the library makes it: ours alone.
+    let mode = std::fs::symlink_metadata(&dir)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o700);
+    assert_eq!(code, 0);
+    let _ = std::fs::remove_dir_all(&runtime);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn a_name_in_the_way_in_the_runtime_directory_warns_and_no_place_at_all_fails() {
+    // Another user's directory at our name: records go to the fallback ($HOME/.cache,
+    // made when missing), and the check says what is in the way.
+    let runtime = scratch("runtime-foreign");
+    let home = scratch("runtime-foreign-home");
     // SAFETY: geteuid cannot fail.
     let uid = unsafe { libc::geteuid() };
-    let dir = base.join(format!("cudabudget-{uid}"));
-    std::fs::create_dir(&dir).unwrap();
+    let planted = runtime.join(user_dir_name());
+    std::fs::create_dir(&planted).unwrap();
     if uid == 0 {
-        use std::os::unix::ffi::OsStrExt;
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a NUL-terminated path.
-        assert_eq!(unsafe { libc::chown(path.as_ptr(), 12345, 12345) }, 0);
+        std::os::unix::fs::chown(&planted, Some(12345), Some(12345)).unwrap();
     } else {
         // Not root: a directory others may write stands in for one of another user.
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
     }
-    let (_, checks) = doctor(
-        "runtime-foreign",
-        &[("CUDABUDGET_RUNTIME_DIR", base.to_str().unwrap())],
+    let (code, check) = runtime_dir_check("runtime-foreign", &runtime, &home);
+    assert_eq!(check["status"], "warn", "{check:#}");
+    let fallback = home
+        .canonicalize()
+        .unwrap()
+        .join(".cache")
+        .join(user_dir_name());
+    assert_eq!(
+        check["details"]["dir"],
+        fallback.to_str().unwrap(),
+        "{check:#}"
     );
-    assert_status(&checks, "runtime-dir", "fail");
+    let summary = check["summary"].as_str().unwrap();
+    let planted = planted.canonicalize().unwrap();
     assert!(
-        checks["runtime-dir"]["summary"]
-            .as_str()
-            .unwrap()
-            .contains("only it can write")
+        summary.contains(&format!("records go to {} instead", fallback.display()))
+            && summary.contains(&planted.display().to_string()),
+        "{summary}"
     );
-    let _ = std::fs::remove_dir_all(&base);
+    if uid == 0 {
+        assert!(
+            summary.contains("is taken by a directory of uid 12345"),
+            "{summary}"
+        );
+    }
+    assert!(fallback.is_dir());
+    assert_eq!(code, 0, "a warning is not a failure");
+
+    // No place at all: the shared directory cannot hold ours, and neither can $HOME.
+    let (code, check) = runtime_dir_check("runtime-proc", Path::new("/proc"), Path::new("/proc"));
+    assert_eq!(check["status"], "fail", "{check:#}");
+    let summary = check["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("no place for records") && summary.contains("will not see"),
+        "{summary}"
+    );
+    assert!(summary.contains("/proc/cudabudget-"), "{summary}");
+    assert_eq!(code, 1);
+    let _ = std::fs::remove_dir_all(&runtime);
+    let _ = std::fs::remove_dir_all(&home);
 }
 
 #[test]

@@ -165,20 +165,76 @@ fn another_users_directory_file_or_link_at_alices_name_does_not_hide_her_process
     }
 }
 
+#[test]
+fn doctor_names_mallorys_directory_at_alices_name_in_the_runtime_dir_check() {
+    let Some(t) = Tenants::get() else { return };
+    let kit = kit(t);
+    let name = record::user_dir_name(t.alice.uid);
+    let runtime = t.sticky_dir("rec-doctor");
+    let planted = runtime.join(&name);
+    let out = util::cli::output(&mut as_user(
+        t,
+        &t.mallory,
+        Path::new("/bin/mkdir"),
+        &["-m", "0755", planted.to_str().unwrap()],
+    ));
+    assert!(out.status.success(), "{}", util::cli::stderr(&out));
+    let xdg = RunUser::of(&t.alice);
+    let mut command = as_user(t, &t.alice, &kit.cli, &["doctor", "--json"]);
+    command
+        .env("LD_LIBRARY_PATH", &kit.fake)
+        .env("CUDABUDGET_LIB", &kit.library)
+        .env("CUDABUDGET_LIMIT", "1Gi")
+        .env("CUDABUDGET_RUNTIME_DIR", &runtime)
+        .env("XDG_RUNTIME_DIR", &xdg.0);
+    let out = util::cli::output(&mut command);
+    let report = json(&util::cli::stdout(&out));
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "runtime-dir")
+        .cloned()
+        .unwrap();
+    assert_eq!(check["status"], "warn", "{check:#}");
+    let summary = check["summary"].as_str().unwrap();
+    let own = xdg.0.join(&name);
+    assert!(
+        summary.contains(&format!(
+            "{} is taken by a directory of uid {}",
+            planted.display(),
+            t.mallory.uid
+        )) && summary.contains(&format!("records go to {} instead", own.display())),
+        "{summary}"
+    );
+    // Root's status and the exporter look for a displaced user's records in
+    // /run/user/<uid>: the check says so.
+    assert!(summary.contains("look there too"), "{summary}");
+    assert_eq!(check["details"]["dir"], own.to_str().unwrap(), "{check:#}");
+}
+
 /// `/run/user/<uid>` for a tenant (0700, hers), made for the test when missing and
-/// removed after it.
-struct RunUser(PathBuf, bool);
+/// removed after it; one test at a time holds it (another's removal would pull it from
+/// under this one).
+struct RunUser(
+    PathBuf,
+    bool,
+    #[allow(dead_code, reason = "held, never read: released when dropped")]
+    std::sync::MutexGuard<'static, ()>,
+);
 
 impl RunUser {
     fn of(user: &User) -> RunUser {
         use std::os::unix::fs::PermissionsExt;
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let one = ONE.lock().unwrap_or_else(|e| e.into_inner());
         let dir = PathBuf::from(format!("/run/user/{}", user.uid));
         let made = !dir.exists() && std::fs::create_dir(&dir).is_ok() && {
             std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid)).unwrap();
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
             true
         };
-        RunUser(dir, made)
+        RunUser(dir, made, one)
     }
 }
 

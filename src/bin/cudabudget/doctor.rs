@@ -3,7 +3,6 @@
 //! apply; with what to do) or skip (nothing to check without an earlier check).
 
 use std::ffi::OsString;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
@@ -20,8 +19,8 @@ use crate::{Refusal, config, records};
 pub const AFTER_HELP: &str = "Checks, in order: driver (libcuda.so.1 and its version), \
 devices, nvml, library (found, and loads when preloaded into a child), glibc (this \
 system's against what the library needs), configuration (the budget this environment \
-gives each visible device), pid-namespace, runtime-dir (/dev/shm writable for the \
-records status reads), job-ledger (where a job's ledger goes, what is in the way, and \
+gives each visible device), pid-namespace, runtime-dir (where the records status and \
+the exporter read go, and what is in the way), job-ledger (where a job's ledger goes, what is in the way, and \
 whether this environment's job ledger is damaged), mps, and interposition (a child under a 64 MiB budget asks for \
 256 MiB and must be refused).
 
@@ -488,51 +487,133 @@ fn pid_namespace() -> Check {
     .details(json!({"nested": true, "namespace": namespace, "pids": pids}))
 }
 
+/// Where this environment's budgeted processes publish their records: the user's own
+/// directory under the first runtime root that gives one, found as the library's record
+/// writer finds it (`src/tell/publish.rs`: [`place::first_private`] over the
+/// configuration's `runtime_dirs`, a missing fallback root made 0700), what another user
+/// put in the way, and whether root's `status` and the exporter look where the records
+/// went instead.
 fn runtime_dir() -> Check {
-    let base = records::runtime_dir();
-    let dir = base.join(crate::record::user_dir_name(records::euid()));
-    let result = (|| -> std::io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+    use cudabudget_spec::place::{self, Access, Create, FileOpen, PlaceError};
+    let roots = records::runtime_dirs();
+    let (mut dir, mut in_the_way) = place::first_private(&roots, 0o700);
+    if dir.is_none() && roots.iter().skip(1).any(|root| !root.exists()) {
+        for root in roots.iter().skip(1).filter(|root| !root.exists()) {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new().mode(0o700).create(root);
         }
-        let meta = std::fs::symlink_metadata(&dir)?;
-        if !meta.is_dir() || meta.uid() != records::euid() || meta.mode() & 0o022 != 0 {
-            return Err(std::io::Error::other(
-                "not a directory of this user that only it can write",
-            ));
+        (dir, in_the_way) = place::first_private(&roots, 0o700);
+    }
+    let me = records::euid();
+    let name = place::user_dir_name(me);
+    // The name in the first root is held by something not ours: root's scan looks for
+    // our records in our own places instead (`records::scan`).
+    let displaced = match (roots.first().map(std::fs::canonicalize), in_the_way.first()) {
+        (Some(Ok(root)), Some(error)) => {
+            !matches!(error, PlaceError::Io { .. }) && error.path() == root.join(&name)
         }
-        let probe = dir.join(format!(".doctor-{}", std::process::id()));
-        std::fs::write(&probe, b"x")?;
-        std::fs::remove_file(&probe)
-    })();
-    match result {
-        Ok(()) => Check::new(
-            "runtime-dir",
-            Status::Ok,
-            format!(
-                "{} is writable: budgeted processes publish their figures there",
-                dir.display()
-            ),
-        )
-        .details(json!({"path": dir})),
-        Err(e) => Check::new(
+        _ => false,
+    };
+    let words: Vec<String> = in_the_way.iter().map(ToString::to_string).collect();
+    let Some(dir) = dir else {
+        return Check::new(
             "runtime-dir",
             Status::Fail,
             format!(
-                "{} cannot hold records ({e}): `cudabudget status` and the exporter will not see \
+                "no place for records ({}): `cudabudget status` and the exporter will not see \
                  processes started here",
-                dir.display()
+                words.join("; ")
             ),
         )
         .remedy(
-            "give the container a writable /dev/shm, remove a directory another user owns, or \
-             set CUDABUDGET_RUNTIME_DIR to a directory the processes can write",
+            "give the container a writable /dev/shm, remove what is in the way (another \
+             user's file or directory), or set CUDABUDGET_RUNTIME_DIR, XDG_RUNTIME_DIR or \
+             HOME to a directory of your own",
         )
-        .details(json!({"path": dir})),
+        .details(json!({"roots": roots, "in_the_way": words}));
+    };
+    let details = json!({"dir": dir.path(), "in_the_way": words});
+    // The library writes a new file and renames it: a directory it may not write (a
+    // read-only mount) takes no record.
+    const PROBE: FileOpen = FileOpen {
+        access: Access::ReadWrite,
+        create: Create::New,
+        mode: 0o600,
+    };
+    let probe = format!(".doctor-{}", std::process::id());
+    let written = dir.open_file(&probe, PROBE).and_then(|file| {
+        drop(file);
+        dir.remove_file(&probe).map_err(|error| PlaceError::Io {
+            path: dir.path().join(&probe),
+            error,
+        })
+    });
+    if let Err(error) = written {
+        return Check::new(
+            "runtime-dir",
+            Status::Fail,
+            format!(
+                "{} cannot hold records ({error}): `cudabudget status` and the exporter will \
+                 not see processes started here",
+                dir.path().display()
+            ),
+        )
+        .remedy(
+            "give the container a writable /dev/shm, or set CUDABUDGET_RUNTIME_DIR to a \
+             directory the processes can write",
+        )
+        .details(details);
     }
+    if words.is_empty() {
+        return Check::new(
+            "runtime-dir",
+            Status::Ok,
+            format!(
+                "records go to {}: `cudabudget status` and the exporter read them there",
+                dir.path().display()
+            ),
+        )
+        .details(details);
+    }
+    // Root's scan looks in /run/user/<uid> and <home>/.cache for a displaced user.
+    let parent = dir.path().parent().map(Path::to_path_buf);
+    let root_looks = displaced
+        && [
+            Some(std::path::PathBuf::from(format!("/run/user/{me}"))),
+            records::passwd(me).map(|(_, home)| home.join(".cache")),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(|place| std::fs::canonicalize(place).ok())
+        .any(|place| Some(&place) == parent.as_ref());
+    let readers = if root_looks {
+        "your `cudabudget status` finds them there, and root's status and the exporter \
+         look there too"
+            .to_string()
+    } else if me == 0 {
+        "your `cudabudget status` finds them there, but the exporter (and a status run \
+         with another environment) does not look there"
+            .to_string()
+    } else {
+        format!(
+            "your `cudabudget status` finds them there, but root's status and the exporter \
+             do not look there (they look in /run/user/{me} and your home's .cache)"
+        )
+    };
+    Check::new(
+        "runtime-dir",
+        Status::Warn,
+        format!(
+            "records go to {} instead ({}): {readers}",
+            dir.path().display(),
+            words.join("; ")
+        ),
+    )
+    .remedy(
+        "remove what is in the way (another user's file or directory; root can), or set \
+         CUDABUDGET_RUNTIME_DIR to a directory of your own",
+    )
+    .details(details)
 }
 
 /// Where a job's ledger goes (the user's own directory under the first job root that

@@ -65,14 +65,6 @@ pub fn runtime_dirs() -> Vec<PathBuf> {
     }
 }
 
-/// The first runtime directory (where the library publishes unless its name is taken).
-pub fn runtime_dir() -> PathBuf {
-    runtime_dirs()
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNTIME_DIR))
-}
-
 pub fn euid() -> u32 {
     place::euid()
 }
