@@ -136,7 +136,7 @@ fn write_record(dir: &std::path::Path, record: &record::Record) -> std::path::Pa
 }
 
 fn own_identity() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let stat = std::fs::read("/proc/self/stat").unwrap();
     let link = std::fs::read_link("/proc/self/ns/pid").unwrap();
     (
         record::start_time_from_stat(&stat).unwrap(),
@@ -592,4 +592,40 @@ fn terminal_escapes_in_a_command_line_are_shown_escaped() {
     );
     assert_eq!(process["pod"], "pod\u{202e}evil\x1b[2J");
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// A program's name (`/proc/<pid>/stat`'s second field) is 15 bytes of its file name,
+/// cut wherever they end: here in the middle of a character, so it is not UTF-8.
+#[test]
+fn a_process_whose_name_is_not_utf8_is_shown_not_reaped() {
+    let dir = util::cli::scratch("name-not-utf8");
+    // "a" and five 3-byte characters: the 15-byte name ends inside the fifth.
+    let program = dir.join("a训练脚本模型");
+    std::fs::copy(util::client_bin("gpa"), &program).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let library = util::cli::fresh_library();
+    let mut command = util::fixture_command(
+        program.to_str().unwrap(),
+        &[("CUDABUDGET_LIMIT", "2Gi")],
+        Some(&library),
+    );
+    command
+        .args(["gpa", "alloc:1Gi", "sleep:20000"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let client = util::cli::Budgeted {
+        child: command.spawn().unwrap(),
+    };
+    let stat = std::fs::read(format!("/proc/{}/stat", client.pid())).unwrap();
+    assert!(
+        std::str::from_utf8(&stat).is_err(),
+        "the name is UTF-8 after all"
+    );
+    let process = client.wait_for(1, |p| p["devices"][0]["used_bytes"] == GI);
+    assert_eq!(process["pid"], client.pid());
+    // Shown again a moment later: the first look did not take it for dead and reap it.
+    std::thread::sleep(Duration::from_millis(300));
+    let status = status_json(&[]);
+    assert!(find_process(&status, client.pid()).is_some(), "{status:#}");
 }

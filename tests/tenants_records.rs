@@ -248,7 +248,7 @@ impl Drop for RunUser {
 
 /// `pid`'s start time and PID namespace, from /proc.
 fn identity(pid: u32) -> (u64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
     let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).unwrap();
     (
         record::start_time_from_stat(&stat).unwrap(),

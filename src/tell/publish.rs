@@ -179,7 +179,7 @@ impl Identity {
             .map(String::from_utf8_lossy)
             .collect::<Vec<_>>()
             .join(" ");
-        let start_time = std::fs::read_to_string("/proc/self/stat")
+        let start_time = std::fs::read("/proc/self/stat")
             .ok()
             .and_then(|stat| record::start_time_from_stat(&stat))
             .unwrap_or(0);

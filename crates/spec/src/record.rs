@@ -346,11 +346,13 @@ pub fn parse_file_name(name: &str) -> Option<(u32, u64)> {
     Some((pid, namespace.parse().ok()?))
 }
 
-/// The start time (field 22, clock ticks since boot) in the text of `/proc/<pid>/stat`.
-/// The command name (field 2) may hold spaces and parentheses, so fields are counted
-/// after its last `)`.
-pub fn start_time_from_stat(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
+/// The start time (field 22, clock ticks since boot) in the bytes of `/proc/<pid>/stat`.
+/// The command name (field 2) may hold spaces, parentheses and bytes that are not UTF-8
+/// (a name cut to 15 bytes in the middle of a character, `prctl(PR_SET_NAME)`), so the
+/// file is read as bytes and fields are counted after its last `)`.
+pub fn start_time_from_stat(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
     // Field 3 (state) is the first after the name: field 22 is the 20th from there.
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
@@ -569,7 +571,11 @@ mod tests {
         assert_eq!(parse_file_name("../7-1.rec"), None);
         assert_eq!(parse_file_name("7-1.rec.tmp"), None);
         let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(start_time_from_stat(stat), Some(987_654));
+        assert_eq!(start_time_from_stat(stat.as_bytes()), Some(987_654));
+        // A name cut in the middle of a character is not UTF-8; the start time is read.
+        let cut =
+            b"42 (a\xe8\xae) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(start_time_from_stat(cut), Some(987_654));
         assert_eq!(namespace_inode("pid:[4026531836]"), Some(4_026_531_836));
         assert_eq!(namespace_inode("net:[1]"), None);
     }

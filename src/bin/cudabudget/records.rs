@@ -309,13 +309,15 @@ impl Reader {
     fn process(&self, pid: u32, owner: u32) -> Option<Process> {
         let proc_dir = format!("/proc/{pid}");
         let meta = std::fs::symlink_metadata(&proc_dir).ok()?;
-        let stat = std::fs::read_to_string(format!("{proc_dir}/stat")).ok()?;
+        let stat = std::fs::read(format!("{proc_dir}/stat")).ok()?;
         let start_time = record::start_time_from_stat(&stat)?;
         let owned = owner == 0
             || meta.uid() == owner
-            || std::fs::read_to_string(format!("{proc_dir}/status"))
+            || std::fs::read(format!("{proc_dir}/status"))
                 .ok()
                 .and_then(|status| {
+                    // The Name: line may not be UTF-8; the Uid: line always is.
+                    let status = String::from_utf8_lossy(&status);
                     let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
                     let ids: Vec<u32> = line
                         .split_whitespace()
@@ -463,7 +465,7 @@ mod tests {
 
     /// This process's own record: what the reader must show.
     fn own() -> Record {
-        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let stat = std::fs::read("/proc/self/stat").unwrap();
         let cmdline = std::fs::read("/proc/self/cmdline").unwrap();
         let command = cmdline
             .split(|&b| b == 0)
