@@ -421,6 +421,11 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
         if l.books == books {
             l.bytes = l.bytes.saturating_add(grown);
         }
+    } else if d.books_epoch() == books {
+        // Another thread's first look-up brought the globals in and recorded them while
+        // this one was measuring: what this one charged would never be given back at the
+        // unload.
+        d.release(grown);
     }
     if fits {
         CuResult::SUCCESS

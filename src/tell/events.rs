@@ -367,13 +367,8 @@ pub fn denial(call: &str, device: usize, denial: &Denial) {
 
 #[cold]
 fn start_writer() {
-    if WRITER
-        .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        futex_wake(&SIGNAL);
-        return;
-    }
+    // Before the state leaves IDLE: a fork between the two would leave the child
+    // STARTING with no handler to set it back, and its events never written.
     if !AT_FORK.swap(true, Ordering::Relaxed) {
         // SAFETY: registers plain extern "C" functions: one that only stores and closes,
         // one that waits, boundedly, on atomics.
@@ -381,6 +376,13 @@ fn start_writer() {
             libc::pthread_atfork(None, None, Some(after_fork_child));
             libc::atexit(flush_at_exit);
         }
+    }
+    if WRITER
+        .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        futex_wake(&SIGNAL);
+        return;
     }
     let spawned = std::thread::Builder::new()
         .name("cudabudget-events".into())
