@@ -1298,3 +1298,43 @@ fn doctor_names_a_damaged_job_ledger() {
         "{damaged:#}"
     );
 }
+
+#[test]
+fn a_member_whose_name_is_not_utf8_keeps_its_share_counted() {
+    // A program's name in /proc/<pid>/stat is 15 bytes of its file name, cut wherever
+    // they end: here inside a character. The member is alive and its share counts.
+    let dir = job_dir("name-not-utf8");
+    let e = envs(&dir, "job:n", "1Gi");
+    let program = std::path::Path::new(&dir).join("a训练脚本模型");
+    std::fs::copy(util::client_bin("gpa"), &program).unwrap();
+    let mut holder = util::fixture_command(program.to_str().unwrap(), &e, Some(&util::lib_path()));
+    holder
+        .args(["gpa", "alloc:800Mi", "sleep:30000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut holder = holder.spawn().unwrap();
+    settle();
+    std::thread::sleep(Duration::from_millis(300));
+    let stat = std::fs::read(format!("/proc/{}/stat", holder.id())).unwrap();
+    assert!(
+        std::str::from_utf8(&stat).is_err(),
+        "the name is UTF-8 after all"
+    );
+    // Twice, a second apart: each denial looks for dead members first.
+    let first = client(&["alloc:800Mi"], &e);
+    std::thread::sleep(Duration::from_millis(1100));
+    let second = client(&["alloc:800Mi"], &e);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_ne!(
+        first.rc("alloc", 0),
+        0,
+        "admitted past the job's budget\n{first:?}"
+    );
+    assert_ne!(
+        second.rc("alloc", 0),
+        0,
+        "admitted past the job's budget\n{second:?}"
+    );
+}

@@ -714,9 +714,12 @@ struct ProcStat {
 }
 
 fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command (field 2) may hold spaces and parentheses: count from the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
+    // Bytes, not text: the command (field 2) may be cut inside a character or set to any
+    // bytes, and a live member must never be taken for gone because of its name.
+    let bytes = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // It may also hold spaces and parentheses: count from the last ')'.
+    let close = bytes.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&bytes[close + 1..]).ok()?;
     let mut fields = rest.split_ascii_whitespace();
     let state = *fields.next()?.as_bytes().first()?;
     let start = fields.nth(18)?.parse().ok()?;
