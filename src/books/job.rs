@@ -714,9 +714,16 @@ struct ProcStat {
 }
 
 fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command (field 2) may hold spaces and parentheses: count from the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
+    let bytes = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&bytes)
+}
+
+/// Parses `/proc/<pid>/stat` bytes. The command (field 2) may hold spaces, parentheses
+/// and bytes that are not UTF-8 (a name cut to 15 bytes inside a character): the fields
+/// are counted from the last `)`, and only they are read (as ASCII).
+fn parse_stat(bytes: &[u8]) -> Option<ProcStat> {
+    let close = bytes.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&bytes[close + 1..]).ok()?;
     let mut fields = rest.split_ascii_whitespace();
     let state = *fields.next()?.as_bytes().first()?;
     let start = fields.nth(18)?.parse().ok()?;
@@ -1222,8 +1229,9 @@ impl Job {
             }
         }
         // ... or, if it closed it, the file is still mapped.
-        match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-            Ok(maps) => maps_ledger(&maps, self.dev, self.ino),
+        // (Bytes: a mapped file's name need not be UTF-8.)
+        match std::fs::read(format!("/proc/{pid}/maps")) {
+            Ok(maps) => maps_ledger(&String::from_utf8_lossy(&maps), self.dev, self.ino),
             // Cannot look (another user's, not dumpable): alive.
             Err(_) => true,
         }

@@ -604,3 +604,79 @@ fn the_ledger_survives_any_bytes() {
     }
     eprintln!("the ledger survived {cases} cases in {:?}", t.elapsed());
 }
+
+/// A child of this process (forked: it keeps the ledger open and mapped) whose command
+/// name is `name` (set with PR_SET_NAME); it sleeps until killed.
+fn named_child(name: &[u8]) -> libc::pid_t {
+    let mut cname = name.to_vec();
+    cname.push(0);
+    // SAFETY: the child only calls async-signal-safe functions (prctl, pause, _exit).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: a NUL-terminated name of at most 16 bytes; pause and _exit never return
+        // into the test harness.
+        unsafe {
+            // Not the harness's output: the test must not wait on it.
+            libc::close(1);
+            libc::close(2);
+            libc::prctl(libc::PR_SET_NAME, cname.as_ptr());
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    // Until the child carries the name.
+    let want = &name[..name.len().min(15)];
+    for _ in 0..1000 {
+        if let Ok(comm) = std::fs::read(format!("/proc/{pid}/comm"))
+            && comm.starts_with(want)
+        {
+            return pid;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("the child never took its name");
+}
+
+/// A forked child, killed and reaped on drop (also when the test fails).
+struct Child(libc::pid_t);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // SAFETY: our own child; reaped here.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+#[test]
+fn a_member_whose_command_name_is_not_utf8_is_alive_and_its_share_counts() {
+    let job = fresh_job("comm-utf8");
+    // `a训练脚本模型` cut to 15 bytes by the kernel: the last character is cut in two.
+    let name = "a训练脚本模型".as_bytes();
+    assert!(std::str::from_utf8(&name[..15]).is_err());
+    let child = Child(named_child(name));
+    let pid = child.0 as u32;
+    let start = start_time(pid);
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
+    assert!(
+        std::str::from_utf8(&stat).is_err(),
+        "the stat line is not UTF-8"
+    );
+    let start = start.expect("the start time of a process whose name is not UTF-8");
+    plant_fd(&job, 5, pid, start, job.fd.as_raw_fd() as u32);
+    let s = job.share_at(5, 0);
+    s.used.store(700, Ordering::SeqCst);
+    s.inv.store(!700, Ordering::SeqCst);
+    assert!(job.alive(pid, start, job.fd.as_raw_fd() as u32));
+    job.reclaim_dead();
+    assert_eq!(
+        job.reserve(0, 400, 1000),
+        Err(700),
+        "the live share stays counted"
+    );
+    assert_eq!(job.used(0), 700);
+}
