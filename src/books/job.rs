@@ -239,7 +239,11 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let base = m.base.load(Ordering::Acquire);
         if base != 0 && addr >= base && addr < base + FILE_BYTES {
             m.damaged.store(true, Ordering::Release);
-            poison(m.fd.load(Ordering::Acquire));
+            poison(
+                m.fd.load(Ordering::Acquire),
+                m.dev.load(Ordering::Acquire),
+                m.ino.load(Ordering::Acquire),
+            );
             // SAFETY: replaces our own mapping, of this exact range, with anonymous
             // memory (mmap is a plain system call, safe in a signal handler).
             let p = unsafe {
@@ -281,12 +285,27 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 /// Marks the ledger behind `fd` damaged for every member: its magic is zeroed through the
 /// descriptor (a plain system call, safe in a signal handler). A member whose mapping
 /// was replaced no longer writes the file, so the others must stop trusting it too.
-fn poison(fd: u32) {
-    if fd != u32::MAX {
+/// Only while `fd` is still the ledger (`dev`, `ino`): the program may have closed it
+/// and the number may now be another file, which is left alone.
+fn poison(fd: u32, dev: u64, ino: u64) {
+    if fd != u32::MAX && is_file(fd, dev, ino) {
         let zero = [0u8; 8];
         // SAFETY: writes 8 bytes from a live buffer to a descriptor we keep open.
         unsafe { libc::pwrite(fd as libc::c_int, zero.as_ptr().cast(), 8, 0) };
     }
+}
+
+/// Whether descriptor `fd` is open on the file (`dev`, `ino`) (fstat: a plain system
+/// call, safe in a signal handler).
+fn is_file(fd: u32, dev: u64, ino: u64) -> bool {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: a valid out-pointer to a stat buffer; a bad descriptor only fails.
+    if unsafe { libc::fstat(fd as libc::c_int, st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstat succeeded and filled it (and it was zeroed anyway).
+    let st = unsafe { st.assume_init() };
+    st.st_dev == dev && st.st_ino == ino
 }
 
 fn register_mapping(base: *mut u8, dev: u64, ino: u64, fd: u32) -> Option<usize> {
@@ -817,7 +836,7 @@ impl Job {
     fn mark_damaged(&self, why: String) {
         if !self.damaged.swap(true, Ordering::AcqRel) {
             *self.damage_why.lock() = Some(why);
-            poison(self.fd.as_raw_fd() as u32);
+            poison(self.fd.as_raw_fd() as u32, self.dev, self.ino);
         }
     }
 
@@ -1083,7 +1102,10 @@ impl Job {
     /// Gives back the share of every process of the job that is gone; cleans what a
     /// stray write left in free slots and the queue; checks the file's size.
     pub fn reclaim_dead(&self) {
+        // Only while the descriptor is still the ledger (the program may have closed it
+        // and its number may be another file now).
         if let Ok(st) = place::fstat(std::os::fd::AsFd::as_fd(&self.fd))
+            && (st.st_dev, st.st_ino) == (self.dev, self.ino)
             && st.st_size as usize != FILE_BYTES
         {
             self.mark_damaged(format!("it is {} bytes, not {FILE_BYTES}", st.st_size));

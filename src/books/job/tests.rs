@@ -680,3 +680,30 @@ fn a_member_whose_command_name_is_not_utf8_is_alive_and_its_share_counts() {
     );
     assert_eq!(job.used(0), 700);
 }
+
+#[test]
+fn a_reused_descriptor_number_is_neither_judged_nor_written() {
+    let dir = scratch("fd-reuse");
+    let job = member_of(&dir);
+    // The program closed the ledger's descriptor and the number went to another file.
+    let other_path = dir.join("other");
+    std::fs::write(&other_path, [0xAAu8; 100]).unwrap();
+    let other = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&other_path)
+        .unwrap();
+    // SAFETY: both descriptors are open; the Job's number now names the other file.
+    assert!(unsafe { libc::dup2(other.as_raw_fd(), job.fd.as_raw_fd()) } >= 0);
+    job.reclaim_dead();
+    assert!(
+        !job.is_damaged(),
+        "another file's size says nothing of the ledger"
+    );
+    job.mark_damaged("a test".to_string());
+    assert_eq!(
+        std::fs::read(&other_path).unwrap(),
+        vec![0xAAu8; 100],
+        "left alone"
+    );
+}
