@@ -449,6 +449,38 @@ fn places(ledger: Ledger<'_>, roots: &[PathBuf]) -> Vec<Result<(Dir, String), Pl
     out
 }
 
+/// The places where the job's ledger exists now, best first; nothing is created (a
+/// process joins a ledger wherever one exists before making one, so that one job never
+/// gets two ledgers).
+fn existing(ledger: Ledger<'_>, roots: &[PathBuf]) -> Vec<(Dir, String)> {
+    let mut out = Vec::new();
+    let name = match ledger {
+        Ledger::Named(name) => format!("job-{name}"),
+        Ledger::Hami(cache) => {
+            let cache = Path::new(cache);
+            if let (Some(parent), Some(file)) = (cache.parent(), cache.file_name()) {
+                out.push(
+                    Dir::open_trusted(parent)
+                        .map(|d| (d, format!("{}.cudabudget", file.to_string_lossy()))),
+                );
+            }
+            format!("hami-{:016x}", fnv1a(cache.as_os_str().as_encoded_bytes()))
+        }
+    };
+    let user = place::user_dir_name(place::euid());
+    for root in roots {
+        out.push(
+            Dir::open_trusted(root)
+                .and_then(|d| d.open_dir_of(&user, place::euid()))
+                .map(|d| (d, name.clone())),
+        );
+    }
+    out.into_iter()
+        .filter_map(Result::ok)
+        .filter(|(d, name)| d.stat_at(name).is_ok())
+        .collect()
+}
+
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -464,16 +496,11 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
         };
     }
     let mut in_the_way = Vec::new();
-    for place in places(ledger, roots) {
-        let (dir, name) = match place {
-            Ok(p) => p,
-            Err(e) => {
-                in_the_way.push(e.to_string());
-                continue;
-            }
-        };
-        match open_in(&dir, &name) {
-            Ok(job) => {
+    match open_ledger(ledger, roots, &mut in_the_way) {
+        Err((path, why)) => Joined::Refused { path, why },
+        Ok(None) => Joined::Alone { in_the_way },
+        Ok(Some(job)) => {
+            {
                 let job = Box::into_raw(Box::new(job));
                 return match JOINED.compare_exchange(
                     std::ptr::null_mut(),
@@ -499,11 +526,34 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
                     }
                 };
             }
-            Err(Failed::Place(e)) => in_the_way.push(e.to_string()),
-            Err(Failed::Refused(path, why)) => return Joined::Refused { path, why },
         }
     }
-    Joined::Alone { in_the_way }
+}
+
+/// Opens the job's ledger: one that exists in any of the places first, else a new one
+/// in the first place that works. `None`: no place works (what was in the way is in
+/// `in_the_way`); `Err`: the ledger (path) cannot be used (why).
+fn open_ledger(
+    ledger: Ledger<'_>,
+    roots: &[PathBuf],
+    in_the_way: &mut Vec<String>,
+) -> Result<Option<Job>, (String, String)> {
+    let found = existing(ledger, roots).into_iter().map(Ok);
+    for place in found.chain(places(ledger, roots)) {
+        let (dir, name) = match place {
+            Ok(p) => p,
+            Err(e) => {
+                in_the_way.push(e.to_string());
+                continue;
+            }
+        };
+        match open_in(&dir, &name) {
+            Ok(job) => return Ok(Some(job)),
+            Err(Failed::Place(e)) => in_the_way.push(e.to_string()),
+            Err(Failed::Refused(path, why)) => return Err((path, why)),
+        }
+    }
+    Ok(None)
 }
 
 enum Failed {
@@ -540,7 +590,12 @@ fn open_in(dir: &Dir, name: &str) -> Result<Job, Failed> {
             }
             // Another process publishing with link + unlink (no renameat2 here): the
             // name has two links for a moment.
-            Err(PlaceError::Untrusted { why, .. }) if why.contains("hard links") && tries < 50 => {
+            Err(PlaceError::Untrusted { why, .. }) if why.contains("hard links") => {
+                if tries >= 50 {
+                    // Not a publication in progress: refused, not passed over (the job's
+                    // members may be using it).
+                    return Err(Failed::Refused(path, why));
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) => return Err(Failed::Place(e)),

@@ -707,3 +707,41 @@ fn a_reused_descriptor_number_is_neither_judged_nor_written() {
         "left alone"
     );
 }
+
+#[test]
+fn a_job_joins_its_ledger_wherever_it_is_before_making_one() {
+    let base = scratch("split");
+    let first = base.join("first");
+    let second = base.join("second");
+    std::fs::create_dir_all(&second).unwrap();
+    let roots = [first.clone(), second.clone()];
+    let mut in_the_way = Vec::new();
+    // The first root is not usable: the first member makes the ledger in the second.
+    let a = open_ledger(Ledger::Named("split"), &roots, &mut in_the_way)
+        .unwrap()
+        .expect("a place");
+    // Now it is: a later member joins the ledger in the second, not a new one.
+    std::fs::create_dir_all(&first).unwrap();
+    let b = open_ledger(Ledger::Named("split"), &roots, &mut in_the_way)
+        .unwrap()
+        .expect("a place");
+    assert_eq!(
+        (a.dev, a.ino),
+        (b.dev, b.ino),
+        "one ledger: {} and {}",
+        a.path,
+        b.path
+    );
+}
+
+#[test]
+fn a_ledger_that_keeps_two_links_is_refused_not_passed_over() {
+    let dir = scratch("links");
+    drop(member_of(&dir));
+    std::fs::hard_link(dir.join("ledger"), dir.join("other")).unwrap();
+    match open_in(&Dir::open_trusted(&dir).unwrap(), "ledger") {
+        Err(Failed::Refused(_, why)) => assert!(why.contains("hard links"), "{why}"),
+        Err(Failed::Place(e)) => panic!("passed over: {e}"),
+        Ok(_) => panic!("joined"),
+    }
+}
