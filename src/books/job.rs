@@ -500,31 +500,29 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
         Err((path, why)) => Joined::Refused { path, why },
         Ok(None) => Joined::Alone { in_the_way },
         Ok(Some(job)) => {
-            {
-                let job = Box::into_raw(Box::new(job));
-                return match JOINED.compare_exchange(
-                    std::ptr::null_mut(),
-                    job,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => Joined::Job {
-                        // SAFETY: just published, never freed.
-                        job: unsafe { &*job },
+            let job = Box::into_raw(Box::new(job));
+            match JOINED.compare_exchange(
+                std::ptr::null_mut(),
+                job,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => Joined::Job {
+                    // SAFETY: just published, never freed.
+                    job: unsafe { &*job },
+                    in_the_way,
+                },
+                Err(first) => {
+                    // Another thread joined first: give this slot back, use that one.
+                    // SAFETY: our own Box, never published.
+                    let mine = unsafe { Box::from_raw(job) };
+                    mine.leave();
+                    Joined::Job {
+                        // SAFETY: `first` is published and never freed.
+                        job: unsafe { &*first },
                         in_the_way,
-                    },
-                    Err(first) => {
-                        // Another thread joined first: give this slot back, use that one.
-                        // SAFETY: our own Box, never published.
-                        let mine = unsafe { Box::from_raw(job) };
-                        mine.leave();
-                        Joined::Job {
-                            // SAFETY: `first` is published and never freed.
-                            job: unsafe { &*first },
-                            in_the_way,
-                        }
                     }
-                };
+                }
             }
         }
     }
