@@ -536,8 +536,22 @@ fn open_ledger(
     roots: &[PathBuf],
     in_the_way: &mut Vec<String>,
 ) -> Result<Option<Job>, (String, String)> {
-    let found = existing(ledger, roots).into_iter().map(Ok);
-    for place in found.chain(places(ledger, roots)) {
+    for (dir, name) in existing(ledger, roots) {
+        // What is in the way in the better places is said as when making one.
+        for place in places(ledger, roots) {
+            match place {
+                Err(e) => in_the_way.push(e.to_string()),
+                Ok((d, _)) if d.path() == dir.path() => break,
+                Ok(_) => {}
+            }
+        }
+        match open_in(&dir, &name) {
+            Ok(job) => return Ok(Some(job)),
+            Err(Failed::Place(e)) => in_the_way.push(e.to_string()),
+            Err(Failed::Refused(path, why)) => return Err((path, why)),
+        }
+    }
+    for place in places(ledger, roots) {
         let (dir, name) = match place {
             Ok(p) => p,
             Err(e) => {
@@ -993,11 +1007,21 @@ impl Job {
                 return Some((old, new));
             }
             Holder::Free | Holder::Garbled => {
-                // A stray write: our slot is restored.
+                // A stray write: our slot is restored, but only from our claim or a free
+                // one (compare-exchange): a newcomer's claim being written is not ours.
                 let c = self.claim_at(self.slot);
+                let now = c.claim.load(Ordering::Acquire);
+                let ours = now == self.claim
+                    || (now == 0
+                        && c.claim
+                            .compare_exchange(0, self.claim, Ordering::AcqRel, Ordering::Relaxed)
+                            .is_ok());
+                if !ours {
+                    self.mark_damaged("this process's slot was taken by another".to_string());
+                    return Some((old, new));
+                }
                 c.fd.store(self.fdno, Ordering::Release);
                 c.start.store(self.start, Ordering::Release);
-                c.claim.store(self.claim, Ordering::Release);
                 c.seal
                     .store(seal(self.claim, self.start, self.fdno), Ordering::Release);
             }
@@ -1315,10 +1339,10 @@ impl Job {
     /// The process is leaving (exit): its share goes back, its slot is free.
     pub fn leave(&self) {
         let _w = self.writing.lock();
-        match self.holder(self.slot) {
-            Holder::Member { claim, .. } if claim != self.claim => return,
-            Holder::Tomb(_) => return,
-            _ => {}
+        // Only while the slot holds our claim (leave may run twice, and the slot may be a
+        // newcomer's by then, its claim half written).
+        if self.claim == 0 || self.claim_at(self.slot).claim.load(Ordering::Acquire) != self.claim {
+            return;
         }
         for d in 0..DEVICES {
             if self.mine[d].swap(0, Ordering::AcqRel) != 0 {
@@ -1328,11 +1352,8 @@ impl Job {
                 self.wake(d);
             }
         }
-        let c = self.claim_at(self.slot);
-        c.start.store(0, Ordering::Release);
-        c.fd.store(0, Ordering::Release);
-        c.claim.store(0, Ordering::Release);
-        c.seal.store(!0, Ordering::Release);
+        // Through a tombstone (compare-exchange from our claim), as any slot is freed.
+        self.free_slot(self.slot, self.claim);
         if let Some(i) = self.mapping {
             MAPPED[i].slot.store(0, Ordering::Release);
         }

@@ -745,3 +745,37 @@ fn a_ledger_that_keeps_two_links_is_refused_not_passed_over() {
         Ok(_) => panic!("joined"),
     }
 }
+
+#[test]
+fn leaving_twice_spares_a_newcomers_half_written_claim() {
+    let job = fresh_job("leave-twice");
+    job.charge(0, 100);
+    job.leave();
+    assert_eq!(job.used(0), 0);
+    // A newcomer has stored its claim, not yet its seal.
+    let c = job.claim_at(job.slot);
+    let newcomer = u64::from(std::process::id()) | (99 << 32);
+    c.claim.store(newcomer, Ordering::Release);
+    job.leave();
+    assert_eq!(
+        c.claim.load(Ordering::Acquire),
+        newcomer,
+        "the newcomer's claim stays"
+    );
+}
+
+#[test]
+fn restoring_a_slot_spares_a_newcomers_half_written_claim() {
+    let job = fresh_job("restore");
+    // Our slot was freed (judged dead, say) and a newcomer is writing its claim there.
+    let c = job.claim_at(job.slot);
+    let newcomer = 1u64 | (99 << 32);
+    c.claim.store(newcomer, Ordering::Release);
+    job.charge(0, 100);
+    assert_eq!(
+        c.claim.load(Ordering::Acquire),
+        newcomer,
+        "the newcomer's claim stays"
+    );
+    assert!(job.is_damaged(), "our books are gone from the job");
+}
