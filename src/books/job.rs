@@ -365,6 +365,9 @@ pub struct Job {
     damage_why: Lock<Option<String>>,
     /// Per slot: since when this process has seen stray bytes in it while free (ms).
     suspects: [AtomicU64; SLOTS],
+    /// Per slot: the garbled or tombstone claim this process last saw there, and since
+    /// when (ms).
+    lingering: [(AtomicU64, AtomicU64); SLOTS],
 }
 
 // SAFETY: the mapping is shared memory reached only through atomics.
@@ -750,6 +753,7 @@ fn attach(fd: OwnedFd, path: String) -> Result<Job, Failed> {
         damage_said: AtomicBool::new(false),
         damage_why: Lock::new(None),
         suspects: [const { AtomicU64::new(0) }; SLOTS],
+        lingering: [const { (AtomicU64::new(u64::MAX), AtomicU64::new(0)) }; SLOTS],
     };
     if let Some(why) = job.header_problem() {
         return Err(refused(why));
@@ -1192,12 +1196,17 @@ impl Job {
             if i == self.slot {
                 continue;
             }
-            match self.holder(i) {
+            let holder = self.holder(i);
+            if !matches!(holder, Holder::Tomb(_) | Holder::Garbled) {
+                self.lingering[i].1.store(0, Ordering::Relaxed);
+            }
+            match holder {
                 Holder::Free => self.clean_free_slot(i),
                 Holder::Tomb(pid) => {
-                    // Being taken out of use: finish it if whoever started is gone.
-                    if pid != me && !pid_exists(pid) {
-                        let claim = self.claim_at(i).claim.load(Ordering::Acquire);
+                    // Being taken out of use: finish it if whoever started is gone, or
+                    // (stopped, say) has not finished it for SUSPECT_MS.
+                    let claim = self.claim_at(i).claim.load(Ordering::Acquire);
+                    if (pid != me && !pid_exists(pid)) || self.lingered(i, claim) {
                         self.free_slot(i, claim);
                     }
                 }
@@ -1206,8 +1215,31 @@ impl Job {
                         self.free_slot(i, claim);
                     }
                 }
-                // Left counted (fail closed): its owner restores it at its next call.
-                Holder::Garbled => {}
+                // Left counted (fail closed) while its claim's process lives: its owner
+                // restores it at its next call. A process that died between its claim
+                // and its seal (or a tombstone never finished) is cleaned after
+                // SUSPECT_MS.
+                Holder::Garbled => {
+                    let c = self.claim_at(i);
+                    let claim = c.claim.load(Ordering::Acquire);
+                    let start = c.start.load(Ordering::Acquire);
+                    let gone = claim & TOMB == TOMB || {
+                        let pid = claim as u32;
+                        pid == 0
+                            || match proc_stat(pid) {
+                                None => !pid_exists(pid),
+                                Some(st) => {
+                                    matches!(st.state, b'Z' | b'X')
+                                        || (start != 0 && st.start != start)
+                                }
+                            }
+                    };
+                    if !gone {
+                        self.lingering[i].1.store(0, Ordering::Relaxed);
+                    } else if self.lingered(i, claim) {
+                        self.free_slot(i, claim);
+                    }
+                }
             }
         }
         for w in 0..WAITERS {
@@ -1224,6 +1256,18 @@ impl Job {
                     .compare_exchange(ticket, 0, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether this process has seen claim `claim` linger in slot `i` (garbled, or a
+    /// tombstone) for [`SUSPECT_MS`]; starts the count when it is new.
+    fn lingered(&self, i: usize, claim: u64) -> bool {
+        let (seen, since) = &self.lingering[i];
+        let now = monotonic_ms().max(1);
+        if seen.swap(claim, Ordering::Relaxed) != claim || since.load(Ordering::Relaxed) == 0 {
+            since.store(now, Ordering::Relaxed);
+            return false;
+        }
+        now.saturating_sub(since.load(Ordering::Relaxed)) >= SUSPECT_MS
     }
 
     /// A free slot must hold (0, !0) on every device; anything else (a stray write)

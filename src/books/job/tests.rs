@@ -779,3 +779,28 @@ fn restoring_a_slot_spares_a_newcomers_half_written_claim() {
     );
     assert!(job.is_damaged(), "our books are gone from the job");
 }
+
+#[test]
+fn a_garbled_slot_of_a_dead_process_or_an_old_tombstone_is_cleaned_and_a_live_ones_stays() {
+    let job = fresh_job("garbled");
+    let me = std::process::id();
+    // Died between its claim and its seal.
+    plant(&job, 3, dead_pid(), 0, 0, 600);
+    job.claim_at(3).seal.store(12345, Ordering::Release);
+    // A live process's garbled slot.
+    plant(&job, 4, me, 0, 0, 100);
+    job.claim_at(4).seal.store(12345, Ordering::Release);
+    // A tombstone a live process never finished.
+    plant(&job, 5, me, 0, 0, 50);
+    let c = job.claim_at(5);
+    let tomb = TOMB | u64::from(me);
+    c.claim.store(tomb, Ordering::Release);
+    c.seal.store(seal(tomb, 0, u32::MAX), Ordering::Release);
+    job.reclaim_dead();
+    assert_eq!(job.used(0), 750, "not at once");
+    std::thread::sleep(Duration::from_millis(SUSPECT_MS + 100));
+    job.reclaim_dead();
+    assert_eq!(job.used(0), 100, "the live one's share stays");
+    assert_eq!(job.claim_at(3).claim.load(Ordering::Acquire), 0);
+    assert_eq!(job.claim_at(5).claim.load(Ordering::Acquire), 0);
+}
