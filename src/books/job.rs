@@ -223,9 +223,16 @@ fn install_sigbus_handler() {
         action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
         // SAFETY: a valid signal set out-pointer.
         unsafe { libc::sigemptyset(&mut action.sa_mask) };
-        // SAFETY: valid pointers; OLD_SIGBUS is written here, once, before any fault can
-        // reach the handler that reads it.
-        unsafe { libc::sigaction(libc::SIGBUS, &action, (*OLD_SIGBUS.0.get()).as_mut_ptr()) };
+        // SAFETY: valid pointers; OLD_SIGBUS is read (and written) here, once, before ours
+        // is installed: no signal can reach the handler before it is whole.
+        unsafe {
+            libc::sigaction(
+                libc::SIGBUS,
+                std::ptr::null(),
+                (*OLD_SIGBUS.0.get()).as_mut_ptr(),
+            );
+            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+        }
     });
 }
 
@@ -234,8 +241,10 @@ fn install_sigbus_handler() {
 /// fault goes to the handler that was there before, or to the default action.
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    for m in &MAPPED {
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    // Sent (kill, sigqueue: si_code <= 0): no fault, and no address.
+    let sent = code <= 0;
+    for m in MAPPED.iter().filter(|_| !sent) {
         let base = m.base.load(Ordering::Acquire);
         if base != 0 && addr >= base && addr < base + FILE_BYTES {
             m.damaged.store(true, Ordering::Release);
@@ -264,12 +273,21 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: OLD_SIGBUS was written before this handler was installed.
     let old = unsafe { (*OLD_SIGBUS.0.get()).assume_init_ref() };
     let handler = old.sa_sigaction;
-    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // The default action, on the access made again when this returns.
+    if handler == libc::SIG_IGN && sent {
+        // Ignored, as before us.
+    } else if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // The default action: on the access made again when this returns (a fault), or
+        // raised again (a sent signal is not sent again by returning; SIGBUS is blocked
+        // in here, so it is taken as this returns).
         // SAFETY: an all-zero sigaction with SIG_DFL (0) is the default action.
         let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointers.
-        unsafe { libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut()) };
+        // SAFETY: valid pointers; raise is async-signal-safe.
+        unsafe {
+            libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+            if sent {
+                libc::raise(libc::SIGBUS);
+            }
+        }
     } else if old.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous handler, called as it was registered (SA_SIGINFO).
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =

@@ -804,3 +804,39 @@ fn a_garbled_slot_of_a_dead_process_or_an_old_tombstone_is_cleaned_and_a_live_on
     assert_eq!(job.claim_at(3).claim.load(Ordering::Acquire), 0);
     assert_eq!(job.claim_at(5).claim.load(Ordering::Acquire), 0);
 }
+
+#[test]
+fn a_sigbus_sent_by_kill_still_kills_when_nothing_handled_it_before() {
+    // SAFETY: the child only makes system calls and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: in the (single-threaded) child: the old action is the default one,
+        // our handler is installed over it, and SIGBUS is sent by kill.
+        unsafe {
+            libc::close(1);
+            libc::close(2);
+            let no_core = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            let dfl: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+            (*OLD_SIGBUS.0.get()).write(dfl);
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_sigbus as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO;
+            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+            libc::kill(libc::getpid(), libc::SIGBUS);
+            libc::_exit(0);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+        "status {status:#x}"
+    );
+}
