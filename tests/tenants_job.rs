@@ -82,12 +82,15 @@ fn another_users_file_or_link_at_a_jobs_old_name_does_not_disable_the_job() {
             _ => std::os::unix::fs::symlink("/etc/passwd", &name).unwrap(),
         }
         chown(&name, &t.mallory);
+        // Not alice's $HOME/.cache, where another test's job `train` may be running (a
+        // process joins its job's ledger wherever it exists).
+        let home = dir.display().to_string();
         let run = run(member(
             t,
             &t.alice,
             &dir,
             &["alloc:700Mi", "alloc:500Mi"],
-            &[],
+            &[("HOME", &home)],
         ));
         assert_budgeted(&run, what);
         let passwd = std::fs::read_to_string("/etc/passwd").unwrap();

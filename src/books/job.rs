@@ -223,9 +223,16 @@ fn install_sigbus_handler() {
         action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
         // SAFETY: a valid signal set out-pointer.
         unsafe { libc::sigemptyset(&mut action.sa_mask) };
-        // SAFETY: valid pointers; OLD_SIGBUS is written here, once, before any fault can
-        // reach the handler that reads it.
-        unsafe { libc::sigaction(libc::SIGBUS, &action, (*OLD_SIGBUS.0.get()).as_mut_ptr()) };
+        // SAFETY: valid pointers; OLD_SIGBUS is read (and written) here, once, before ours
+        // is installed: no signal can reach the handler before it is whole.
+        unsafe {
+            libc::sigaction(
+                libc::SIGBUS,
+                std::ptr::null(),
+                (*OLD_SIGBUS.0.get()).as_mut_ptr(),
+            );
+            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+        }
     });
 }
 
@@ -234,12 +241,18 @@ fn install_sigbus_handler() {
 /// fault goes to the handler that was there before, or to the default action.
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    for m in &MAPPED {
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    // Sent (kill, sigqueue: si_code <= 0): no fault, and no address.
+    let sent = code <= 0;
+    for m in MAPPED.iter().filter(|_| !sent) {
         let base = m.base.load(Ordering::Acquire);
         if base != 0 && addr >= base && addr < base + FILE_BYTES {
             m.damaged.store(true, Ordering::Release);
-            poison(m.fd.load(Ordering::Acquire));
+            poison(
+                m.fd.load(Ordering::Acquire),
+                m.dev.load(Ordering::Acquire),
+                m.ino.load(Ordering::Acquire),
+            );
             // SAFETY: replaces our own mapping, of this exact range, with anonymous
             // memory (mmap is a plain system call, safe in a signal handler).
             let p = unsafe {
@@ -260,12 +273,21 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: OLD_SIGBUS was written before this handler was installed.
     let old = unsafe { (*OLD_SIGBUS.0.get()).assume_init_ref() };
     let handler = old.sa_sigaction;
-    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // The default action, on the access made again when this returns.
+    if handler == libc::SIG_IGN && sent {
+        // Ignored, as before us.
+    } else if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // The default action: on the access made again when this returns (a fault), or
+        // raised again (a sent signal is not sent again by returning; SIGBUS is blocked
+        // in here, so it is taken as this returns).
         // SAFETY: an all-zero sigaction with SIG_DFL (0) is the default action.
         let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointers.
-        unsafe { libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut()) };
+        // SAFETY: valid pointers; raise is async-signal-safe.
+        unsafe {
+            libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+            if sent {
+                libc::raise(libc::SIGBUS);
+            }
+        }
     } else if old.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous handler, called as it was registered (SA_SIGINFO).
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -281,12 +303,27 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 /// Marks the ledger behind `fd` damaged for every member: its magic is zeroed through the
 /// descriptor (a plain system call, safe in a signal handler). A member whose mapping
 /// was replaced no longer writes the file, so the others must stop trusting it too.
-fn poison(fd: u32) {
-    if fd != u32::MAX {
+/// Only while `fd` is still the ledger (`dev`, `ino`): the program may have closed it
+/// and the number may now be another file, which is left alone.
+fn poison(fd: u32, dev: u64, ino: u64) {
+    if fd != u32::MAX && is_file(fd, dev, ino) {
         let zero = [0u8; 8];
         // SAFETY: writes 8 bytes from a live buffer to a descriptor we keep open.
         unsafe { libc::pwrite(fd as libc::c_int, zero.as_ptr().cast(), 8, 0) };
     }
+}
+
+/// Whether descriptor `fd` is open on the file (`dev`, `ino`) (fstat: a plain system
+/// call, safe in a signal handler).
+fn is_file(fd: u32, dev: u64, ino: u64) -> bool {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: a valid out-pointer to a stat buffer; a bad descriptor only fails.
+    if unsafe { libc::fstat(fd as libc::c_int, st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstat succeeded and filled it (and it was zeroed anyway).
+    let st = unsafe { st.assume_init() };
+    st.st_dev == dev && st.st_ino == ino
 }
 
 fn register_mapping(base: *mut u8, dev: u64, ino: u64, fd: u32) -> Option<usize> {
@@ -346,6 +383,9 @@ pub struct Job {
     damage_why: Lock<Option<String>>,
     /// Per slot: since when this process has seen stray bytes in it while free (ms).
     suspects: [AtomicU64; SLOTS],
+    /// Per slot: the garbled or tombstone claim this process last saw there, and since
+    /// when (ms).
+    lingering: [(AtomicU64, AtomicU64); SLOTS],
 }
 
 // SAFETY: the mapping is shared memory reached only through atomics.
@@ -430,6 +470,38 @@ fn places(ledger: Ledger<'_>, roots: &[PathBuf]) -> Vec<Result<(Dir, String), Pl
     out
 }
 
+/// The places where the job's ledger exists now, best first; nothing is created (a
+/// process joins a ledger wherever one exists before making one, so that one job never
+/// gets two ledgers).
+fn existing(ledger: Ledger<'_>, roots: &[PathBuf]) -> Vec<(Dir, String)> {
+    let mut out = Vec::new();
+    let name = match ledger {
+        Ledger::Named(name) => format!("job-{name}"),
+        Ledger::Hami(cache) => {
+            let cache = Path::new(cache);
+            if let (Some(parent), Some(file)) = (cache.parent(), cache.file_name()) {
+                out.push(
+                    Dir::open_trusted(parent)
+                        .map(|d| (d, format!("{}.cudabudget", file.to_string_lossy()))),
+                );
+            }
+            format!("hami-{:016x}", fnv1a(cache.as_os_str().as_encoded_bytes()))
+        }
+    };
+    let user = place::user_dir_name(place::euid());
+    for root in roots {
+        out.push(
+            Dir::open_trusted(root)
+                .and_then(|d| d.open_dir_of(&user, place::euid()))
+                .map(|d| (d, name.clone())),
+        );
+    }
+    out.into_iter()
+        .filter_map(Result::ok)
+        .filter(|(d, name)| d.stat_at(name).is_ok())
+        .collect()
+}
+
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -445,6 +517,61 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
         };
     }
     let mut in_the_way = Vec::new();
+    match open_ledger(ledger, roots, &mut in_the_way) {
+        Err((path, why)) => Joined::Refused { path, why },
+        Ok(None) => Joined::Alone { in_the_way },
+        Ok(Some(job)) => {
+            let job = Box::into_raw(Box::new(job));
+            match JOINED.compare_exchange(
+                std::ptr::null_mut(),
+                job,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => Joined::Job {
+                    // SAFETY: just published, never freed.
+                    job: unsafe { &*job },
+                    in_the_way,
+                },
+                Err(first) => {
+                    // Another thread joined first: give this slot back, use that one.
+                    // SAFETY: our own Box, never published.
+                    let mine = unsafe { Box::from_raw(job) };
+                    mine.leave();
+                    Joined::Job {
+                        // SAFETY: `first` is published and never freed.
+                        job: unsafe { &*first },
+                        in_the_way,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Opens the job's ledger: one that exists in any of the places first, else a new one
+/// in the first place that works. `None`: no place works (what was in the way is in
+/// `in_the_way`); `Err`: the ledger (path) cannot be used (why).
+fn open_ledger(
+    ledger: Ledger<'_>,
+    roots: &[PathBuf],
+    in_the_way: &mut Vec<String>,
+) -> Result<Option<Job>, (String, String)> {
+    for (dir, name) in existing(ledger, roots) {
+        // What is in the way in the better places is said as when making one.
+        for place in places(ledger, roots) {
+            match place {
+                Err(e) => in_the_way.push(e.to_string()),
+                Ok((d, _)) if d.path() == dir.path() => break,
+                Ok(_) => {}
+            }
+        }
+        match open_in(&dir, &name) {
+            Ok(job) => return Ok(Some(job)),
+            Err(Failed::Place(e)) => in_the_way.push(e.to_string()),
+            Err(Failed::Refused(path, why)) => return Err((path, why)),
+        }
+    }
     for place in places(ledger, roots) {
         let (dir, name) = match place {
             Ok(p) => p,
@@ -454,37 +581,12 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
             }
         };
         match open_in(&dir, &name) {
-            Ok(job) => {
-                let job = Box::into_raw(Box::new(job));
-                return match JOINED.compare_exchange(
-                    std::ptr::null_mut(),
-                    job,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => Joined::Job {
-                        // SAFETY: just published, never freed.
-                        job: unsafe { &*job },
-                        in_the_way,
-                    },
-                    Err(first) => {
-                        // Another thread joined first: give this slot back, use that one.
-                        // SAFETY: our own Box, never published.
-                        let mine = unsafe { Box::from_raw(job) };
-                        mine.leave();
-                        Joined::Job {
-                            // SAFETY: `first` is published and never freed.
-                            job: unsafe { &*first },
-                            in_the_way,
-                        }
-                    }
-                };
-            }
+            Ok(job) => return Ok(Some(job)),
             Err(Failed::Place(e)) => in_the_way.push(e.to_string()),
-            Err(Failed::Refused(path, why)) => return Joined::Refused { path, why },
+            Err(Failed::Refused(path, why)) => return Err((path, why)),
         }
     }
-    Joined::Alone { in_the_way }
+    Ok(None)
 }
 
 enum Failed {
@@ -521,7 +623,12 @@ fn open_in(dir: &Dir, name: &str) -> Result<Job, Failed> {
             }
             // Another process publishing with link + unlink (no renameat2 here): the
             // name has two links for a moment.
-            Err(PlaceError::Untrusted { why, .. }) if why.contains("hard links") && tries < 50 => {
+            Err(PlaceError::Untrusted { why, .. }) if why.contains("hard links") => {
+                if tries >= 50 {
+                    // Not a publication in progress: refused, not passed over (the job's
+                    // members may be using it).
+                    return Err(Failed::Refused(path, why));
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) => return Err(Failed::Place(e)),
@@ -664,6 +771,7 @@ fn attach(fd: OwnedFd, path: String) -> Result<Job, Failed> {
         damage_said: AtomicBool::new(false),
         damage_why: Lock::new(None),
         suspects: [const { AtomicU64::new(0) }; SLOTS],
+        lingering: [const { (AtomicU64::new(u64::MAX), AtomicU64::new(0)) }; SLOTS],
     };
     if let Some(why) = job.header_problem() {
         return Err(refused(why));
@@ -714,10 +822,14 @@ struct ProcStat {
 }
 
 fn proc_stat(pid: u32) -> Option<ProcStat> {
-    // Bytes, not text: the command (field 2) may be cut inside a character or set to any
-    // bytes, and a live member must never be taken for gone because of its name.
     let bytes = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    // It may also hold spaces and parentheses: count from the last ')'.
+    parse_stat(&bytes)
+}
+
+/// Parses `/proc/<pid>/stat` bytes. The command (field 2) may hold spaces, parentheses
+/// and bytes that are not UTF-8 (a name cut to 15 bytes inside a character): the fields
+/// are counted from the last `)`, and only they are read (as ASCII).
+fn parse_stat(bytes: &[u8]) -> Option<ProcStat> {
     let close = bytes.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(&bytes[close + 1..]).ok()?;
     let mut fields = rest.split_ascii_whitespace();
@@ -813,7 +925,7 @@ impl Job {
     fn mark_damaged(&self, why: String) {
         if !self.damaged.swap(true, Ordering::AcqRel) {
             *self.damage_why.lock() = Some(why);
-            poison(self.fd.as_raw_fd() as u32);
+            poison(self.fd.as_raw_fd() as u32, self.dev, self.ino);
         }
     }
 
@@ -917,11 +1029,21 @@ impl Job {
                 return Some((old, new));
             }
             Holder::Free | Holder::Garbled => {
-                // A stray write: our slot is restored.
+                // A stray write: our slot is restored, but only from our claim or a free
+                // one (compare-exchange): a newcomer's claim being written is not ours.
                 let c = self.claim_at(self.slot);
+                let now = c.claim.load(Ordering::Acquire);
+                let ours = now == self.claim
+                    || (now == 0
+                        && c.claim
+                            .compare_exchange(0, self.claim, Ordering::AcqRel, Ordering::Relaxed)
+                            .is_ok());
+                if !ours {
+                    self.mark_damaged("this process's slot was taken by another".to_string());
+                    return Some((old, new));
+                }
                 c.fd.store(self.fdno, Ordering::Release);
                 c.start.store(self.start, Ordering::Release);
-                c.claim.store(self.claim, Ordering::Release);
                 c.seal
                     .store(seal(self.claim, self.start, self.fdno), Ordering::Release);
             }
@@ -1079,7 +1201,10 @@ impl Job {
     /// Gives back the share of every process of the job that is gone; cleans what a
     /// stray write left in free slots and the queue; checks the file's size.
     pub fn reclaim_dead(&self) {
+        // Only while the descriptor is still the ledger (the program may have closed it
+        // and its number may be another file now).
         if let Ok(st) = place::fstat(std::os::fd::AsFd::as_fd(&self.fd))
+            && (st.st_dev, st.st_ino) == (self.dev, self.ino)
             && st.st_size as usize != FILE_BYTES
         {
             self.mark_damaged(format!("it is {} bytes, not {FILE_BYTES}", st.st_size));
@@ -1089,12 +1214,17 @@ impl Job {
             if i == self.slot {
                 continue;
             }
-            match self.holder(i) {
+            let holder = self.holder(i);
+            if !matches!(holder, Holder::Tomb(_) | Holder::Garbled) {
+                self.lingering[i].1.store(0, Ordering::Relaxed);
+            }
+            match holder {
                 Holder::Free => self.clean_free_slot(i),
                 Holder::Tomb(pid) => {
-                    // Being taken out of use: finish it if whoever started is gone.
-                    if pid != me && !pid_exists(pid) {
-                        let claim = self.claim_at(i).claim.load(Ordering::Acquire);
+                    // Being taken out of use: finish it if whoever started is gone, or
+                    // (stopped, say) has not finished it for SUSPECT_MS.
+                    let claim = self.claim_at(i).claim.load(Ordering::Acquire);
+                    if (pid != me && !pid_exists(pid)) || self.lingered(i, claim) {
                         self.free_slot(i, claim);
                     }
                 }
@@ -1103,8 +1233,31 @@ impl Job {
                         self.free_slot(i, claim);
                     }
                 }
-                // Left counted (fail closed): its owner restores it at its next call.
-                Holder::Garbled => {}
+                // Left counted (fail closed) while its claim's process lives: its owner
+                // restores it at its next call. A process that died between its claim
+                // and its seal (or a tombstone never finished) is cleaned after
+                // SUSPECT_MS.
+                Holder::Garbled => {
+                    let c = self.claim_at(i);
+                    let claim = c.claim.load(Ordering::Acquire);
+                    let start = c.start.load(Ordering::Acquire);
+                    let gone = claim & TOMB == TOMB || {
+                        let pid = claim as u32;
+                        pid == 0
+                            || match proc_stat(pid) {
+                                None => !pid_exists(pid),
+                                Some(st) => {
+                                    matches!(st.state, b'Z' | b'X')
+                                        || (start != 0 && st.start != start)
+                                }
+                            }
+                    };
+                    if !gone {
+                        self.lingering[i].1.store(0, Ordering::Relaxed);
+                    } else if self.lingered(i, claim) {
+                        self.free_slot(i, claim);
+                    }
+                }
             }
         }
         for w in 0..WAITERS {
@@ -1121,6 +1274,18 @@ impl Job {
                     .compare_exchange(ticket, 0, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether this process has seen claim `claim` linger in slot `i` (garbled, or a
+    /// tombstone) for [`SUSPECT_MS`]; starts the count when it is new.
+    fn lingered(&self, i: usize, claim: u64) -> bool {
+        let (seen, since) = &self.lingering[i];
+        let now = monotonic_ms().max(1);
+        if seen.swap(claim, Ordering::Relaxed) != claim || since.load(Ordering::Relaxed) == 0 {
+            since.store(now, Ordering::Relaxed);
+            return false;
+        }
+        now.saturating_sub(since.load(Ordering::Relaxed)) >= SUSPECT_MS
     }
 
     /// A free slot must hold (0, !0) on every device; anything else (a stray write)
@@ -1225,8 +1390,9 @@ impl Job {
             }
         }
         // ... or, if it closed it, the file is still mapped.
-        match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-            Ok(maps) => maps_ledger(&maps, self.dev, self.ino),
+        // (Bytes: a mapped file's name need not be UTF-8.)
+        match std::fs::read(format!("/proc/{pid}/maps")) {
+            Ok(maps) => maps_ledger(&String::from_utf8_lossy(&maps), self.dev, self.ino),
             // Cannot look (another user's, not dumpable): alive.
             Err(_) => true,
         }
@@ -1235,10 +1401,10 @@ impl Job {
     /// The process is leaving (exit): its share goes back, its slot is free.
     pub fn leave(&self) {
         let _w = self.writing.lock();
-        match self.holder(self.slot) {
-            Holder::Member { claim, .. } if claim != self.claim => return,
-            Holder::Tomb(_) => return,
-            _ => {}
+        // Only while the slot holds our claim (leave may run twice, and the slot may be a
+        // newcomer's by then, its claim half written).
+        if self.claim == 0 || self.claim_at(self.slot).claim.load(Ordering::Acquire) != self.claim {
+            return;
         }
         for d in 0..DEVICES {
             if self.mine[d].swap(0, Ordering::AcqRel) != 0 {
@@ -1248,11 +1414,8 @@ impl Job {
                 self.wake(d);
             }
         }
-        let c = self.claim_at(self.slot);
-        c.start.store(0, Ordering::Release);
-        c.fd.store(0, Ordering::Release);
-        c.claim.store(0, Ordering::Release);
-        c.seal.store(!0, Ordering::Release);
+        // Through a tombstone (compare-exchange from our claim), as any slot is freed.
+        self.free_slot(self.slot, self.claim);
         if let Some(i) = self.mapping {
             MAPPED[i].slot.store(0, Ordering::Release);
         }

@@ -604,3 +604,239 @@ fn the_ledger_survives_any_bytes() {
     }
     eprintln!("the ledger survived {cases} cases in {:?}", t.elapsed());
 }
+
+/// A child of this process (forked: it keeps the ledger open and mapped) whose command
+/// name is `name` (set with PR_SET_NAME); it sleeps until killed.
+fn named_child(name: &[u8]) -> libc::pid_t {
+    let mut cname = name.to_vec();
+    cname.push(0);
+    // SAFETY: the child only calls async-signal-safe functions (prctl, pause, _exit).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: a NUL-terminated name of at most 16 bytes; pause and _exit never return
+        // into the test harness.
+        unsafe {
+            // Not the harness's output: the test must not wait on it.
+            libc::close(1);
+            libc::close(2);
+            libc::prctl(libc::PR_SET_NAME, cname.as_ptr());
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    // Until the child carries the name.
+    let want = &name[..name.len().min(15)];
+    for _ in 0..1000 {
+        if let Ok(comm) = std::fs::read(format!("/proc/{pid}/comm"))
+            && comm.starts_with(want)
+        {
+            return pid;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("the child never took its name");
+}
+
+/// A forked child, killed and reaped on drop (also when the test fails).
+struct Child(libc::pid_t);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // SAFETY: our own child; reaped here.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+#[test]
+fn a_member_whose_command_name_is_not_utf8_is_alive_and_its_share_counts() {
+    let job = fresh_job("comm-utf8");
+    // `a训练脚本模型` cut to 15 bytes by the kernel: the last character is cut in two.
+    let name = "a训练脚本模型".as_bytes();
+    assert!(std::str::from_utf8(&name[..15]).is_err());
+    let child = Child(named_child(name));
+    let pid = child.0 as u32;
+    let start = start_time(pid);
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
+    assert!(
+        std::str::from_utf8(&stat).is_err(),
+        "the stat line is not UTF-8"
+    );
+    let start = start.expect("the start time of a process whose name is not UTF-8");
+    plant_fd(&job, 5, pid, start, job.fd.as_raw_fd() as u32);
+    let s = job.share_at(5, 0);
+    s.used.store(700, Ordering::SeqCst);
+    s.inv.store(!700, Ordering::SeqCst);
+    assert!(job.alive(pid, start, job.fd.as_raw_fd() as u32));
+    job.reclaim_dead();
+    assert_eq!(
+        job.reserve(0, 400, 1000),
+        Err(700),
+        "the live share stays counted"
+    );
+    assert_eq!(job.used(0), 700);
+}
+
+#[test]
+fn a_reused_descriptor_number_is_neither_judged_nor_written() {
+    let dir = scratch("fd-reuse");
+    let job = member_of(&dir);
+    // The program closed the ledger's descriptor and the number went to another file.
+    let other_path = dir.join("other");
+    std::fs::write(&other_path, [0xAAu8; 100]).unwrap();
+    let other = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&other_path)
+        .unwrap();
+    // SAFETY: both descriptors are open; the Job's number now names the other file.
+    assert!(unsafe { libc::dup2(other.as_raw_fd(), job.fd.as_raw_fd()) } >= 0);
+    job.reclaim_dead();
+    assert!(
+        !job.is_damaged(),
+        "another file's size says nothing of the ledger"
+    );
+    job.mark_damaged("a test".to_string());
+    assert_eq!(
+        std::fs::read(&other_path).unwrap(),
+        vec![0xAAu8; 100],
+        "left alone"
+    );
+}
+
+#[test]
+fn a_job_joins_its_ledger_wherever_it_is_before_making_one() {
+    let base = scratch("split");
+    let first = base.join("first");
+    let second = base.join("second");
+    std::fs::create_dir_all(&second).unwrap();
+    let roots = [first.clone(), second.clone()];
+    let mut in_the_way = Vec::new();
+    // The first root is not usable: the first member makes the ledger in the second.
+    let a = open_ledger(Ledger::Named("split"), &roots, &mut in_the_way)
+        .unwrap()
+        .expect("a place");
+    // Now it is: a later member joins the ledger in the second, not a new one.
+    std::fs::create_dir_all(&first).unwrap();
+    let b = open_ledger(Ledger::Named("split"), &roots, &mut in_the_way)
+        .unwrap()
+        .expect("a place");
+    assert_eq!(
+        (a.dev, a.ino),
+        (b.dev, b.ino),
+        "one ledger: {} and {}",
+        a.path,
+        b.path
+    );
+}
+
+#[test]
+fn a_ledger_that_keeps_two_links_is_refused_not_passed_over() {
+    let dir = scratch("links");
+    drop(member_of(&dir));
+    std::fs::hard_link(dir.join("ledger"), dir.join("other")).unwrap();
+    match open_in(&Dir::open_trusted(&dir).unwrap(), "ledger") {
+        Err(Failed::Refused(_, why)) => assert!(why.contains("hard links"), "{why}"),
+        Err(Failed::Place(e)) => panic!("passed over: {e}"),
+        Ok(_) => panic!("joined"),
+    }
+}
+
+#[test]
+fn leaving_twice_spares_a_newcomers_half_written_claim() {
+    let job = fresh_job("leave-twice");
+    job.charge(0, 100);
+    job.leave();
+    assert_eq!(job.used(0), 0);
+    // A newcomer has stored its claim, not yet its seal.
+    let c = job.claim_at(job.slot);
+    let newcomer = u64::from(std::process::id()) | (99 << 32);
+    c.claim.store(newcomer, Ordering::Release);
+    job.leave();
+    assert_eq!(
+        c.claim.load(Ordering::Acquire),
+        newcomer,
+        "the newcomer's claim stays"
+    );
+}
+
+#[test]
+fn restoring_a_slot_spares_a_newcomers_half_written_claim() {
+    let job = fresh_job("restore");
+    // Our slot was freed (judged dead, say) and a newcomer is writing its claim there.
+    let c = job.claim_at(job.slot);
+    let newcomer = 1u64 | (99 << 32);
+    c.claim.store(newcomer, Ordering::Release);
+    job.charge(0, 100);
+    assert_eq!(
+        c.claim.load(Ordering::Acquire),
+        newcomer,
+        "the newcomer's claim stays"
+    );
+    assert!(job.is_damaged(), "our books are gone from the job");
+}
+
+#[test]
+fn a_garbled_slot_of_a_dead_process_or_an_old_tombstone_is_cleaned_and_a_live_ones_stays() {
+    let job = fresh_job("garbled");
+    let me = std::process::id();
+    // Died between its claim and its seal.
+    plant(&job, 3, dead_pid(), 0, 0, 600);
+    job.claim_at(3).seal.store(12345, Ordering::Release);
+    // A live process's garbled slot.
+    plant(&job, 4, me, 0, 0, 100);
+    job.claim_at(4).seal.store(12345, Ordering::Release);
+    // A tombstone a live process never finished.
+    plant(&job, 5, me, 0, 0, 50);
+    let c = job.claim_at(5);
+    let tomb = TOMB | u64::from(me);
+    c.claim.store(tomb, Ordering::Release);
+    c.seal.store(seal(tomb, 0, u32::MAX), Ordering::Release);
+    job.reclaim_dead();
+    assert_eq!(job.used(0), 750, "not at once");
+    std::thread::sleep(Duration::from_millis(SUSPECT_MS + 100));
+    job.reclaim_dead();
+    assert_eq!(job.used(0), 100, "the live one's share stays");
+    assert_eq!(job.claim_at(3).claim.load(Ordering::Acquire), 0);
+    assert_eq!(job.claim_at(5).claim.load(Ordering::Acquire), 0);
+}
+
+#[test]
+fn a_sigbus_sent_by_kill_still_kills_when_nothing_handled_it_before() {
+    // SAFETY: the child only makes system calls and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: in the (single-threaded) child: the old action is the default one,
+        // our handler is installed over it, and SIGBUS is sent by kill.
+        unsafe {
+            libc::close(1);
+            libc::close(2);
+            let no_core = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            let dfl: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+            (*OLD_SIGBUS.0.get()).write(dfl);
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_sigbus as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO;
+            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+            libc::kill(libc::getpid(), libc::SIGBUS);
+            libc::_exit(0);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+        "status {status:#x}"
+    );
+}
