@@ -9,9 +9,12 @@
 //! the file is opened through its descriptor (no link followed, owner, mode, type and one
 //! link checked). HAMi's shared cache gets its ledger beside the cache file when that
 //! directory passes the same checks, else in the private directory under a name derived
-//! from the cache path. When another user holds a name (a file, a link, a directory), the
-//! next root is tried; when none works the process runs under its own budget, and says
-//! which file is in the way. Layout: [`cudabudget_spec::job_file`].
+//! from the cache path. A process joins the job's ledger wherever one exists (looking in
+//! every root's private directory without creating anything) before it makes one, in
+//! the first usable root: one job, one ledger, even when the first root's name was
+//! freed after the job began. When another user holds a name (a file, a link, a
+//! directory), the next root is tried; when none works the process runs under its own
+//! budget, and says which file is in the way. Layout: [`cudabudget_spec::job_file`].
 //!
 //! # Creation
 //! A ledger is made under a temporary name (`O_EXCL`), initialised, then given its name
@@ -48,6 +51,13 @@
 //! shares are given back by whoever looks first: at most once a second per job while
 //! admitting or waiting, and before every denial. A slot is taken out of use with a
 //! tombstone claim first, so that two processes cleaning it cannot clean a new owner's.
+//! A slot left half written (its seal does not match) by a process that died or stopped
+//! mid-change is cleaned once its claim's process has been dead for a second, and a
+//! tombstone left unfinished for a second is finished whoever wrote it; a garbled slot of
+//! a live process keeps counting. A member leaves, and restores its slot, only by
+//! compare-and-swap on its own claim, never over a newcomer's. The ledger's descriptor
+//! is checked to still be the ledger (device and inode) before it is measured or written:
+//! a program may close it and reuse the number.
 //!
 //! # Damage
 //! The header (the first 40 bytes, written once) is checked on every admission, the size
