@@ -1403,7 +1403,7 @@ mod tests {
         // the driver and charged (enforce::settle_charge), with no admission against
         // the budget: a failed 1020 MiB take that a gathering caught, between its
         // subtraction and its undo, was once charged that way, and its own request then
-        // spent the charge (docs/soaks/2026-12-02, 884 MiB over a 1 GiB budget).
+        // spent the charge (docs/soaks/2026-12-02 at 258b938, 884 MiB over a 1 GiB budget).
         let p = Arc::new(PoolCredit::new());
         let debts = while_large_takes_fail(&p, 5, || {
             (0..200_000).filter(|_| p.collect().credit() != 0).count()

@@ -146,7 +146,7 @@ static INITIALISED: AtomicU8 = AtomicU8::new(IDLE);
 /// `cuInit` hook after the real `cuInit`: NVML's own initialisation (about 10 ms on an
 /// H200) then overlaps the program's next steps (the context's creation, about 100 ms),
 /// and nothing on the program's threads waits for it. Started before the real `cuInit`
-/// instead, it made that `cuInit` 9 ms slower (docs/gpu-runs/2026-12-01b).
+/// instead, it made that `cuInit` 9 ms slower (docs/gpu-runs/2026-12-01b at 258b938).
 pub fn prewarm() {
     if INITIALISED
         .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
