@@ -453,37 +453,28 @@ pub enum Joined {
 }
 
 /// The places a ledger may be, best first: (directory, file name) or why a place is
-/// unusable.
+/// unusable. The user's own directories are made where missing.
 fn places(ledger: Ledger<'_>, roots: &[PathBuf]) -> Vec<Result<(Dir, String), PlaceError>> {
-    let mut out = Vec::new();
-    let name = match ledger {
-        Ledger::Named(name) => format!("job-{name}"),
-        Ledger::Hami(cache) => {
-            let cache = Path::new(cache);
-            if let (Some(parent), Some(file)) = (cache.parent(), cache.file_name()) {
-                out.push(
-                    Dir::open_trusted(parent)
-                        .map(|d| (d, format!("{}.cudabudget", file.to_string_lossy()))),
-                );
-            }
-            format!("hami-{:016x}", fnv1a(cache.as_os_str().as_encoded_bytes()))
-        }
-    };
-    let user = place::user_dir_name(place::euid());
-    for root in roots {
-        out.push(
-            Dir::open_trusted(root)
-                .and_then(|d| d.private(&user, 0o700))
-                .map(|d| (d, name.clone())),
-        );
-    }
-    out
+    places_in(ledger, roots, true)
 }
 
 /// The places where the job's ledger exists now, best first; nothing is created (a
 /// process joins a ledger wherever one exists before making one, so that one job never
 /// gets two ledgers).
 fn existing(ledger: Ledger<'_>, roots: &[PathBuf]) -> Vec<(Dir, String)> {
+    places_in(ledger, roots, false)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|(d, name)| d.stat_at(name).is_ok())
+        .collect()
+}
+
+/// [`places`], making the user's own directories only when `make` is set.
+fn places_in(
+    ledger: Ledger<'_>,
+    roots: &[PathBuf],
+    make: bool,
+) -> Vec<Result<(Dir, String), PlaceError>> {
     let mut out = Vec::new();
     let name = match ledger {
         Ledger::Named(name) => format!("job-{name}"),
@@ -498,18 +489,22 @@ fn existing(ledger: Ledger<'_>, roots: &[PathBuf]) -> Vec<(Dir, String)> {
             format!("hami-{:016x}", fnv1a(cache.as_os_str().as_encoded_bytes()))
         }
     };
-    let user = place::user_dir_name(place::euid());
+    let me = place::euid();
+    let user = place::user_dir_name(me);
     for root in roots {
         out.push(
             Dir::open_trusted(root)
-                .and_then(|d| d.open_dir_of(&user, place::euid()))
+                .and_then(|d| {
+                    if make {
+                        d.private(&user, 0o700)
+                    } else {
+                        d.open_dir_of(&user, me)
+                    }
+                })
                 .map(|d| (d, name.clone())),
         );
     }
-    out.into_iter()
-        .filter_map(Result::ok)
-        .filter(|(d, name)| d.stat_at(name).is_ok())
-        .collect()
+    out
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
