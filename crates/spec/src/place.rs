@@ -242,45 +242,7 @@ impl Dir {
                 return Err(PlaceError::io(&path, error));
             }
         }
-        let fd = match openat(
-            self.fd.as_raw_fd(),
-            &cname,
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0,
-        ) {
-            Ok(fd) => fd,
-            Err(error)
-                if matches!(
-                    error.raw_os_error(),
-                    Some(libc::ELOOP) | Some(libc::ENOTDIR)
-                ) =>
-            {
-                return Err(PlaceError::Taken {
-                    what: self.what_is(&cname),
-                    path,
-                });
-            }
-            Err(error) => return Err(PlaceError::io(&path, error)),
-        };
-        let st = fstat(fd.as_fd()).map_err(|e| PlaceError::io(&path, e))?;
-        let me = euid();
-        if st.st_uid != me {
-            return Err(PlaceError::Taken {
-                what: describe(&st),
-                path,
-            });
-        }
-        if st.st_mode & 0o022 != 0 {
-            return Err(PlaceError::Untrusted {
-                path,
-                why: format!("others may write it (mode {:o})", st.st_mode & 0o7777),
-            });
-        }
-        Ok(Dir {
-            fd,
-            path,
-            owner: me,
-        })
+        self.open_dir_of(name, euid())
     }
 
     /// The directory `name` inside this one that belongs to `owner` (another user's, for
