@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs driver_bench under several builds of the library, in rotating order, and prints
 # the medians of its in-process A/B figures for each build: to tell which part of the
-# hooks costs what on the real driver (see BENCHMARKS.md, "Where the time went").
+# hooks costs what on the real driver (see BENCHMARKS.md, "Method").
 #
 # Usage: bash scripts/gpu/bench/compare_builds.sh [--reps N] NAME=PATH/libcudabudget.so ...
 # Output: $OUT/compare.jsonl (one line per run) and $OUT/compare.txt (the medians).
