@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod scripts;
 pub mod tenants;
 
 use std::ffi::OsStr;

@@ -84,7 +84,20 @@ impl Tenants {
     /// A world-readable copy of `file` (a binary or library) that the tenants can run
     /// or load, under its own file name. Copied once per name.
     pub fn share(&self, file: &Path) -> PathBuf {
-        let to = self.shared.join(file.file_name().expect("a file name"));
+        self.share_to(&self.shared, file)
+    }
+
+    /// A world-readable copy of `file` alone in a directory of its own (`name`, 0755)
+    /// under the shared directory: a CLI there has no library beside it.
+    pub fn share_alone(&self, name: &str, file: &Path) -> PathBuf {
+        let dir = self.shared.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        self.share_to(&dir, file)
+    }
+
+    fn share_to(&self, dir: &Path, file: &Path) -> PathBuf {
+        let to = dir.join(file.file_name().expect("a file name"));
         if !to.exists() {
             // One partial copy per caller: tests of one binary share files at once.
             static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -1,12 +1,9 @@
 //! `cudabudget run`: what the child sees when options are good, and that nothing runs
 //! when they are not.
 
-mod util;
-
+use crate::util::cli as util_cli;
 use std::path::{Path, PathBuf};
-
 use std::process::{Command, Output};
-use util::cli as util_cli;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cudabudget");
 
@@ -145,7 +142,7 @@ fn run_preloads_the_library_beside_the_binary_and_passes_the_limit() {
 #[test]
 #[cfg_attr(
     cudabudget_embed,
-    ignore = "this build carries the library: tests/install.rs covers the bare binary"
+    ignore = "this build carries the library: tests/install/install_command.rs covers the bare binary"
 )]
 fn without_a_library_beside_the_binary_or_cudabudget_lib_nothing_runs() {
     let dir = std::env::temp_dir().join(format!("cudabudget-cli-bare-{}", std::process::id()));

@@ -9,8 +9,6 @@
 //! x86_64 first and sets it). `CB_DIST_DIR` names another directory. The ELF reader itself
 //! is always exercised on the library `cargo test` built.
 
-mod util;
-
 use std::path::{Path, PathBuf};
 
 /// The newest glibc symbol version a shipped binary may need.
@@ -30,6 +28,7 @@ const ALLOWED_NEEDED: &[&str] = &[
 ];
 
 const EM_X86_64: u16 = 62;
+
 const EM_AARCH64: u16 = 183;
 
 /// What an ELF file needs from the libraries it links.
@@ -288,7 +287,7 @@ fn the_shipped_binaries_need_glibc_2_17_at_most() {
 /// build needs what the host has, e.g. `GLIBC_2.34` for `dlopen`).
 #[test]
 fn the_reader_sees_the_needs_of_a_regular_build() {
-    let lib = util::lib_path();
+    let lib = crate::util::lib_path();
     let needs = needs_of(&lib);
     let base = if cfg!(target_arch = "aarch64") {
         "GLIBC_2.17"

@@ -2,16 +2,13 @@
 //! prints the `LD_PRELOAD` line; a CLI that carries the library (what `cargo install`
 //! gives) works alone; `--version` names the commit.
 
-mod util;
-
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
-use std::process::Command;
-
-use util::cli::{
+use crate::util::cli::{
     BIN, cli_at, cudabudget, fresh_library, library_for_a_newer_glibc, output, scratch, stderr,
     stdout,
 };
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
 
 fn same_bytes(a: &Path, b: &Path) -> bool {
     std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
@@ -227,7 +224,7 @@ fn a_cli_alone_writes_the_library_it_carries_once_and_runs_under_it() {
                 "--limit",
                 "1Gi",
                 "--",
-                util::client_bin("gpa"),
+                crate::util::client_bin("gpa"),
                 "gpa",
                 "alloc:2Gi",
             ],

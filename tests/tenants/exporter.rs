@@ -4,15 +4,12 @@
 //!
 //! The clients are plain `TcpStream`s on 127.0.0.1; every loop is bounded.
 
-mod util;
-
+use crate::util::cli::cudabudget;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-
-use util::cli::cudabudget;
 
 /// Idle connections the flood test opens (scaled down when this process cannot have
 /// that many descriptors).

@@ -3,9 +3,7 @@
 //! `CUDA_DEVICE_MEMORY_LIMIT`), on every device. Platforms that force the preload set
 //! HAMi's variables; a user who adds one of ours must not lift HAMi's budget anywhere.
 
-mod util;
-
-use util::{GI, budget_run};
+use crate::util::{GI, budget_run};
 
 #[test]
 fn hamis_budget_holds_on_a_device_that_only_ours_leaves_out() {

@@ -1,17 +1,13 @@
 //! `cudabudget status`: live budgeted processes publish their figures, and status reads
 //! them — and only trustworthy records of live processes.
 
-mod util;
-
-use cudabudget_spec::record;
-
-use std::os::unix::fs::PermissionsExt;
-use std::time::{Duration, Instant};
-
-use util::GI;
-use util::cli::{
+use crate::util::GI;
+use crate::util::cli::{
     Budgeted, cudabudget, find_process, output, record_of, scratch, status_json, stderr, stdout,
 };
+use cudabudget_spec::record;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
 
 #[test]
 fn status_shows_a_budgeted_process_with_its_figures_and_the_gpu() {
@@ -62,9 +58,13 @@ fn figures_follow_the_process_within_a_fraction_of_a_second() {
         &["alloc:256Mi", "sleep:600", "alloc:512Mi", "sleep:20000"],
         &[("CUDABUDGET_LIMIT", "4Gi")],
     );
-    client.wait_for(1, |p| p["devices"][0]["used_bytes"] == 256 * util::MI);
+    client.wait_for(1, |p| {
+        p["devices"][0]["used_bytes"] == 256 * crate::util::MI
+    });
     let started = Instant::now();
-    client.wait_for(1, |p| p["devices"][0]["used_bytes"] == 768 * util::MI);
+    client.wait_for(1, |p| {
+        p["devices"][0]["used_bytes"] == 768 * crate::util::MI
+    });
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "took {:?}",
@@ -543,8 +543,8 @@ fn terminal_escapes_in_a_command_line_are_shown_escaped() {
     let title = "\x1b]0;pwned\x07";
     let base = scratch("escapes");
     let base_arg = base.to_str().unwrap();
-    let library = util::cli::fresh_library();
-    let mut command = util::fixture_command(
+    let library = crate::util::cli::fresh_library();
+    let mut command = crate::util::fixture_command(
         "bash",
         &[
             ("CUDABUDGET_LIMIT", "1Gi"),
@@ -556,7 +556,12 @@ fn terminal_escapes_in_a_command_line_are_shown_escaped() {
     command
         .args(["-c", "exec -a \"$0\" \"$@\""])
         .arg(format!("{title}train\u{9b}31m"))
-        .args([util::client_bin("gpa"), "gpa", "alloc:1Mi", "sleep:20000"])
+        .args([
+            crate::util::client_bin("gpa"),
+            "gpa",
+            "alloc:1Mi",
+            "sleep:20000",
+        ])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
@@ -598,13 +603,13 @@ fn terminal_escapes_in_a_command_line_are_shown_escaped() {
 /// cut wherever they end: here in the middle of a character, so it is not UTF-8.
 #[test]
 fn a_process_whose_name_is_not_utf8_is_shown_not_reaped() {
-    let dir = util::cli::scratch("name-not-utf8");
+    let dir = crate::util::cli::scratch("name-not-utf8");
     // "a" and five 3-byte characters: the 15-byte name ends inside the fifth.
     let program = dir.join("a训练脚本模型");
-    std::fs::copy(util::client_bin("gpa"), &program).unwrap();
+    std::fs::copy(crate::util::client_bin("gpa"), &program).unwrap();
     std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let library = util::cli::fresh_library();
-    let mut command = util::fixture_command(
+    let library = crate::util::cli::fresh_library();
+    let mut command = crate::util::fixture_command(
         program.to_str().unwrap(),
         &[("CUDABUDGET_LIMIT", "2Gi")],
         Some(&library),
@@ -614,7 +619,7 @@ fn a_process_whose_name_is_not_utf8_is_shown_not_reaped() {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    let client = util::cli::Budgeted {
+    let client = crate::util::cli::Budgeted {
         child: command.spawn().unwrap(),
     };
     let stat = std::fs::read(format!("/proc/{}/stat", client.pid())).unwrap();

@@ -4,17 +4,14 @@
 //! another user can change, and `install --system` budgets a process that dropped
 //! `LD_PRELOAD`. As root (CI); skipped otherwise.
 
-mod util;
-
+use crate::util::cli::{BIN, fresh_library, output, stderr, stdout};
+use crate::util::tenants::{Tenants, User, as_user};
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use util::cli::{BIN, fresh_library, output, stderr, stdout};
-use util::tenants::{Tenants, User, as_user};
 
 /// The fake driver, the test client and the CLI, as the tenants can run them. The CLI
 /// sits alone in its directory (no library beside it), so it uses the copy it carries.
@@ -28,9 +25,11 @@ struct Shared {
 fn shared(t: &Tenants) -> &'static Shared {
     static SHARED: std::sync::OnceLock<Shared> = std::sync::OnceLock::new();
     SHARED.get_or_init(|| Shared {
-        cli: t.share(Path::new(BIN)),
-        client: t.share(Path::new(util::client_bin("gpa"))),
-        fake: t.share_dir(Path::new(util::fake_dir())),
+        // Alone: the other tenants' tests share the library into the shared directory,
+        // and a CLI with a library beside it would preload that one.
+        cli: t.share_alone("cli-alone", Path::new(BIN)),
+        client: t.share(Path::new(crate::util::client_bin("gpa"))),
+        fake: t.share_dir(Path::new(crate::util::fake_dir())),
     })
 }
 
@@ -325,7 +324,7 @@ fn another_user_swapping_directories_in_the_cache_never_gets_her_library_loaded(
 
 /// `cudabudget install ARGS` as root, with this run's library.
 fn install(args: &[&str]) -> Output {
-    let mut command = util::cli::cudabudget(&["install"]);
+    let mut command = crate::util::cli::cudabudget(&["install"]);
     command.args(args);
     output(&mut command)
 }
@@ -368,7 +367,7 @@ fn install_system_budgets_a_process_that_dropped_ld_preload() {
     }
     let real_before = std::fs::read("/etc/ld.so.preload").ok();
     let s = shared(t);
-    let other = t.share(Path::new(util::thirdparty_lib()));
+    let other = t.share(Path::new(crate::util::thirdparty_lib()));
     // A copy of /etc, bind-mounted over /etc in the namespace only: the machine's own
     // /etc/ld.so.preload is never written.
     let etc = t.shared.join("etc-copy");

@@ -2,17 +2,14 @@
 //! official Python client's parser (`prometheus_client`, from PyPI; `.ci/run` installs
 //! it).
 
-mod util;
-
+use crate::util::cli::{Budgeted, cudabudget, output, scratch, stderr};
+use crate::util::{GI, MI};
+use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use serde_json::Value;
-use util::cli::{Budgeted, cudabudget, output, scratch, stderr};
-use util::{GI, MI};
 
 /// An exporter on a free port of 127.0.0.1, stopped when dropped.
 struct Exporter {
@@ -86,6 +83,7 @@ fn exchange(stream: &mut impl ReadWrite, path: &str, headers: &[&str], response:
 }
 
 trait ReadWrite: Read + Write {}
+
 impl<T: Read + Write> ReadWrite for T {}
 
 /// (status code, head, body) of an HTTP response.

@@ -1,16 +1,13 @@
 //! What a denial tells: the stderr line names the process, and `CUDABUDGET_EVENTS`
 //! collects one JSON line per denial from every process that appends to it.
 
-mod util;
-
+use crate::util::cli::{fresh_library, scratch};
+use crate::util::client_command;
+use serde_json::Value;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-use serde_json::Value;
-use util::cli::{fresh_library, scratch};
-use util::client_command;
 
 /// Runs the client under the library; (pid, stdout, stderr).
 fn run(ops: &[&str], envs: &[(&str, &str)]) -> (u32, String, String) {

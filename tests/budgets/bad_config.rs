@@ -1,8 +1,6 @@
 //! A malformed budget refuses CUDA with one line that says why; it never runs unbudgeted.
 
-mod util;
-
-use util::{budget_run, lib_path};
+use crate::util::{budget_run, lib_path};
 
 const MALFORMED: &[(&str, &str)] = &[
     ("CUDABUDGET_LIMIT", ""),
@@ -104,7 +102,7 @@ fn a_job_directory_written_with_a_leading_space_is_the_trimmed_directory() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
 
-    let dir = util::cli::scratch("spaced-job-dir");
+    let dir = crate::util::cli::scratch("spaced-job-dir");
     let spaced = format!(" {}", dir.display());
     let job = format!("job:spaced-{}", std::process::id());
     let envs = [
@@ -114,7 +112,7 @@ fn a_job_directory_written_with_a_leading_space_is_the_trimmed_directory() {
         // NVML lists the process under another pid: only the hooks charge.
         ("FAKE_NVML_PID_OFFSET", "100000"),
     ];
-    let mut holder = util::client_command(
+    let mut holder = crate::util::client_command(
         "gpa",
         &["alloc:700Mi", "sleep:5000"],
         &envs,
@@ -142,9 +140,9 @@ fn a_job_directory_written_with_a_leading_space_is_the_trimmed_directory() {
         );
     }
 
-    let client = util::client_bin("gpa");
-    let out = util::cli::output(
-        util::cli::cudabudget(&[
+    let client = crate::util::client_bin("gpa");
+    let out = crate::util::cli::output(
+        crate::util::cli::cudabudget(&[
             "run",
             "--scope",
             &job,
@@ -161,8 +159,8 @@ fn a_job_directory_written_with_a_leading_space_is_the_trimmed_directory() {
     );
     let _ = holder.kill();
     let _ = holder.wait();
-    let stdout = util::cli::stdout(&out);
-    let stderr = util::cli::stderr(&out);
+    let stdout = crate::util::cli::stdout(&out);
+    let stderr = crate::util::cli::stderr(&out);
     assert!(out.status.success(), "run refused it: {stderr}");
     let rcs: Vec<&str> = stdout
         .lines()

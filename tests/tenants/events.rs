@@ -3,17 +3,14 @@
 //! `CUDABUDGET_EVENTS` is refused with one line, and alice's job runs on, budgeted.
 //! (Issue 25, item 10.) Needs root to create the users; skipped otherwise.
 
-mod util;
-
+use crate::util::tenants::{Tenants, as_user};
+use crate::util::{client_bin, fake_dir, lib_path};
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-use util::tenants::{Tenants, as_user};
-use util::{client_bin, fake_dir, lib_path};
 
 /// `CUDABUDGET_EVENTS=events` for alice's client under a 2 GiB budget: denied, admitted,
 /// denied. Returns (finished within 10 s, stdout, stderr).
@@ -82,7 +79,7 @@ fn assert_budgeted(stdout: &str, stderr: &str) {
     );
 }
 
-fn chown(path: &Path, user: &util::tenants::User) {
+fn chown(path: &Path, user: &crate::util::tenants::User) {
     std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid)).unwrap();
 }
 

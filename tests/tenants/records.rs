@@ -3,14 +3,11 @@
 //! passes for them, and two users' jobs of one name stay two. Run as root (CI); skipped
 //! otherwise (see `util/tenants.rs`).
 
-mod util;
-
+use crate::util::tenants::{Tenants, User, as_user};
+use cudabudget_spec::record;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-
-use cudabudget_spec::record;
-use util::tenants::{Tenants, User, as_user};
 
 const GI: u64 = 1 << 30;
 
@@ -27,10 +24,10 @@ fn kit(t: &Tenants) -> Kit {
     static SHARING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = SHARING.lock().unwrap_or_else(|e| e.into_inner());
     Kit {
-        client: t.share(Path::new(util::client_bin("gpa"))),
-        cli: t.share(Path::new(util::cli::BIN)),
-        library: t.share(&util::cli::fresh_library()),
-        fake: t.share_dir(Path::new(util::fake_dir())),
+        client: t.share(Path::new(crate::util::client_bin("gpa"))),
+        cli: t.share(Path::new(crate::util::cli::BIN)),
+        library: t.share(&crate::util::cli::fresh_library()),
+        fake: t.share_dir(Path::new(crate::util::fake_dir())),
     }
 }
 
@@ -61,12 +58,12 @@ fn budgeted(t: &Tenants, kit: &Kit, user: &User, envs: &[(&str, &str)], stderr: 
 fn status_as(t: &Tenants, kit: &Kit, user: Option<&User>, runtime: &Path, args: &[&str]) -> String {
     let mut command = match user {
         Some(user) => as_user(t, user, &kit.cli, args),
-        None => util::cli::cli_at(&kit.cli, args),
+        None => crate::util::cli::cli_at(&kit.cli, args),
     };
     command.env("CUDABUDGET_RUNTIME_DIR", runtime);
-    let out = util::cli::output(&mut command);
-    assert!(out.status.success(), "{}", util::cli::stderr(&out));
-    util::cli::stdout(&out)
+    let out = crate::util::cli::output(&mut command);
+    assert!(out.status.success(), "{}", crate::util::cli::stderr(&out));
+    crate::util::cli::stdout(&out)
 }
 
 fn json(text: &str) -> serde_json::Value {
@@ -111,8 +108,8 @@ fn another_users_directory_file_or_link_at_alices_name_does_not_hide_her_process
         let mut args: Vec<&str> = args;
         let planted_arg = planted.to_str().unwrap();
         args.push(planted_arg);
-        let out = util::cli::output(&mut as_user(t, &t.mallory, Path::new(program), &args));
-        assert!(out.status.success(), "{}", util::cli::stderr(&out));
+        let out = crate::util::cli::output(&mut as_user(t, &t.mallory, Path::new(program), &args));
+        assert!(out.status.success(), "{}", crate::util::cli::stderr(&out));
 
         // Alice's own places: her $XDG_RUNTIME_DIR (the directory case), else her
         // $HOME/.cache.
@@ -142,7 +139,7 @@ fn another_users_directory_file_or_link_at_alices_name_does_not_hide_her_process
         wait_until(|| {
             let mut command = as_user(t, &t.alice, &kit.cli, &["status", "--json"]);
             command.envs(envs.iter().copied());
-            let text = util::cli::stdout(&util::cli::output(&mut command));
+            let text = crate::util::cli::stdout(&crate::util::cli::output(&mut command));
             let found = entries_of(&json(&text), pid).into_iter().next();
             (found, text)
         });
@@ -172,13 +169,13 @@ fn doctor_names_mallorys_directory_at_alices_name_in_the_runtime_dir_check() {
     let name = record::user_dir_name(t.alice.uid);
     let runtime = t.sticky_dir("rec-doctor");
     let planted = runtime.join(&name);
-    let out = util::cli::output(&mut as_user(
+    let out = crate::util::cli::output(&mut as_user(
         t,
         &t.mallory,
         Path::new("/bin/mkdir"),
         &["-m", "0755", planted.to_str().unwrap()],
     ));
-    assert!(out.status.success(), "{}", util::cli::stderr(&out));
+    assert!(out.status.success(), "{}", crate::util::cli::stderr(&out));
     let xdg = RunUser::of(&t.alice);
     let mut command = as_user(t, &t.alice, &kit.cli, &["doctor", "--json"]);
     command
@@ -187,8 +184,8 @@ fn doctor_names_mallorys_directory_at_alices_name_in_the_runtime_dir_check() {
         .env("CUDABUDGET_LIMIT", "1Gi")
         .env("CUDABUDGET_RUNTIME_DIR", &runtime)
         .env("XDG_RUNTIME_DIR", &xdg.0);
-    let out = util::cli::output(&mut command);
-    let report = json(&util::cli::stdout(&out));
+    let out = crate::util::cli::output(&mut command);
+    let report = json(&crate::util::cli::stdout(&out));
     let check = report["checks"]
         .as_array()
         .unwrap()

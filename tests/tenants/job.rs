@@ -2,13 +2,10 @@
 //! job uses in a shared directory never takes CUDA or the budget away from the job's
 //! user. Run as root (CI); skipped otherwise (see `util::tenants`).
 
-mod util;
-
+use crate::util::tenants::{Tenants, User, as_user};
+use crate::util::{Run, fake_dir, lib_path};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-
-use util::tenants::{Tenants, User, as_user};
-use util::{Run, fake_dir, lib_path};
 
 /// `ops` of the fake client, run as `user` in job `train` (1 GiB) whose ledgers go in
 /// `dir`; `more` adds variables.
@@ -42,7 +39,7 @@ fn shared(t: &Tenants) -> &'static (PathBuf, PathBuf, PathBuf, PathBuf) {
         std::sync::OnceLock::new();
     SHARED.get_or_init(|| {
         (
-            t.share(Path::new(util::client_bin("gpa"))),
+            t.share(Path::new(crate::util::client_bin("gpa"))),
             t.share(&lib_path()),
             t.share_dir(Path::new(fake_dir())),
             t.share(Path::new(env!("CARGO_BIN_EXE_cudabudget"))),
@@ -51,7 +48,7 @@ fn shared(t: &Tenants) -> &'static (PathBuf, PathBuf, PathBuf, PathBuf) {
 }
 
 fn run(cmd: std::process::Command) -> Run {
-    util::run(cmd)
+    crate::util::run(cmd)
 }
 
 /// Gives what root planted to `user` (without following a link).
@@ -240,7 +237,7 @@ fn doctor_names_another_users_directory_in_the_way_of_the_jobs_ledger() {
         .env("CUDABUDGET_SCOPE", "job:train")
         .env("CUDABUDGET_LIMIT", "1Gi")
         .env("HOME", &nowhere);
-    let out = util::cli::output(&mut cmd);
+    let out = crate::util::cli::output(&mut cmd);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
     });

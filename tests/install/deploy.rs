@@ -10,10 +10,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
 use yaml_rust2::{Yaml, YamlLoader};
 
 const CLI: &str = env!("CARGO_BIN_EXE_cudabudget");
+
 const GI: u64 = 1 << 30;
 
 fn repo() -> &'static Path {
@@ -370,7 +370,7 @@ fn install_dir(test: &str, with_library: bool) -> PathBuf {
 
 /// `sh <script> args...` with an environment free of the developer's budget variables
 /// and preloads, plus `envs`. Run through `sh` so the scripts' own mode bits and the
-/// copy's do not matter. Retries an exec that races a fork (ETXTBSY), as tests/cli.rs.
+/// copy's do not matter. Retries an exec that races a fork (ETXTBSY), as the CLI's tests do (tests/util/cli.rs).
 fn sh(script: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut command = Command::new("sh");
     for (name, _) in std::env::vars_os() {

@@ -1,8 +1,6 @@
 //! A budget holds on every way a program reaches the driver, and gives back what is freed.
 
-mod util;
-
-use util::{GI, MI, budget_run, client};
+use crate::util::{GI, MI, budget_run, client};
 
 const MODES: [&str; 5] = ["gpa", "gpa-ptsz", "gpa-legacy", "dlsym", "linked"];
 
@@ -79,28 +77,6 @@ fn a_denial_prints_one_line_with_the_request_the_use_and_the_budget() {
     for part in ["cuMemAlloc", "4.00 GiB", "5.00 GiB", "8.00 GiB", "device 0"] {
         assert!(line.contains(part), "{part:?} missing from {line:?}");
     }
-}
-
-#[test]
-fn the_views_report_the_budget_as_the_size_of_the_card() {
-    for mode in MODES {
-        let run = budget_run(
-            mode,
-            &["total:0", "info", "alloc:1Gi", "info"],
-            &[("CUDABUDGET_LIMIT", "8Gi")],
-        );
-        assert_eq!(run.num("total", 0, "bytes"), 8 * GI, "{mode}");
-        assert_eq!(run.num("info", 0, "free"), 8 * GI, "{mode}");
-        assert_eq!(run.num("info", 1, "free"), 7 * GI, "{mode}");
-        assert!(run.num("info", 1, "free") <= run.num("info", 1, "total"));
-    }
-}
-
-#[test]
-fn a_budget_larger_than_the_card_reports_the_card() {
-    let run = budget_run("gpa", &["total:0", "info"], &[("CUDABUDGET_LIMIT", "1Ti")]);
-    assert_eq!(run.num("total", 0, "bytes"), 80 * GI);
-    assert_eq!(run.num("info", 0, "total"), 80 * GI);
 }
 
 #[test]
@@ -266,7 +242,7 @@ fn hami_variables_budget_when_no_cudabudget_variable_is_set() {
     assert_eq!(
         run.num("total", 0, "bytes"),
         4 * GI,
-        "the smaller of the two wins (tests/budget_sources.rs)"
+        "the smaller of the two wins (tests/budgets/sources.rs)"
     );
 
     let run = budget_run(

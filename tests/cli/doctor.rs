@@ -1,14 +1,11 @@
 //! `cudabudget doctor`: each check passes where all is well and fails (or warns) with
 //! what to do where it is not; the exit status is 1 exactly when a check failed.
 
-mod util;
-
+use crate::util::cli::{cudabudget, library_for_a_newer_glibc, output, scratch, stderr, stdout};
+use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
-
-use serde_json::Value;
-use util::cli::{cudabudget, library_for_a_newer_glibc, output, scratch, stderr, stdout};
 
 /// `doctor --json` with `envs` (after a budget of 1 GiB and an empty MPS pipe directory,
 /// which they may override): (exit code, checks by name).
@@ -203,7 +200,7 @@ fn the_configuration_check_gives_each_device_its_budget_or_says_what_is_wrong() 
 
 #[test]
 fn a_preloaded_library_is_noticed_and_does_not_budget_the_doctor_itself() {
-    let library = util::cli::fresh_library();
+    let library = crate::util::cli::fresh_library();
     let (code, checks) = doctor("preloaded", &[("LD_PRELOAD", library.to_str().unwrap())]);
     assert_eq!(checks["configuration"]["details"]["preloaded"], true);
     // The devices are seen as they are, not as the budget.
@@ -227,12 +224,12 @@ fn the_pid_namespace_check_tells_a_container_from_the_host() {
                 "--pid",
                 "--fork",
                 "--mount-proc",
-                util::cli::BIN,
+                crate::util::cli::BIN,
                 "doctor",
                 "--json",
             ])
-            .env("LD_LIBRARY_PATH", util::fake_dir())
-            .env("CUDABUDGET_LIB", util::cli::fresh_library()),
+            .env("LD_LIBRARY_PATH", crate::util::fake_dir())
+            .env("CUDABUDGET_LIB", crate::util::cli::fresh_library()),
     );
     let Ok(report) = serde_json::from_slice::<Value>(&out.stdout) else {
         eprintln!(
@@ -394,7 +391,7 @@ fn an_mps_server_is_reported() {
 fn a_library_that_loads_but_does_not_interpose_fails_the_proof() {
     let (code, checks) = doctor(
         "no-interposition",
-        &[("CUDABUDGET_LIB", util::thirdparty_lib())],
+        &[("CUDABUDGET_LIB", crate::util::thirdparty_lib())],
     );
     assert_status(&checks, "library", "ok");
     assert_status(&checks, "interposition", "fail");

@@ -1,12 +1,14 @@
-//! Job budgets (`CUDABUDGET_SCOPE=job:<name>`): several processes, one budget, against
-//! the fake driver. Each test keeps its job ledgers in a directory of its own
-//! (`CUDABUDGET_JOB_DIR`).
+//! Job budgets (`CUDABUDGET_SCOPE=job:<name>`, or HAMi's shared cache): what users rely
+//! on when several processes share one budget. Together they never pass it, a process
+//! that exits, is killed, stops or execs gives its share back, a waiting allocation goes
+//! through as soon as room comes (in arrival order) and sleeps meanwhile, and a damaged
+//! or foreign ledger refuses CUDA with one line instead of admitting past the budget.
+//! Each test keeps its job ledgers in a directory of its own (`CUDABUDGET_JOB_DIR`).
 
 mod util;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
 use util::{GI, MI, Run};
 
 /// A fresh directory for a test's ledgers.

@@ -5,14 +5,12 @@
 //! hundred bytes), which the fake driver reads as the real one would
 //! (tests/fake_driver/README.md).
 
-mod util;
-
+use crate::util::{GI, MI, Run, budget_run};
 use std::path::PathBuf;
-
-use util::{GI, MI, Run, budget_run};
 
 /// NVML listing the process under another pid: what is charged is what the hooks charged.
 const NVML_BLIND: (&str, &str) = ("FAKE_NVML_PID_OFFSET", "100000");
+
 const LIMIT_2GI: (&str, &str) = ("CUDABUDGET_LIMIT", "2Gi");
 
 /// A cubin (ELF64, EM_CUDA) with sections of these names and sizes, plus its name table;
@@ -74,7 +72,9 @@ fn footprint_of(globals: u64) -> u64 {
 }
 
 const KIND_PTX: u16 = 1;
+
 const KIND_ELF: u16 = 2;
+
 const COMPRESSED: u64 = 0x8000;
 
 /// A fatbinary of these entries: (kind, sm arch, flags, payload).
