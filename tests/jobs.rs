@@ -861,7 +861,7 @@ fn lock_offset(path: &str) -> u64 {
 /// A Python member of job `name` in `dir` (1 GiB, `patience`), started now: `code` runs
 /// after [`THREADS_PRELUDE`]; its standard output is piped.
 fn python_member(dir: &str, name: &str, code: &str, patience: &str) -> Child {
-    Command::new("python3")
+    util::isolate(&mut Command::new("python3"))
         .args(["-c", &format!("{THREADS_PRELUDE}{code}")])
         .env("LD_LIBRARY_PATH", util::fake_dir())
         .env("LD_PRELOAD", util::lib_path())

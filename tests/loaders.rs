@@ -157,7 +157,7 @@ d = cuda.cuMemFree_v2(p)
 e = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(4 << 30))
 print(a, b, c, total.value, free.value, d, e)
 "#;
-    let out = std::process::Command::new("python3")
+    let out = util::isolate(&mut std::process::Command::new("python3"))
         .args(["-c", script])
         .env("LD_LIBRARY_PATH", fake_dir())
         .env("LD_PRELOAD", lib_path())
@@ -176,7 +176,7 @@ print(a, b, c, total.value, free.value, d, e)
 
 #[test]
 fn programs_that_never_touch_cuda_are_not_disturbed() {
-    let out = std::process::Command::new("sh")
+    let out = util::isolate(&mut std::process::Command::new("sh"))
         .args(["-c", "echo hello; ls / > /dev/null"])
         .env("LD_PRELOAD", lib_path())
         .env("CUDABUDGET_LIMIT", "8Gi")

@@ -82,7 +82,7 @@ fn the_message_gives_valid_examples() {
 
 #[test]
 fn a_process_that_never_calls_cuda_is_not_told_anything() {
-    let out = std::process::Command::new("sh")
+    let out = crate::util::isolate(&mut std::process::Command::new("sh"))
         .args(["-c", "echo fine"])
         .env("LD_PRELOAD", lib_path())
         .env("CUDABUDGET_LIMIT", "10XB")

@@ -219,7 +219,7 @@ fn the_pid_namespace_check_tells_a_container_from_the_host() {
     assert_status(&checks, "pid-namespace", "ok");
     let nested_here = checks["pid-namespace"]["details"]["nested"] == true;
     let out = output(
-        Command::new("unshare")
+        crate::util::isolate(&mut Command::new("unshare"))
             .args([
                 "--pid",
                 "--fork",

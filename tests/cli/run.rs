@@ -20,7 +20,7 @@ fn cli(bin: &Path, args: &[&str]) -> Command {
             command.env_remove(&name);
         }
     }
-    command.args(args);
+    crate::util::isolate(&mut command).args(args);
     command
 }
 

@@ -135,7 +135,7 @@ fn in_a_real_pid_namespace_the_first_context_waits_for_nvml_to_measure_it() {
         Some(&crate::util::lib_path()),
     );
     let Some(cmd) = in_new_pid_namespace(&cmd) else {
-        eprintln!("skipped: this machine cannot create a PID namespace (unshare -Urpf)");
+        crate::util::skip("this machine cannot create a PID namespace (unshare -Urpf)");
         return;
     };
     let run = crate::util::run(cmd);
@@ -173,7 +173,7 @@ fn in_a_real_pid_namespace_memory_no_call_names_is_reconciled_within_a_second() 
         Some(&crate::util::lib_path()),
     );
     let Some(cmd) = in_new_pid_namespace(&cmd) else {
-        eprintln!("skipped: this machine cannot create a PID namespace (unshare -Urpf)");
+        crate::util::skip("this machine cannot create a PID namespace (unshare -Urpf)");
         return;
     };
     let run = crate::util::run(cmd);
@@ -205,7 +205,7 @@ fn in_a_real_pid_namespace_a_context_nvml_was_too_slow_to_measure_is_charged_the
         Some(&crate::util::lib_path()),
     );
     let Some(cmd) = in_new_pid_namespace(&cmd) else {
-        eprintln!("skipped: this machine cannot create a PID namespace (unshare -Urpf)");
+        crate::util::skip("this machine cannot create a PID namespace (unshare -Urpf)");
         return;
     };
     let run = crate::util::run(cmd);

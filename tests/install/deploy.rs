@@ -384,7 +384,10 @@ fn sh(script: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
             command.env_remove(&name);
         }
     }
-    command.arg(script).args(args).envs(envs.iter().copied());
+    crate::util::isolate(&mut command)
+        .arg(script)
+        .args(args)
+        .envs(envs.iter().copied());
     let mut tries = 0;
     loop {
         let out = command.output().expect("sh runs");

@@ -328,7 +328,10 @@ fn cudabudget_runtime_dir_moves_the_records_for_the_library_and_the_cli_alike() 
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(record_of(client.pid()).is_none(), "nothing in /dev/shm");
+    assert!(
+        record_of(client.pid()).is_none(),
+        "nothing in the default runtime directory"
+    );
     drop(client);
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -1,7 +1,7 @@
 //! Another user cannot make alice's job write where it was never meant to: an events
 //! file, a FIFO or a directory that mallory planted at the path named by
 //! `CUDABUDGET_EVENTS` is refused with one line, and alice's job runs on, budgeted.
-//! (Issue 25, item 10.) Needs root to create the users; skipped otherwise.
+//! Needs root to create the users; skipped otherwise.
 
 use crate::util::tenants::{Tenants, as_user};
 use crate::util::{client_bin, fake_dir, lib_path};

@@ -218,7 +218,7 @@ fn planted_library(t: &Tenants, marker: &Path) -> Option<PathBuf> {
     match built {
         Ok(status) if status.success() => Some(library),
         _ => {
-            eprintln!("skipped: no C compiler to build the planted library");
+            crate::util::skip("no C compiler to build the planted library");
             None
         }
     }
@@ -360,9 +360,7 @@ fn unshare_permitted() -> bool {
 fn install_system_budgets_a_process_that_dropped_ld_preload() {
     let Some(t) = Tenants::get() else { return };
     if !unshare_permitted() {
-        eprintln!(
-            "skipped: unshare -m is not permitted here (a private mount namespace is needed)"
-        );
+        crate::util::skip("unshare -m is not permitted here (a private mount namespace is needed)");
         return;
     }
     let real_before = std::fs::read("/etc/ld.so.preload").ok();
