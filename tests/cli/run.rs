@@ -86,7 +86,7 @@ fn assert_is_fresh_library(path: &str) {
 
 /// A path no other test uses, not yet created.
 fn marker(test: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("cudabudget-cli-{}-{test}", std::process::id()));
+    let path = crate::util::test_dir().join(format!("marker-{test}"));
     let _ = std::fs::remove_file(&path);
     path
 }
@@ -111,7 +111,7 @@ fn assert_refused_before_running(test: &str, options: &[&str], envs: &[(&str, &s
 #[test]
 fn run_preloads_the_library_beside_the_binary_and_passes_the_limit() {
     // An install: the binary and the library side by side, no CUDABUDGET_LIB.
-    let dir = std::env::temp_dir().join(format!("cudabudget-cli-install-{}", std::process::id()));
+    let dir = crate::util::test_dir().join("install");
     std::fs::create_dir_all(&dir).unwrap();
     let (bin, lib) = (dir.join("cudabudget"), dir.join("libcudabudget.so"));
     std::fs::copy(BIN, &bin).unwrap();
@@ -145,7 +145,7 @@ fn run_preloads_the_library_beside_the_binary_and_passes_the_limit() {
     ignore = "this build carries the library: tests/install/install_command.rs covers the bare binary"
 )]
 fn without_a_library_beside_the_binary_or_cudabudget_lib_nothing_runs() {
-    let dir = std::env::temp_dir().join(format!("cudabudget-cli-bare-{}", std::process::id()));
+    let dir = crate::util::test_dir().join("bare");
     std::fs::create_dir_all(&dir).unwrap();
     let bin = dir.join("cudabudget");
     std::fs::copy(BIN, &bin).unwrap();
@@ -439,7 +439,7 @@ fn a_command_that_exists_but_cannot_be_executed_exits_126() {
 
 #[test]
 fn a_library_the_loader_refuses_is_never_preloaded_into_the_command() {
-    let dir = std::env::temp_dir().join(format!("cudabudget-cli-glibc-{}", std::process::id()));
+    let dir = crate::util::test_dir().join("glibc");
     std::fs::create_dir_all(&dir).unwrap();
     // Needs GLIBC_9.x: as a library built on a newer system than this one.
     let library = util_cli::library_for_a_newer_glibc(&dir);
@@ -479,7 +479,7 @@ fn a_library_others_could_change_is_never_preloaded() {
     let mode = |path: &Path, mode: u32| {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
     };
-    let dir = std::env::temp_dir().join(format!("cudabudget-cli-open-{}", std::process::id()));
+    let dir = crate::util::test_dir().join("open");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     mode(&dir, 0o755);
