@@ -14,8 +14,8 @@ const MODULE_300MI: (&str, &str) = ("FAKE_CUDA_MODULE_BYTES", "314572800");
 const CTX: &str = "536870912";
 
 /// `fork()` while another thread is inside the library's denial path (which holds the
-/// pool's lock across driver and NVML calls): the child must not wait for that lock. It
-/// once hung in its at-fork handler, even a child that only calls `_exit`.
+/// pool's lock across driver and NVML calls): the child never waits for that lock in
+/// its at-fork handler, not even a child that only calls `_exit`.
 #[test]
 fn a_fork_while_another_thread_is_being_denied_never_hangs_the_child() {
     let script = r#"
@@ -74,8 +74,8 @@ print("hung", hung, "denials", denials)
 }
 
 /// A capture in global mode with stream-ordered allocations and frees inside works as
-/// natively: the library's own pool queries once invalidated it (900 at the allocation,
-/// 901 at the end of the capture).
+/// natively: the library's own pool queries never invalidate it (which the driver
+/// would answer with 900 at the allocation and 901 at the end of the capture).
 #[test]
 fn a_global_capture_of_stream_ordered_memory_works_under_the_library() {
     let ops = [
@@ -117,10 +117,10 @@ fn a_global_capture_of_stream_ordered_memory_works_under_the_library() {
 
 /// A stream-ordered free and the start of a capture of its stream by another thread:
 /// the free either reaches the driver before the capture starts (the block is freed)
-/// or is recorded into the graph (the block stays allocated, and charged). Once, a
-/// capture that started between the library's look at the stream and the driver's call
-/// made the free a node of the graph, nothing freed, yet the block's 256 MiB went back
-/// to the thread's credit: its next allocation, paid from that credit, made the pool
+/// or is recorded into the graph (the block stays allocated, and charged). A capture
+/// that starts between the library's look at the stream and the driver's call makes the
+/// free a node of the graph, nothing freed: the block's 256 MiB must not go back to the
+/// thread's credit, or its next allocation, paid from that credit, would make the pool
 /// grow with nothing charged (128 MiB here). The driver's free is held for 300 ms here, and the capture
 /// started meanwhile. The thread that frees is the one that allocated (`freer_allocated`:
 /// the fast path) or another (the full path).
@@ -229,9 +229,9 @@ print("status", status.replace(" ", "_"), "waited_ms", int(waited * 1000))
 }
 
 /// `fork()` while the library's own thread is inside NVML's initialisation, which holds
-/// NVML's lock: the child once inherited that lock held, and its own first NVML call
-/// hung (as would the library's: a `dlopen` half done in the parent also made the child's
-/// `dlopen` fail ld.so's assertion, exit 127). The fork now waits for the library's
+/// NVML's lock: a child that inherited that lock held would hang at its first NVML call
+/// (as would the library's, and a `dlopen` half done in the parent would make the
+/// child's `dlopen` fail ld.so's assertion, exit 127). The fork waits for the library's
 /// thread to leave NVML, and the child's NVML works as it would without the library.
 #[test]
 fn a_fork_while_the_library_starts_nvml_leaves_the_child_a_working_nvml() {

@@ -516,7 +516,7 @@ fn a_pool_that_outlives_the_last_context_is_charged_again() {
 }
 
 /// An allocation no budget could hold fails in the driver; it must not leave credit
-/// behind that later allocations spend (it once gave back credit it never took).
+/// behind that later allocations spend (it gives back no credit it never took).
 #[test]
 fn an_impossible_stream_ordered_request_leaves_the_budget_whole() {
     for huge in [
@@ -549,8 +549,8 @@ fn an_impossible_stream_ordered_request_leaves_the_budget_whole() {
 }
 
 /// The library trims the pools before a denial; credit a thread kept for its next
-/// stream-ordered allocations then stands for memory the pools gave back. That credit
-/// was once spent as it was: the driver grew the pool by a 32 MiB step that nothing
+/// stream-ordered allocations then stands for memory the pools gave back, and is not
+/// spent as it was: the driver would grow the pool by a 32 MiB step that nothing
 /// admitted, past the budget.
 #[test]
 fn credit_a_thread_kept_is_not_spent_after_the_pools_were_trimmed() {
@@ -680,8 +680,8 @@ print(*rcs)
 }
 
 /// A stream-ordered allocation decides which pool pays before its driver call; a switch
-/// of the device's current pool (`cuDeviceSetMemPool`) that lands in between once made
-/// the driver grow the new pool with nothing charged for it. The driver's call is held
+/// of the device's current pool (`cuDeviceSetMemPool`) that lands in between must not
+/// let the driver grow the new pool with nothing charged for it. The driver's call is held
 /// for 300 ms here, as a preempted thread's would be, and the switch made meanwhile.
 #[test]
 fn a_pool_switch_during_another_threads_allocation_charges_the_pool_that_grew() {
@@ -714,7 +714,7 @@ assert cuda.cuMemPoolTrimTo(default, 0) == 0
 
 /// `cuMemPoolDestroy` of a pool the program created gives its charge back when nothing
 /// in it is in use; an allocation from that pool by another thread, landing between the
-/// look at its use and its end, once kept memory the books had given back. The driver's
+/// look at its use and its end, keeps its memory charged. The driver's
 /// destroy is held for 300 ms here, and the allocation made meanwhile.
 #[test]
 fn an_allocation_from_a_pool_being_destroyed_stays_charged() {

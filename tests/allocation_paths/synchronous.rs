@@ -150,8 +150,8 @@ print("books=%d" % books(1024 * MI))
 
 /// A free the driver refuses leaves the block allocated, so its record must stay: here
 /// a mipmapped array given to `cuArrayDestroy` (refused with `INVALID_VALUE`), then
-/// destroyed correctly. The record was once dropped at the refusal, and the correct
-/// destroy then never gave the charge back.
+/// destroyed correctly: the record stays through the refusal, and the correct destroy
+/// gives the charge back.
 #[test]
 fn a_free_the_driver_refuses_keeps_the_record_for_the_correct_free() {
     let script = r#"
@@ -185,7 +185,7 @@ print(*rcs, free.value >> 20)
 
 /// Before refusing a `cuMemCreate`, the library asks the driver whether it would accept
 /// the kind of request at all, with a real allocation of the smallest size. At the budget
-/// that probe must not be made: it once took the process past its budget.
+/// that probe is not made, as it would take the process past its budget.
 #[test]
 fn the_cu_mem_create_probe_never_takes_the_process_past_its_budget() {
     let run = budget_run(
@@ -257,9 +257,9 @@ fn a_pitched_allocation_is_charged_by_the_pitch_the_driver_chose() {
 }
 
 /// An array handle the driver hands out again after a context teardown (which destroyed
-/// the array it named) must not find the old array's record: its destroy once gave back
-/// the old array's size (100 MiB for a 1 MiB array), and the next allocation passed the
-/// budget. The fake driver reuses handles here (`FAKE_CUDA_REUSE_HANDLES`).
+/// the array it named) must not find the old array's record: its destroy gives back its
+/// own size (1 MiB, not the old array's 100 MiB), and the next allocation does not pass
+/// the budget. The fake driver reuses handles here (`FAKE_CUDA_REUSE_HANDLES`).
 #[test]
 fn an_array_handle_reused_after_a_teardown_releases_its_own_size() {
     let script = r#"
@@ -310,8 +310,8 @@ def map_it():
     return cuda.cuMemMap(va, ctypes.c_size_t(256 << 20), ctypes.c_size_t(0), h, ctypes.c_uint64(0))"#;
 
 /// A handle mapped by one thread and released by another while the driver's map is
-/// returning: the mapping keeps the memory. The books once saw the release before the
-/// mapping and gave the 256 MiB back while the driver kept them.
+/// returning: the mapping keeps the memory, and the books keep its 256 MiB whichever
+/// of the two they see first.
 #[test]
 fn a_release_racing_a_map_keeps_the_mapped_memory_charged() {
     let script = r#"
@@ -333,8 +333,8 @@ assert rcs == [0, 0], rcs
 }
 
 /// A reference taken by one thread (`cuMemRetainAllocationHandle`) while another
-/// releases and unmaps: the new reference keeps the memory. The books once counted the
-/// reference after the release and unmap had given the memory back.
+/// releases and unmaps: the new reference keeps the memory, and the books keep it
+/// charged whatever order they see the calls in.
 #[test]
 fn a_retain_racing_a_release_keeps_the_memory_charged() {
     let script = r#"

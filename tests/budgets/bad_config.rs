@@ -93,7 +93,7 @@ fn a_process_that_never_calls_cuda_is_not_told_anything() {
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
 
-/// Issue 25, item 12c: `CUDABUDGET_JOB_DIR=" /dir"` passes the check (surrounding
+/// `CUDABUDGET_JOB_DIR=" /dir"` passes the check (surrounding
 /// whitespace is ignored) and must then be the same directory everywhere: two processes
 /// of one job, one started directly and one by `cudabudget run --scope`, share one
 /// budget there.

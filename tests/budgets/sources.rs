@@ -7,8 +7,7 @@ use crate::util::{GI, budget_run};
 
 #[test]
 fn hamis_budget_holds_on_a_device_that_only_ours_leaves_out() {
-    // Issue 25, item 9: HAMi's 1g with our budget for device 0 only admitted 2 GiB on
-    // device 1.
+    // HAMi's 1g holds on device 1 even where our budget names device 0 only.
     let run = budget_run(
         "gpa",
         &["ctx:1", "total:1", "alloc:2Gi", "alloc:1Gi", "alloc:1Mi"],

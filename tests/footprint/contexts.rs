@@ -416,8 +416,8 @@ fn before_a_denial_the_footprint_is_read_again_and_memory_that_fits_is_admitted(
 }
 
 /// `cudaDeviceReset` resets the primary context; beside a context from `cuCtxCreate`
-/// that primary was never active, and its reset ends nothing the books count. It once
-/// cleared the device's books, and a second 2.5 GiB then passed a 4 GiB budget.
+/// that primary was never active, and its reset ends nothing the books count: the
+/// device's books stay, and a second 2.5 GiB does not pass a 4 GiB budget.
 #[test]
 fn a_reset_of_an_unused_primary_context_keeps_a_live_contexts_books() {
     let script = r#"

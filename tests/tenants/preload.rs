@@ -1,4 +1,4 @@
-//! Tenants (issue 25, item 1 and the trust model): the library `cudabudget run` preloads
+//! Tenants and the trust model: the library `cudabudget run` preloads
 //! comes from a place no other user can change, a name another user took in a shared
 //! directory never stops `run` nor lends it her library, `install` refuses a directory
 //! another user can change, and `install --system` budgets a process that dropped

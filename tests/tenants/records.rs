@@ -1,4 +1,4 @@
-//! Records among tenants (issue 25, items 3, 4 and 12): what another user can plant in
+//! Records among tenants: what another user can plant in
 //! the shared runtime directory neither hides a user's processes from `status` nor
 //! passes for them, and two users' jobs of one name stay two. Run as root (CI); skipped
 //! otherwise (see `util/tenants.rs`).
