@@ -1,6 +1,6 @@
-//! `cudabudget exporter`: live processes' figures as Prometheus metrics, checked with the
-//! official Python client's parser (`prometheus_client`, from PyPI; `.ci/run` installs
-//! it).
+//! `cudabudget exporter`: live processes' figures as Prometheus metrics in the text
+//! exposition format (read back by a parser of that format), over TLS and behind basic
+//! authentication when a web configuration file asks for them.
 
 use crate::util::cli::{Budgeted, cudabudget, output, scratch, stderr};
 use crate::util::{GI, MI};
