@@ -1,5 +1,8 @@
-//! Every way a program reaches the driver ends in the same hooks, and everything we do
-//! not wrap stays the driver's own.
+//! Loaders: however a program finds the driver's functions (linked, `dlopen`/`dlsym`,
+//! cudart's `cuGetProcAddress` for any variant, per-thread streams, XLA's `dlsym` of
+//! concrete names, Python `ctypes`), it gets the library's hooks; functions the library
+//! does not wrap are the driver's own; a third-party `RTLD_NEXT` wrapper keeps working;
+//! and programs that never touch CUDA are not disturbed.
 
 mod util;
 
@@ -154,7 +157,7 @@ d = cuda.cuMemFree_v2(p)
 e = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(4 << 30))
 print(a, b, c, total.value, free.value, d, e)
 "#;
-    let out = std::process::Command::new("python3")
+    let out = util::isolate(&mut std::process::Command::new("python3"))
         .args(["-c", script])
         .env("LD_LIBRARY_PATH", fake_dir())
         .env("LD_PRELOAD", lib_path())
@@ -173,7 +176,7 @@ print(a, b, c, total.value, free.value, d, e)
 
 #[test]
 fn programs_that_never_touch_cuda_are_not_disturbed() {
-    let out = std::process::Command::new("sh")
+    let out = util::isolate(&mut std::process::Command::new("sh"))
         .args(["-c", "echo hello; ls / > /dev/null"])
         .env("LD_PRELOAD", lib_path())
         .env("CUDABUDGET_LIMIT", "8Gi")
@@ -182,4 +185,31 @@ fn programs_that_never_touch_cuda_are_not_disturbed() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+#[test]
+fn dlsym_rtld_next_from_a_library_preloaded_after_us_keeps_its_meaning() {
+    // `dlsym(RTLD_NEXT, "cuMemAlloc_v2")` from a wrapper preloaded after cudabudget is
+    // the next definition after *that wrapper*: the driver's, as glibc would answer.
+    let preload = format!("{}:{}", util::lib_path().display(), util::thirdparty_lib());
+    let run = util::client_with_preload(
+        "linked",
+        &["nextsym:cuMemAlloc_v2", "nextsym:getpagesize", "alloc:9Gi"],
+        &[("CUDABUDGET_LIMIT", "8Gi")],
+        &preload,
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("nextsym", 0), 0, "{run:?}");
+    assert_eq!(run.field("nextsym", 0, "lib"), "libcuda.so.1", "{run:?}");
+    assert_eq!(run.field("nextsym", 0, "name"), "cuMemAlloc_v2", "{run:?}");
+    assert_ne!(
+        run.field("nextsym", 1, "lib"),
+        "libthirdparty.so",
+        "the next getpagesize is not the wrapper's own\n{run:?}"
+    );
+    assert_eq!(
+        run.rc("alloc", 0),
+        2,
+        "the program's own calls are budgeted\n{run:?}"
+    );
 }

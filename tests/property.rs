@@ -134,7 +134,7 @@ fn config_of(seed: u64) -> Config {
     // Without NVML: the context costs nothing (and the library is told so, as it cannot
     // measure it) and nothing is reconciled against NVML's per-process figure (a
     // bounded-rate correction whose timing would make the books depend on the
-    // scheduler); the reconciliation has tests of its own (no_escape.rs).
+    // scheduler); the reconciliation has tests of its own (tests/footprint/contexts.rs).
     let mut env = vec![
         ("FAKE_CUDA_CTX_BYTES".to_owned(), "0".to_owned()),
         ("FAKE_NVML_ABSENT".to_owned(), "1".to_owned()),

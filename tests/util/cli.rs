@@ -30,7 +30,8 @@ fn is_scrubbed(name: &str) -> bool {
 }
 
 /// The CLI at `bin` with a clean environment and `LD_LIBRARY_PATH` = the fake driver's
-/// directory (so NVML and the driver are the fakes).
+/// directory (so NVML and the driver are the fakes), writing only in the test's own
+/// directory ([`super::isolate`]).
 pub fn cli_at(bin: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(bin);
     for (name, _) in std::env::vars_os() {
@@ -38,7 +39,9 @@ pub fn cli_at(bin: &Path, args: &[&str]) -> Command {
             command.env_remove(&name);
         }
     }
-    command.env("LD_LIBRARY_PATH", fake_dir()).args(args);
+    super::isolate(&mut command)
+        .env("LD_LIBRARY_PATH", fake_dir())
+        .args(args);
     command
 }
 
@@ -82,17 +85,20 @@ pub fn stderr(output: &Output) -> String {
 
 /// A directory of its own for a test, empty.
 pub fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cudabudget-t-{}-{test}", std::process::id()));
+    let dir = super::test_dir().join(format!("scratch-{test}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-/// The records directory the library uses by default, for this user.
+/// The records directory of this user in the runtime directory the harness gives the
+/// test's processes ([`super::isolate`]).
 pub fn records_dir() -> PathBuf {
     // SAFETY: geteuid cannot fail.
     let uid = unsafe { libc::geteuid() };
-    PathBuf::from(format!("/dev/shm/cudabudget-{uid}"))
+    super::test_dir()
+        .join("runtime")
+        .join(format!("cudabudget-{uid}"))
 }
 
 /// The record file of `pid`, if there is one.

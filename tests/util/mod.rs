@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod scripts;
 pub mod tenants;
 
 use std::ffi::OsStr;
@@ -13,6 +14,97 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+/// This test binary's temporary directory (`cudabudget-tests-<pid>` in the system's),
+/// made once; those of earlier runs whose process is gone are removed then.
+pub fn binary_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        if let Ok(entries) = std::fs::read_dir(&tmp) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(pid) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("cudabudget-tests-"))
+                    .and_then(|p| p.parse::<libc::pid_t>().ok())
+                else {
+                    continue;
+                };
+                // SAFETY: kill with signal 0 only asks whether the process exists.
+                let gone = unsafe { libc::kill(pid, 0) } != 0
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+                if gone {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = tmp.join(format!("cudabudget-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        // Open to all (not writable): the tenants' tests run other users in it.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    })
+}
+
+/// The running test's own temporary directory, named after the test (the harness runs
+/// each test on a thread of that name; threads a test starts share one directory).
+pub fn test_dir() -> PathBuf {
+    let thread = std::thread::current();
+    let name: String = thread
+        .name()
+        .filter(|n| *n != "main")
+        .unwrap_or("other-threads")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let dir = binary_dir().join(name);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
+
+/// Where a process a test starts may write, each in [`test_dir`]: job ledgers
+/// (`CUDABUDGET_JOB_DIR`), records (`CUDABUDGET_RUNTIME_DIR`), and the user's own places
+/// the library and the CLI fall back to or cache in (`XDG_RUNTIME_DIR`, `HOME`,
+/// `XDG_CACHE_HOME`). So no test leaves anything in `/dev/shm` or a real home; a test that
+/// sets one of these itself (after this) has its own value.
+pub fn isolate(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = test_dir();
+    for (variable, name) in [
+        ("CUDABUDGET_JOB_DIR", "jobs"),
+        ("CUDABUDGET_RUNTIME_DIR", "runtime"),
+        ("XDG_RUNTIME_DIR", "xdg-runtime"),
+        ("HOME", "home"),
+        ("XDG_CACHE_HOME", "home/.cache"),
+    ] {
+        let path = dir.join(name);
+        if !path.is_dir() {
+            std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if name == "xdg-runtime" {
+                let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700));
+            }
+        }
+        cmd.env(variable, path);
+    }
+    cmd
+}
+
+/// Says that the running test is skipped, and why, on the real standard error: the test
+/// harness captures `eprintln!` of a passing test, and a skip must not be silent.
+pub fn skip(reason: &str) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    let _ = writeln!(std::io::stderr().lock(), "skipped {test}: {reason}");
+}
 
 /// Directory holding the fake `libcuda.so.1` and `libnvidia-ml.so.1`.
 pub fn fake_dir() -> &'static str {
@@ -36,7 +128,8 @@ pub fn prop_client_bin() -> &'static str {
 
 /// A command for any fixture binary, set up as [`client_command`] sets up a client: the
 /// scrubbed variables removed, `LD_LIBRARY_PATH` = the fake driver dir, `LD_PRELOAD` =
-/// `preload` when given, then `envs`.
+/// `preload` when given, the places it may write in the test's directory ([`isolate`]),
+/// then `envs`.
 pub fn fixture_command(bin: &str, envs: &[(&str, &str)], preload: Option<&Path>) -> Command {
     let mut cmd = Command::new(bin);
     for (name, _) in std::env::vars_os() {
@@ -44,7 +137,7 @@ pub fn fixture_command(bin: &str, envs: &[(&str, &str)], preload: Option<&Path>)
             cmd.env_remove(&name);
         }
     }
-    cmd.env("LD_LIBRARY_PATH", fake_dir());
+    isolate(&mut cmd).env("LD_LIBRARY_PATH", fake_dir());
     if let Some(p) = preload {
         assert_preloadable(p);
         cmd.env("LD_PRELOAD", p);
@@ -135,7 +228,8 @@ fn is_scrubbed(name: &str) -> bool {
 
 /// The command that runs a client: `LD_LIBRARY_PATH` = the fake driver dir, `LD_PRELOAD`
 /// = `preload` when given, every `CUDABUDGET_*`, `CUDA_DEVICE_MEMORY_LIMIT*`, `FAKE_CUDA_*`
-/// and `CUDA_VISIBLE_DEVICES` variable removed, then `envs` applied (they win over all of it).
+/// and `CUDA_VISIBLE_DEVICES` variable removed, the places it may write in the test's
+/// directory ([`isolate`]), then `envs` applied (they win over all of it).
 pub fn client_command(
     mode: &str,
     ops: &[&str],
@@ -149,7 +243,7 @@ pub fn client_command(
             cmd.env_remove(&name);
         }
     }
-    cmd.env("LD_LIBRARY_PATH", fake_dir());
+    isolate(&mut cmd).env("LD_LIBRARY_PATH", fake_dir());
     if let Some(p) = preload {
         cmd.env("LD_PRELOAD", p);
     }
@@ -326,7 +420,7 @@ impl Run {
 /// Runs a Python `ctypes` script against the fake driver with the library preloaded
 /// (60 s at most); returns (success, stdout, stderr).
 pub fn python_under_library(script: &str, envs: &[(&str, &str)]) -> (bool, String, String) {
-    let out = Command::new("timeout")
+    let out = isolate(&mut Command::new("timeout"))
         .args(["60", "python3", "-c", script])
         .env("LD_LIBRARY_PATH", fake_dir())
         .env("LD_PRELOAD", lib_path())

@@ -65,7 +65,7 @@ impl Tenants {
             }
             let alice = ensure_user("cbalice")?;
             let mallory = ensure_user("cbmallory")?;
-            let shared = std::env::temp_dir().join(format!("cb-tenants-{}", std::process::id()));
+            let shared = super::binary_dir().join("tenants");
             let _ = std::fs::remove_dir_all(&shared);
             std::fs::create_dir_all(&shared).ok()?;
             std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).ok()?;
@@ -76,7 +76,7 @@ impl Tenants {
             })
         });
         if tenants.is_none() {
-            eprintln!("skipped: the tenants' tests need root (to create users and run as them)");
+            super::skip("the tenants' tests need root (to create users and run as them)");
         }
         tenants.as_ref()
     }
@@ -84,7 +84,20 @@ impl Tenants {
     /// A world-readable copy of `file` (a binary or library) that the tenants can run
     /// or load, under its own file name. Copied once per name.
     pub fn share(&self, file: &Path) -> PathBuf {
-        let to = self.shared.join(file.file_name().expect("a file name"));
+        self.share_to(&self.shared, file)
+    }
+
+    /// A world-readable copy of `file` alone in a directory of its own (`name`, 0755)
+    /// under the shared directory: a CLI there has no library beside it.
+    pub fn share_alone(&self, name: &str, file: &Path) -> PathBuf {
+        let dir = self.shared.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        self.share_to(&dir, file)
+    }
+
+    fn share_to(&self, dir: &Path, file: &Path) -> PathBuf {
+        let to = dir.join(file.file_name().expect("a file name"));
         if !to.exists() {
             // One partial copy per caller: tests of one binary share files at once.
             static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -142,8 +155,21 @@ impl Tenants {
 
 /// `program args…` run as `user`: real and effective ids and groups switched with
 /// `setpriv`, an environment with nothing of root's but `PATH` (the caller adds what the
-/// test needs), `HOME` the user's own scratch home.
+/// test needs), `HOME` the user's own scratch home, and job ledgers and records in
+/// shared directories of the test's own (world-writable and sticky, as `/dev/shm`) unless
+/// the caller names others.
 pub fn as_user(tenants: &Tenants, user: &User, program: &Path, args: &[&str]) -> Command {
+    let test = super::test_dir();
+    let name = test.file_name().unwrap().to_string_lossy();
+    let places = tenants.shared.join(format!("places-{name}"));
+    for dir in ["jobs", "runtime"] {
+        let dir = places.join(dir);
+        if !dir.is_dir() {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::set_permissions(&places, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        }
+    }
     let mut cmd = Command::new("setpriv");
     cmd.arg(format!("--reuid={}", user.uid))
         .arg(format!("--regid={}", user.gid))
@@ -154,6 +180,8 @@ pub fn as_user(tenants: &Tenants, user: &User, program: &Path, args: &[&str]) ->
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", tenants.home_of(user))
+        .env("CUDABUDGET_JOB_DIR", places.join("jobs"))
+        .env("CUDABUDGET_RUNTIME_DIR", places.join("runtime"))
         .current_dir(&tenants.shared);
     cmd
 }

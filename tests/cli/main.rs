@@ -1,0 +1,8 @@
+//! The command line: `cudabudget run` preloads the library and passes the budget (or
+//! refuses before anything runs, with a line saying why), and `cudabudget doctor` checks
+//! a machine and says what to do about each problem.
+
+mod doctor;
+mod run;
+#[path = "../util/mod.rs"]
+mod util;

@@ -1,0 +1,323 @@
+//! One file is enough: `cudabudget install DIR` places the library (and the CLI) and
+//! prints the `LD_PRELOAD` line; a CLI that carries the library (what `cargo install`
+//! gives) works alone; `--version` names the commit.
+
+use crate::util::cli::{
+    BIN, cli_at, cudabudget, fresh_library, library_for_a_newer_glibc, output, scratch, stderr,
+    stdout,
+};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+fn same_bytes(a: &Path, b: &Path) -> bool {
+    std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
+}
+
+#[test]
+fn install_writes_the_library_and_the_cli_and_prints_the_preload_line() {
+    let dir = scratch("install").join("opt/cudabudget");
+    let out = output(&mut cudabudget(&["install", dir.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = std::fs::canonicalize(&dir).unwrap();
+    let library = dir.join("libcudabudget.so");
+    assert!(same_bytes(&library, &fresh_library()));
+    let cli = dir.join("cudabudget");
+    assert!(same_bytes(&cli, Path::new(BIN)));
+    assert_eq!(
+        std::fs::metadata(&cli).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    assert_eq!(
+        stdout(&out).lines().last(),
+        Some(format!("LD_PRELOAD={}", library.display()).as_str())
+    );
+    assert!(
+        stderr(&out).starts_with("cudabudget: installed "),
+        "{}",
+        stderr(&out)
+    );
+
+    // The installed CLI finds the library beside it.
+    let out = output(&mut cli_at(
+        &cli,
+        &[
+            "run",
+            "--limit",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $LD_PRELOAD",
+        ],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim_end(), library.to_str().unwrap());
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap().parent().unwrap());
+}
+
+#[test]
+fn install_replaces_an_old_library_by_renaming_a_new_file_over_it() {
+    let dir = scratch("reinstall");
+    let library = dir.join("libcudabudget.so");
+    std::fs::write(&library, b"an old library").unwrap();
+    let old_inode = std::fs::metadata(&library).unwrap().ino();
+    let out = output(&mut cudabudget(&[
+        "install",
+        "--lib-only",
+        dir.to_str().unwrap(),
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(same_bytes(&library, &fresh_library()));
+    assert_ne!(
+        std::fs::metadata(&library).unwrap().ino(),
+        old_inode,
+        "a process that has the old library mapped keeps it"
+    );
+    assert!(!dir.join("cudabudget").exists(), "--lib-only");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn install_refuses_a_directory_ld_preload_cannot_name() {
+    let dir = scratch("install-space").join("with space");
+    let out = output(&mut cudabudget(&["install", dir.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("LD_PRELOAD cannot carry"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn install_says_when_the_library_does_not_load_where_it_was_installed() {
+    let dir = scratch("install-glibc");
+    let newer = library_for_a_newer_glibc(&dir);
+    let target = dir.join("target");
+    let out = output(
+        cudabudget(&["install", "--lib-only", target.to_str().unwrap()])
+            .env("CUDABUDGET_LIB", &newer),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("does not load here"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stdout(&out).is_empty(), "no LD_PRELOAD line for it");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = output(&mut cudabudget(&["--version"]));
+    assert!(out.status.success());
+    let version = stdout(&out);
+    let expected_start = format!("cudabudget {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(version.starts_with(&expected_start), "{version}");
+    let git = Command::new("git")
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "rev-parse",
+            "--short=12",
+            "HEAD",
+        ])
+        .output();
+    match git {
+        Ok(git) if git.status.success() => {
+            let head = String::from_utf8_lossy(&git.stdout).trim().to_string();
+            assert!(
+                version.contains(&format!("(commit {head}")),
+                "{version:?} does not name HEAD {head}"
+            );
+        }
+        _ => assert!(version.contains("(commit "), "{version}"),
+    }
+}
+
+/// A copy of the CLI alone in a directory, as `cargo install` leaves it, with a home of
+/// its own for the cache.
+#[cfg(cudabudget_embed)]
+fn bare_cli(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = scratch(test);
+    let bin = dir.join("bin/cudabudget");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(BIN, &bin).unwrap();
+    (dir, bin)
+}
+
+#[cfg(cudabudget_embed)]
+fn bare(bin: &Path, home: &Path, args: &[&str]) -> Command {
+    std::fs::create_dir_all(home).unwrap();
+    let mut command = cli_at(bin, args);
+    command
+        .env("HOME", home)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("XDG_RUNTIME_DIR");
+    command
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_cli_alone_writes_the_library_it_carries_once_and_runs_under_it() {
+    #[cfg(cudabudget_embed)]
+    {
+        let (dir, bin) = bare_cli("bare-run");
+        let home = dir.join("home");
+        let out = output(&mut bare(
+            &bin,
+            &home,
+            &[
+                "run",
+                "--limit",
+                "1Gi",
+                "--",
+                "sh",
+                "-c",
+                "echo $LD_PRELOAD",
+            ],
+        ));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
+        let cache = home.join(".cache/cudabudget");
+        assert!(preloaded.starts_with(&cache), "{preloaded:?}");
+        assert!(same_bytes(&preloaded, &fresh_library()));
+        let meta = std::fs::metadata(&preloaded).unwrap();
+
+        // Once per version: the second run uses the same file.
+        let out = output(&mut bare(
+            &bin,
+            &home,
+            &["run", "--limit", "1Gi", "--", "true"],
+        ));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(std::fs::metadata(&preloaded).unwrap().ino(), meta.ino());
+
+        // A damaged copy is written again.
+        std::fs::write(&preloaded, b"damaged").unwrap();
+        let out = output(&mut bare(
+            &bin,
+            &home,
+            &["run", "--limit", "1Gi", "--", "true"],
+        ));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(same_bytes(&preloaded, &fresh_library()));
+
+        // And the command is budgeted by it.
+        let out = output(&mut bare(
+            &bin,
+            &home,
+            &[
+                "run",
+                "--limit",
+                "1Gi",
+                "--",
+                crate::util::client_bin("gpa"),
+                "gpa",
+                "alloc:2Gi",
+            ],
+        ));
+        assert!(
+            stdout(&out).contains("alloc rc=2"),
+            "{}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_cli_alone_installs_the_library_it_carries() {
+    #[cfg(cudabudget_embed)]
+    {
+        let (dir, bin) = bare_cli("bare-install");
+        let target = dir.join("opt");
+        let out = output(&mut bare(
+            &bin,
+            &dir.join("home"),
+            &["install", target.to_str().unwrap()],
+        ));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(same_bytes(
+            &target.join("libcudabudget.so"),
+            &fresh_library()
+        ));
+        assert!(!dir.join("home/.cache").exists(), "install writes no cache");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn install_refuses_a_directory_others_can_write() {
+    let scratch = scratch("install-open");
+    for mode in [0o777, 0o1777, 0o775] {
+        let dir = scratch.join(format!("open-{mode:o}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = output(&mut cudabudget(&["install", dir.to_str().unwrap()]));
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(125), "{mode:o}: {said}");
+        assert!(said.contains(dir.to_str().unwrap()), "{said}");
+        assert!(said.contains("others may write it"), "{said}");
+        assert_eq!(said.trim_end().lines().count(), 1, "{said}");
+        assert!(stdout(&out).is_empty(), "no LD_PRELOAD line");
+        assert!(!dir.join("libcudabudget.so").exists(), "{mode:o}");
+        assert!(!dir.join("cudabudget").exists(), "{mode:o}");
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_cache_directory_linked_to_a_place_of_ours_is_used_without_a_word() {
+    #[cfg(cudabudget_embed)]
+    {
+        let (dir, bin) = bare_cli("bare-linked-cache");
+        let home = dir.join("home");
+        let elsewhere = dir.join("scratch-disk/cache");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, home.join(".cache")).unwrap();
+        let out = output(&mut bare(
+            &bin,
+            &home,
+            &[
+                "run",
+                "--limit",
+                "1Gi",
+                "--",
+                "sh",
+                "-c",
+                "echo $LD_PRELOAD",
+            ],
+        ));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+        let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
+        assert!(
+            preloaded.starts_with(std::fs::canonicalize(&elsewhere).unwrap()),
+            "{preloaded:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,10 @@
+//! Install: `cudabudget install` puts the library and the CLI where `LD_PRELOAD` can
+//! name them (and refuses places others could change), a CLI alone carries the library,
+//! the deploy files (Kubernetes, compose, Slurm, the entrypoint) budget what they run,
+//! and the shipped binaries load on glibc 2.17.
+
+mod deploy;
+mod glibc_versions;
+mod install_command;
+#[path = "../util/mod.rs"]
+mod util;

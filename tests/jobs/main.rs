@@ -1,0 +1,218 @@
+//! Job budgets (`CUDABUDGET_SCOPE=job:<name>`, or HAMi's shared cache): what users rely
+//! on when several processes share one budget. Together they never pass it, a process
+//! that exits, is killed, stops or execs gives its share back, a waiting allocation goes
+//! through as soon as room comes (in arrival order) and sleeps meanwhile, and a damaged
+//! or foreign ledger refuses CUDA with one line instead of admitting past the budget.
+//! Each test keeps its job ledgers in a directory of its own (`CUDABUDGET_JOB_DIR`).
+
+mod leaving;
+mod ledger;
+mod sharing;
+#[path = "../util/mod.rs"]
+mod util;
+mod waiting;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use util::{GI, MI, Run};
+
+/// A fresh directory for a test's ledgers.
+fn job_dir(test: &str) -> String {
+    let dir = util::test_dir().join(format!("jobs-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.to_str().unwrap().to_string()
+}
+
+/// NVML listing the process under another pid: nothing but the hooks charges.
+fn envs<'a>(dir: &'a str, job: &'a str, limit: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("CUDABUDGET_JOB_DIR", dir),
+        ("CUDABUDGET_SCOPE", job),
+        ("CUDABUDGET_LIMIT", limit),
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+        // No fallback place outside the test's directory ($HOME/.cache would be one).
+        ("HOME", dir),
+        ("XDG_RUNTIME_DIR", ""),
+    ]
+}
+
+fn command(ops: &[&str], envs: &[(&str, &str)]) -> Command {
+    let mut cmd = util::client_command("gpa", ops, envs, Some(&util::lib_path()));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn spawn(ops: &[&str], envs: &[(&str, &str)]) -> Child {
+    command(ops, envs).spawn().expect("spawn client")
+}
+
+fn finish(child: Child) -> Run {
+    let out = child.wait_with_output().expect("wait client");
+    Run {
+        lines: String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect(),
+        status: out.status,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn client(ops: &[&str], envs: &[(&str, &str)]) -> Run {
+    util::run(command(ops, envs))
+}
+
+/// Waits until the job's file shows the process's first allocation (the holder is in).
+fn settle() {
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+fn unsafe_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+fn set_mode(path: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A process's threads: device 0's primary context current in each, `alloc(n)` and
+/// `free(p)` through the driver API.
+const THREADS_PRELUDE: &str = r#"
+import ctypes, threading, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+MI = 1 << 20
+def alloc(n):
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    p = ctypes.c_uint64()
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n))
+    return rc, p.value
+def free(p):
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    assert cuda.cuMemFree_v2(ctypes.c_uint64(p)) == 0
+"#;
+
+fn python_threads(script: &str, patience: &str) -> String {
+    let (ok, out, err) = util::python_under_library(
+        &format!("{THREADS_PRELUDE}{script}"),
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_ON_EXCEED", patience),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    out
+}
+
+/// Runs `script` (after [`THREADS_PRELUDE`]) as a member of job `name`, in `dir`, with a
+/// 1 GiB budget and `patience`; `CHILD` in the script is a program that runs the
+/// prelude then `exec(sys.argv[1])`, for other members of the job started with
+/// `member(code)` (a `subprocess.Popen` with pipes).
+fn python_job(dir: &str, name: &str, script: &str, patience: &str) -> String {
+    let members = r#"
+import subprocess, sys
+CHILD = "import sys\n" + PRELUDE + "\nexec(sys.argv[1])\n"
+def member(code):
+    return subprocess.Popen([sys.executable, "-c", CHILD, code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+"#;
+    let script = format!("PRELUDE = {THREADS_PRELUDE:?}\n{THREADS_PRELUDE}{members}{script}");
+    let scope = format!("job:{name}");
+    let (ok, out, err) = util::python_under_library(
+        &script,
+        &[
+            ("CUDABUDGET_JOB_DIR", dir),
+            ("CUDABUDGET_SCOPE", scope.as_str()),
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_ON_EXCEED", patience),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    out
+}
+
+/// The job's ledger file in `dir`, wherever this build keeps it: in the user's own
+/// directory there (`cudabudget-<uid>/job-<name>`), or, in builds before that, at
+/// `cudabudget-<uid>-job-<name>`.
+fn ledger_file(dir: &str, name: &str) -> String {
+    let uid = unsafe_uid();
+    let private = format!("{dir}/cudabudget-{uid}/job-{name}");
+    if std::path::Path::new(&private).exists() {
+        private
+    } else {
+        format!("{dir}/cudabudget-{uid}-job-{name}")
+    }
+}
+
+/// Writes `bytes` at `offset` of `path` (in place, as a stray write would).
+fn write_at(path: &str, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+/// Where the admission lock word of device 0 lies in the ledger at `path`, by its
+/// layout (the magic's last two bytes are its version).
+fn lock_offset(path: &str) -> u64 {
+    let head = std::fs::read(path).unwrap();
+    match &head[..8] {
+        b"CBJOBv01" => 64,
+        b"CBJOBv02" => 128,
+        other => panic!("unknown layout {other:?}"),
+    }
+}
+
+/// A Python member of job `name` in `dir` (1 GiB, `patience`), started now: `code` runs
+/// after [`THREADS_PRELUDE`]; its standard output is piped.
+fn python_member(dir: &str, name: &str, code: &str, patience: &str) -> Child {
+    util::isolate(&mut Command::new("python3"))
+        .args(["-c", &format!("{THREADS_PRELUDE}{code}")])
+        .env("LD_LIBRARY_PATH", util::fake_dir())
+        .env("LD_PRELOAD", util::lib_path())
+        .env("CUDABUDGET_JOB_DIR", dir)
+        .env("CUDABUDGET_SCOPE", format!("job:{name}"))
+        .env("CUDABUDGET_LIMIT", "1Gi")
+        .env("CUDABUDGET_ON_EXCEED", patience)
+        .env("FAKE_NVML_PID_OFFSET", "100000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs")
+}
+
+/// Reads one line of a member's standard output.
+fn read_line(child: &mut Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    let out = child.stdout.as_mut().unwrap();
+    std::io::BufReader::new(out).read_line(&mut line).unwrap();
+    line
+}
+
+/// A Python member of job `name` in `dir` that watches itself: an allocation or free
+/// that takes over `limit_s` prints `stuck` and ends the process.
+const WATCHDOG: &str = r#"
+import os, signal
+def timed(f, *a, limit_s=2.0):
+    done = threading.Event()
+    def watch():
+        if not done.wait(limit_s):
+            print("stuck", flush=True)
+            os._exit(3)
+    threading.Thread(target=watch, daemon=True).start()
+    t = time.time()
+    r = f(*a)
+    done.set()
+    return r, time.time() - t
+"#;

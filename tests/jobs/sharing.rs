@@ -1,0 +1,200 @@
+//! Sharing: the processes of one job (or of one HAMi shared cache) share one budget and
+//! never pass it together, however many join at once; two jobs never affect each other.
+
+use super::*;
+
+#[test]
+fn processes_of_one_job_share_one_budget() {
+    let dir = job_dir("share");
+    let e = envs(&dir, "job:train", "1Gi");
+    let holder = spawn(&["alloc:700Mi", "sleep:1500"], &e);
+    settle();
+    let run = client(&["info", "alloc:500Mi", "alloc:300Mi", "phys"], &e);
+    let holder = finish(holder);
+    assert_eq!(holder.rc("alloc", 0), 0, "{holder:?}");
+    assert_eq!(run.num("info", 0, "free"), GI - 700 * MI, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert!(run.stderr.contains("700.00 MiB in use"), "{}", run.stderr);
+}
+
+#[test]
+fn a_denial_event_in_a_job_names_the_top_holders() {
+    let dir = job_dir("events");
+    let events = format!("{dir}/denials.jsonl");
+    let mut e = envs(&dir, "job:ev", "1Gi");
+    e.push(("CUDABUDGET_EVENTS", events.as_str()));
+    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &e);
+    settle();
+    let run = client(&["alloc:100Mi", "alloc:500Mi"], &e);
+    let holder = finish(holder);
+    assert_eq!(holder.rc("alloc", 0), 0, "{holder:?}");
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+    let text = std::fs::read_to_string(&events).unwrap();
+    let line = text.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let top = v["top_holders"].as_array().expect(line);
+    assert_eq!(top.len(), 2, "{line}");
+    assert_eq!(top[0]["used_bytes"], 700 * MI, "{line}");
+    assert_eq!(top[1]["used_bytes"], 100 * MI, "{line}");
+    assert_eq!(v["job"], "ev", "{line}");
+}
+
+#[test]
+fn two_jobs_do_not_affect_each_other() {
+    let dir = job_dir("two");
+    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &envs(&dir, "job:a", "1Gi"));
+    settle();
+    let other = client(&["alloc:900Mi"], &envs(&dir, "job:b", "1Gi"));
+    let alone = client(&["alloc:900Mi"], &[("CUDABUDGET_LIMIT", "1Gi")]);
+    finish(holder);
+    assert_eq!(other.rc("alloc", 0), 0, "{other:?}");
+    assert_eq!(alone.rc("alloc", 0), 0, "{alone:?}");
+}
+
+#[test]
+fn racing_processes_never_pass_the_job_budget_together() {
+    // Four processes each ask for 64 MiB twenty times; 16 × 64 MiB fill the budget.
+    let dir = job_dir("race");
+    let e = envs(&dir, "job:race", "1Gi");
+    let mut ops = vec!["alloc:64Mi"; 20];
+    ops.push("sleep:800");
+    let children: Vec<Child> = (0..4).map(|_| spawn(&ops, &e)).collect();
+    let runs: Vec<Run> = children.into_iter().map(finish).collect();
+    let granted: usize = runs
+        .iter()
+        .map(|r| {
+            r.lines_of("alloc")
+                .iter()
+                .filter(|l| l.contains("rc=0"))
+                .count()
+        })
+        .sum();
+    assert_eq!(granted, 16, "{runs:?}");
+}
+
+#[test]
+fn a_thousand_and_twenty_four_processes_join_one_job() {
+    let dir = job_dir("many");
+    let e = envs(&dir, "job:many", "64Gi");
+    let t = Instant::now();
+    let mut failures = Vec::new();
+    for wave in 0..16 {
+        let children: Vec<Child> = (0..64)
+            .map(|_| spawn(&["alloc:1Mi", "sleep:50"], &e))
+            .collect();
+        for run in children.into_iter().map(finish) {
+            if run.rc("alloc", 0) != 0 {
+                failures.push((wave, run));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+    // They all left: the job holds nothing.
+    let after = client(&["info"], &e);
+    assert_eq!(
+        after.num("info", 0, "free"),
+        64 * GI,
+        "{after:?} after {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn processes_naming_one_hami_shared_cache_share_one_budget() {
+    let dir = job_dir("hami");
+    let cache = format!("{dir}/vgpu.cache");
+    let e = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache.as_str()),
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+    ];
+    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &e);
+    settle();
+    let run = client(&["alloc:500Mi", "alloc:300Mi"], &e);
+    finish(holder);
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
+    assert!(std::path::Path::new(&format!("{cache}.cudabudget")).exists());
+}
+
+#[test]
+fn sixty_four_processes_started_at_once_all_join() {
+    // Informational figure for the README (not a timed assertion): the join, from the
+    // library's debug line, for 64 processes started at once.
+    let dir = job_dir("joins");
+    let mut e = envs(&dir, "job:joins", "8Gi");
+    e.push(("CUDABUDGET_LOG", "debug"));
+    let children: Vec<Child> = (0..64).map(|_| spawn(&["alloc:1Mi"], &e)).collect();
+    let mut micros: Vec<f64> = children
+        .into_iter()
+        .map(finish)
+        .filter_map(|r| {
+            let line = r.stderr.lines().find(|l| l.contains("joined job ledger"))?;
+            line.split(" in ")
+                .nth(1)?
+                .trim_end_matches(" µs")
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(micros.len(), 64, "every process joined");
+    micros.sort_by(f64::total_cmp);
+    println!(
+        "join: median {:.1} µs, max {:.1} µs (64 processes at once)",
+        micros[32], micros[63]
+    );
+}
+
+#[test]
+fn the_debug_log_names_the_job_ledger_joined() {
+    // Where a job's books are, for whoever troubleshoots it: CUDABUDGET_LOG=debug says.
+    let dir = job_dir("logpath");
+    let mut e = envs(&dir, "job:named", "1Gi");
+    e.push(("CUDABUDGET_LOG", "debug"));
+    let run = client(&["alloc:1Mi"], &e);
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    let path = format!("{dir}/cudabudget-{}/job-named", unsafe_uid());
+    assert!(
+        run.stderr
+            .contains(&format!("joined job ledger {path} in ")),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_process_started_with_its_standard_input_closed_joins_its_job() {
+    // A daemon may start with descriptor 0 closed: the ledger's file may then be opened
+    // as descriptor 0, which is a descriptor like any other.
+    use std::os::unix::process::CommandExt;
+    let dir = job_dir("nostdin");
+    let e = envs(&dir, "job:nostdin", "1Gi");
+    let mut cmd = command(&["alloc:1Mi"], &e);
+    // SAFETY: close(2) is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::close(0);
+            Ok(())
+        });
+    }
+    let run = crate::util::run(cmd);
+    assert_eq!(run.rc("init", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+}
+
+#[test]
+fn each_members_context_counts_against_the_jobs_budget() {
+    // Where nothing measures a context, each member's is charged the estimate (at its
+    // first view or allocation), to the job's books as well as its own.
+    let dir = job_dir("contexts");
+    let mut e = envs(&dir, "job:ctx", "1Gi");
+    e.push(("FAKE_NVML_ABSENT", "1"));
+    e.push(("CUDABUDGET_CONTEXT_MEMORY", "300Mi"));
+    let holder = spawn(&["info", "sleep:2000"], &e);
+    settle();
+    let view = client(&["info", "alloc:425Mi"], &e);
+    finish(holder);
+    assert_eq!(view.num("info", 0, "free"), GI - 600 * MI, "{view:?}");
+    assert_eq!(view.rc("alloc", 0), 2, "{view:?}");
+}

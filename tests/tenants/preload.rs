@@ -1,0 +1,441 @@
+//! Tenants and the trust model: the library `cudabudget run` preloads
+//! comes from a place no other user can change, a name another user took in a shared
+//! directory never stops `run` nor lends it her library, `install` refuses a directory
+//! another user can change, and `install --system` budgets a process that dropped
+//! `LD_PRELOAD`. As root (CI); skipped otherwise.
+
+use crate::util::cli::{BIN, fresh_library, output, stderr, stdout};
+use crate::util::tenants::{Tenants, User, as_user};
+use std::ffi::CString;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The fake driver, the test client and the CLI, as the tenants can run them. The CLI
+/// sits alone in its directory (no library beside it), so it uses the copy it carries.
+struct Shared {
+    cli: PathBuf,
+    client: PathBuf,
+    fake: PathBuf,
+}
+
+/// Copied once per test binary (tests run in parallel).
+fn shared(t: &Tenants) -> &'static Shared {
+    static SHARED: std::sync::OnceLock<Shared> = std::sync::OnceLock::new();
+    SHARED.get_or_init(|| Shared {
+        // Alone: the other tenants' tests share the library into the shared directory,
+        // and a CLI with a library beside it would preload that one.
+        cli: t.share_alone("cli-alone", Path::new(BIN)),
+        client: t.share(Path::new(crate::util::client_bin("gpa"))),
+        fake: t.share_dir(Path::new(crate::util::fake_dir())),
+    })
+}
+
+/// `cudabudget run --limit 1Gi` as alice with TMPDIR = `tmp` and no HOME (so the shared
+/// temporary directory is where the carried library goes): prints the preloaded path,
+/// then asks the fake driver for 2 GiB.
+fn alice_runs(t: &Tenants, s: &Shared, tmp: &Path) -> Output {
+    let script = "echo \"preload=$LD_PRELOAD\"; exec \"$0\" gpa alloc:2Gi";
+    output(
+        as_user(
+            t,
+            &t.alice,
+            &s.cli,
+            &["run", "--limit", "1Gi", "--", "sh", "-c", script],
+        )
+        .arg(&s.client)
+        .env_remove("HOME")
+        .env("TMPDIR", tmp)
+        .env("LD_LIBRARY_PATH", &s.fake),
+    )
+}
+
+/// The name the old CLI gave its cache directory in the temporary directory.
+fn cache_parent(tmp: &Path, user: &User) -> PathBuf {
+    tmp.join(format!("cudabudget-cache-{}", user.uid))
+}
+
+/// The version directory name the old CLI used under it.
+fn version_name() -> String {
+    let bytes = std::fs::read(fresh_library()).unwrap();
+    format!(
+        "{}-{:016x}",
+        env!("CARGO_PKG_VERSION"),
+        cudabudget_spec::record::fnv1a(&bytes)
+    )
+}
+
+/// `mkdir -m MODE path` as `user`.
+fn mkdir_as(t: &Tenants, user: &User, mode: &str, path: &Path) {
+    let out = output(&mut as_user(
+        t,
+        user,
+        Path::new("/bin/mkdir"),
+        &["-m", mode, path.to_str().unwrap()],
+    ));
+    assert!(out.status.success(), "mkdir: {}", stderr(&out));
+}
+
+/// Asserts the run was budgeted by a library of alice's own, in a place only she (and
+/// root) can change, and returns its path.
+fn assert_budgeted_by_her_own_library(t: &Tenants, out: &Output) -> PathBuf {
+    let text = stdout(out);
+    assert!(
+        out.status.success() && text.contains("alloc rc=2"),
+        "alice's command did not run budgeted:\n{text}\n{}",
+        stderr(out)
+    );
+    let preload = text
+        .lines()
+        .find_map(|l| l.strip_prefix("preload="))
+        .expect("the preload line");
+    let path = PathBuf::from(preload);
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.is_file(), "{preload}");
+    assert_eq!(meta.uid(), t.alice.uid, "{preload} is not alice's");
+    assert_eq!(meta.mode() & 0o022, 0, "{preload} may be written by others");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(fresh_library()).unwrap(),
+        "{preload} is not the library the CLI carries"
+    );
+    for dir in path.ancestors().skip(1) {
+        let meta = std::fs::symlink_metadata(dir).unwrap();
+        assert!(meta.is_dir(), "{} is not a directory", dir.display());
+        assert!(
+            meta.uid() == 0 || meta.uid() == t.alice.uid,
+            "{} (on the way to {preload}) belongs to uid {}",
+            dir.display(),
+            meta.uid()
+        );
+        assert!(
+            meta.mode() & 0o022 == 0 || meta.mode() & 0o1000 != 0,
+            "{} (on the way to {preload}) may be changed by others (mode {:o})",
+            dir.display(),
+            meta.mode() & 0o7777
+        );
+    }
+    path
+}
+
+/// mallory plants `parent` (`mkdir -m MODE`, or a link to a directory of hers).
+fn planted_parent_case(mode: &str) {
+    let Some(t) = Tenants::get() else { return };
+    let s = shared(t);
+    let tmp = t.sticky_dir(&format!("cache-planted-{mode}"));
+    let parent = cache_parent(&tmp, &t.alice);
+    if mode == "link" {
+        let hers = tmp.join("hers");
+        mkdir_as(t, &t.mallory, "0777", &hers);
+        let out = output(&mut as_user(
+            t,
+            &t.mallory,
+            Path::new("/bin/ln"),
+            &["-s", hers.to_str().unwrap(), parent.to_str().unwrap()],
+        ));
+        assert!(out.status.success(), "ln: {}", stderr(&out));
+    } else {
+        mkdir_as(t, &t.mallory, mode, &parent);
+    }
+
+    let out = alice_runs(t, s, &tmp);
+    let path = assert_budgeted_by_her_own_library(t, &out);
+    assert!(
+        !path.starts_with(&parent),
+        "{} is under mallory's {}",
+        path.display(),
+        parent.display()
+    );
+    let said = stderr(&out);
+    assert!(
+        said.contains(parent.to_str().unwrap()) && said.contains(&format!("uid {}", t.mallory.uid)),
+        "no line names the directory in the way: {said}"
+    );
+    let lines: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains(parent.to_str().unwrap()))
+        .collect();
+    assert_eq!(lines.len(), 1, "{said}");
+    assert!(
+        lines[0].contains(path.to_str().unwrap()),
+        "the line says where it went: {said}"
+    );
+
+    // The next run finds its own copy again.
+    let again = alice_runs(t, s, &tmp);
+    assert_eq!(assert_budgeted_by_her_own_library(t, &again), path);
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_cache_directory_another_user_planted_open_to_all_is_passed_by_with_a_line() {
+    planted_parent_case("0777");
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_cache_directory_another_user_planted_closed_to_her_is_passed_by_with_a_line() {
+    planted_parent_case("0755");
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_link_another_user_planted_at_the_cache_name_is_passed_by_with_a_line() {
+    planted_parent_case("link");
+}
+
+/// A library that, once loaded, creates `marker` (C, built with `cc`).
+fn planted_library(t: &Tenants, marker: &Path) -> Option<PathBuf> {
+    let source = t.shared.join("planted.c");
+    let library = t.shared.join("planted.so");
+    std::fs::write(
+        &source,
+        format!(
+            "#include <fcntl.h>\n#include <unistd.h>\n\
+             __attribute__((constructor)) static void planted(void) {{\n\
+             int fd = open(\"{}\", O_WRONLY | O_CREAT | O_APPEND, 0666);\n\
+             if (fd >= 0) {{ (void)write(fd, \"ran\\n\", 4); close(fd); }}\n}}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status();
+    match built {
+        Ok(status) if status.success() => Some(library),
+        _ => {
+            crate::util::skip("no C compiler to build the planted library");
+            None
+        }
+    }
+}
+
+/// This thread becomes `user` (only this thread: the raw system calls change one
+/// thread's credentials, where libc's wrappers would change the whole test process's).
+fn become_user_on_this_thread(user: &User) {
+    // SAFETY: plain system calls on this thread's credentials; no memory is passed
+    // (setgroups gets a count of 0 and a null list).
+    let rc = unsafe {
+        let groups = libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
+        let gid = libc::syscall(libc::SYS_setresgid, user.gid, user.gid, user.gid);
+        let uid = libc::syscall(libc::SYS_setresuid, user.uid, user.uid, user.uid);
+        groups | gid | uid
+    };
+    assert_eq!(rc, 0, "cannot become {}", user.name);
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn another_user_swapping_directories_in_the_cache_never_gets_her_library_loaded() {
+    let Some(t) = Tenants::get() else { return };
+    let s = shared(t);
+    let tmp = t.sticky_dir("cache-race");
+    let marker = tmp.join("mallory-was-here");
+    let Some(planted) = planted_library(t, &marker) else {
+        return;
+    };
+    // mallory's open cache directory, and in it her own version directory with her
+    // library, ready to be exchanged with alice's.
+    let parent = cache_parent(&tmp, &t.alice);
+    mkdir_as(t, &t.mallory, "0777", &parent);
+    let evil = parent.join("evil");
+    mkdir_as(t, &t.mallory, "0755", &evil);
+    let planted_copy = evil.join("libcudabudget.so");
+    std::fs::copy(&planted, &planted_copy).unwrap();
+    std::os::unix::fs::chown(&planted_copy, Some(t.mallory.uid), Some(t.mallory.gid)).unwrap();
+    std::fs::set_permissions(&planted_copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let stop = Arc::clone(&stop);
+        let mallory = t.mallory.clone();
+        let parent = CString::new(parent.to_str().unwrap()).unwrap();
+        let version = CString::new(version_name()).unwrap();
+        let evil = CString::new("evil").unwrap();
+        std::thread::spawn(move || {
+            become_user_on_this_thread(&mallory);
+            // SAFETY: a NUL-terminated path; the descriptor is closed below.
+            let fd = unsafe { libc::open(parent.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+            assert!(fd >= 0, "mallory cannot open her directory");
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: a live directory descriptor and NUL-terminated names.
+                let rc = unsafe {
+                    libc::renameat2(
+                        fd,
+                        version.as_ptr(),
+                        fd,
+                        evil.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                if rc == 0 {
+                    swaps += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            // SAFETY: the descriptor opened above, closed once.
+            unsafe { libc::close(fd) };
+            swaps
+        })
+    };
+
+    let mut failures = Vec::new();
+    for attempt in 0..20 {
+        let out = alice_runs(t, s, &tmp);
+        if marker.exists() {
+            failures.push(format!("run {attempt}: mallory's library ran as alice"));
+            break;
+        }
+        let text = stdout(&out);
+        if !(out.status.success() && text.contains("alloc rc=2")) {
+            failures.push(format!(
+                "run {attempt} was not budgeted: {}{text}",
+                stderr(&out)
+            ));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{failures:?} ({swaps} swaps by mallory)"
+    );
+    assert!(!marker.exists(), "mallory's library ran as alice");
+}
+
+/// `cudabudget install ARGS` as root, with this run's library.
+fn install(args: &[&str]) -> Output {
+    let mut command = crate::util::cli::cudabudget(&["install"]);
+    command.args(args);
+    output(&mut command)
+}
+
+#[test]
+fn install_refuses_a_directory_under_one_another_user_owns() {
+    let Some(t) = Tenants::get() else { return };
+    let theirs = t.sticky_dir("install-under").join("mallory-owns-this");
+    mkdir_as(t, &t.mallory, "0755", &theirs);
+    let target = theirs.join("lib");
+    std::fs::create_dir(&target).unwrap(); // root's, but mallory can rename it away
+    let out = install(&["--lib-only", target.to_str().unwrap()]);
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(125), "{said}");
+    assert!(
+        said.contains(theirs.to_str().unwrap()) && said.contains(&format!("uid {}", t.mallory.uid)),
+        "{said}"
+    );
+    assert_eq!(said.trim_end().lines().count(), 1, "{said}");
+    assert!(!target.join("libcudabudget.so").exists());
+    assert!(stdout(&out).is_empty(), "no LD_PRELOAD line");
+}
+
+/// Whether this process may make a private mount namespace.
+fn unshare_permitted() -> bool {
+    Command::new("unshare")
+        .args(["-m", "true"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn install_system_budgets_a_process_that_dropped_ld_preload() {
+    let Some(t) = Tenants::get() else { return };
+    if !unshare_permitted() {
+        crate::util::skip("unshare -m is not permitted here (a private mount namespace is needed)");
+        return;
+    }
+    let real_before = std::fs::read("/etc/ld.so.preload").ok();
+    let s = shared(t);
+    let other = t.share(Path::new(crate::util::thirdparty_lib()));
+    // A copy of /etc, bind-mounted over /etc in the namespace only: the machine's own
+    // /etc/ld.so.preload is never written.
+    let etc = t.shared.join("etc-copy");
+    let _ = std::fs::remove_dir_all(&etc);
+    let copied = Command::new("cp")
+        .args(["-a", "/etc"])
+        .arg(&etc)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let dir = t.shared.join("system");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let script = r#"set -e
+mount --make-rprivate /
+mount --bind "$CB_ETC" /etc
+[ "$(stat -c %d:%i /etc)" = "$(stat -c %d:%i "$CB_ETC")" ] || { echo "not bound"; exit 99; }
+printf '%s\n' "$CB_OTHER" > /etc/ld.so.preload
+alice() {
+  setpriv --reuid="$CB_UID" --regid="$CB_GID" --clear-groups -- env -i PATH=/usr/bin:/bin \
+    LD_LIBRARY_PATH="$CB_FAKE" CUDABUDGET_LIMIT=1Gi "$CB_CLIENT" gpa alloc:2Gi | grep '^alloc'
+}
+echo "before: $(alice)"
+"$CB_CLI" install --system --lib-only "$CB_DIR"
+"$CB_CLI" install --system --lib-only "$CB_DIR"
+echo "after: $(alice)"
+echo "preload:"
+cat /etc/ld.so.preload
+"#;
+    let mut command = Command::new("unshare");
+    command
+        .args(["-m", "--", "sh", "-c", script])
+        .env_remove("LD_PRELOAD")
+        .env("CUDABUDGET_LIB", fresh_library())
+        .env("CB_ETC", &etc)
+        .env("CB_OTHER", &other)
+        .env("CB_UID", t.alice.uid.to_string())
+        .env("CB_GID", t.alice.gid.to_string())
+        .env("CB_FAKE", &s.fake)
+        .env("CB_CLIENT", &s.client)
+        .env("CB_CLI", BIN)
+        .env("CB_DIR", &dir);
+    let out = output(&mut command);
+    assert_eq!(
+        std::fs::read("/etc/ld.so.preload").ok(),
+        real_before,
+        "the machine's own /etc/ld.so.preload changed"
+    );
+    let text = stdout(&out);
+    let said = format!("{text}\n{}", stderr(&out));
+    assert!(out.status.success(), "{said}");
+    assert!(
+        text.contains("before: alloc rc=0"),
+        "without the system preload the process is not budgeted: {said}"
+    );
+    assert!(
+        text.contains("after: alloc rc=2"),
+        "a process without LD_PRELOAD escaped the budget: {said}"
+    );
+    let preload: Vec<&str> = text
+        .split_once("preload:\n")
+        .map(|(_, p)| p.lines().collect())
+        .unwrap_or_default();
+    let ours = dir.join("libcudabudget.so");
+    assert_eq!(
+        preload,
+        [other.to_str().unwrap(), ours.to_str().unwrap()],
+        "{said}"
+    );
+    let meta = std::fs::metadata(&ours).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o755);
+    let _ = std::fs::remove_dir_all(&etc);
+}
