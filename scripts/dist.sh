@@ -11,7 +11,7 @@
 # virtual environment, .dist-venv/ by default), `--target <triple>.2.17`, which links
 # against glibc 2.17's symbol versions whatever the host has. The wheel is made by
 # scripts/wheel.py (standard library only). Then it checks what it built:
-#   - the glibc versions the binaries need (tests/glibc_versions.rs, CB_REQUIRE_DIST=1;
+#   - the glibc versions the binaries need (tests/install/glibc_versions.rs, CB_REQUIRE_DIST=1;
 #     objdump -T shows the same),
 #   - the wheels with `auditwheel show` (manylinux_2_17 / manylinux2014),
 #   - the x86_64 wheel in a fresh virtual environment: `cudabudget run --limit 1Gi --`
@@ -122,12 +122,12 @@ for f in "$DIST/libcudabudget.so" "$DIST/cudabudget" "$DIST/aarch64/libcudabudge
   fi
 done
 GLOG=$(mktemp)
-if CB_REQUIRE_DIST=1 CB_DIST_DIR="$DIST" cargo test --locked --test glibc_versions -- --nocapture >"$GLOG" 2>&1; then
+if CB_REQUIRE_DIST=1 CB_DIST_DIR="$DIST" cargo test --locked --test install glibc_versions -- --nocapture >"$GLOG" 2>&1; then
   grep -E 'newest glibc|test result' "$GLOG"
   rm -f "$GLOG"
 else
   grep -vE '^ *(Compiling|Downloaded|Downloading)' "$GLOG" | tail -40
-  echo "dist.sh: tests/glibc_versions.rs failed: a binary in dist/ would not load on glibc 2.17" >&2
+  echo "dist.sh: tests/install/glibc_versions.rs failed: a binary in dist/ would not load on glibc 2.17" >&2
   exit 1
 fi
 
@@ -199,9 +199,9 @@ if [[ $WHEEL == 1 && " ${BUILT[*]} " == *" x86_64 "* && $(uname -m) == x86_64 ]]
 fi
 
 if [[ " ${BUILT[*]} " == *" x86_64 "* && $(uname -m) == x86_64 ]]; then
-  say "the test suite's budget, loader and escape tests against dist/libcudabudget.so"
+  say "the test suite's budget, view, loader, allocation-path, fork/capture and footprint tests against dist/libcudabudget.so"
   if CB_TEST_LIB="$DIST/libcudabudget.so" cargo test --locked \
-      --test budget_enforced --test loaders --test no_escape --test allocation_paths \
+      --test budgets --test views --test loaders --test allocation_paths --test fork_and_capture --test footprint \
       >"$FAKE/suite.log" 2>&1; then
     verdict suite/dist_library "[$(grep '^test result' "$FAKE/suite.log" | awk '{s+=$4} END {print s}') tests passed]" true
   else

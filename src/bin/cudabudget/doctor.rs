@@ -771,10 +771,13 @@ fn interposition(found: &Found) -> Check {
     };
     let mut command = Command::new(exe);
     // This environment's own budget variables would change the proof: the child gets
-    // only the proof's.
+    // only the proof's. Where it keeps its record stays this environment's choice.
     for (name, _) in std::env::vars_os() {
         let text = name.to_string_lossy();
-        if text.starts_with("CUDABUDGET_") || text.starts_with("CUDA_DEVICE_MEMORY_LIMIT") {
+        let place = text == config::RUNTIME_DIR || text == config::JOB_DIR;
+        if !place
+            && (text.starts_with("CUDABUDGET_") || text.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
+        {
             command.env_remove(&name);
         }
     }
