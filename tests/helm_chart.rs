@@ -42,8 +42,11 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn scratch(test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("helm-chart-{}-{test}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "helm-chart-{}-{}",
+        std::process::id(),
+        test.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -61,6 +64,8 @@ fn tool(variable: &str, name: &str) -> Option<PathBuf> {
 
 struct Tools {
     helm: PathBuf,
+    /// Helm 3 ($CB_HELM3), where given: the chart is rendered and linted by both.
+    helm3: Option<PathBuf>,
     validate: PathBuf,
     node: PathBuf,
     node_modules: PathBuf,
@@ -102,6 +107,7 @@ fn tools(test: &str) -> Option<Tools> {
     }
     Some(Tools {
         helm: helm.unwrap(),
+        helm3: tool("CB_HELM3", "helm3"),
         validate: validate.unwrap(),
         node: node.unwrap(),
         node_modules: node_modules.unwrap(),
@@ -116,13 +122,27 @@ fn text_of(out: &Output) -> String {
     )
 }
 
+impl Tools {
+    /// Every helm there is: `helm` (4), then helm 3 where given.
+    fn helms(&self) -> Vec<&Path> {
+        std::iter::once(self.helm.as_path())
+            .chain(self.helm3.as_deref())
+            .collect()
+    }
+}
+
 /// `helm template` of the chart with `args`; Err is helm's message.
 fn try_render(tools: &Tools, args: &[&str]) -> Result<Vec<Yaml>, String> {
-    let out = Command::new(&tools.helm)
+    try_render_with(&tools.helm, &chart(), args)
+}
+
+/// `helm template` of `chart` (a directory or a packaged .tgz) by `helm`.
+fn try_render_with(helm: &Path, chart: &Path, args: &[&str]) -> Result<Vec<Yaml>, String> {
+    let out = Command::new(helm)
         .args([
             "template",
             "cb",
-            chart().to_str().unwrap(),
+            chart.to_str().unwrap(),
             "--namespace",
             NAMESPACE,
         ])
@@ -139,7 +159,12 @@ fn try_render(tools: &Tools, args: &[&str]) -> Result<Vec<Yaml>, String> {
 }
 
 fn render(tools: &Tools, args: &[&str]) -> Vec<Yaml> {
-    try_render(tools, args).unwrap_or_else(|e| panic!("helm template {args:?} failed:\n{e}"))
+    render_with(&tools.helm, &chart(), args)
+}
+
+fn render_with(helm: &Path, chart: &Path, args: &[&str]) -> Vec<Yaml> {
+    try_render_with(helm, chart, args)
+        .unwrap_or_else(|e| panic!("{} template {args:?} failed:\n{e}", helm.display()))
 }
 
 fn with_monitoring(args: &[&'static str]) -> Vec<&'static str> {
@@ -302,6 +327,10 @@ fn the_default_values_render_the_node_components_and_every_object_validates() {
     let Some(tools) = tools("default values") else {
         return;
     };
+    for helm in tools.helms() {
+        let objects = render_with(helm, &chart(), &[]);
+        validate_strictly(&tools, &objects, &format!("default ({})", version_of(helm)));
+    }
     let objects = render(&tools, &[]);
     assert_eq!(
         kinds(&objects),
@@ -316,7 +345,6 @@ fn the_default_values_render_the_node_components_and_every_object_validates() {
         ),
         "without the monitoring.coreos.com API there is no ServiceMonitor or PrometheusRule, and the webhook is off"
     );
-    validate_strictly(&tools, &objects, "default");
 
     let objects = render(&tools, &with_monitoring(&[]));
     assert!(kinds(&objects).contains("ServiceMonitor/cb-cudabudget-exporter"));
@@ -346,8 +374,16 @@ fn every_switch_turned_still_renders_objects_that_validate() {
         return;
     };
     let values = fixture("every_switch.yaml");
-    let objects = render(&tools, &["-f", values.to_str().unwrap()]);
-    validate_strictly(&tools, &objects, "every-switch");
+    let args = ["-f", values.to_str().unwrap()];
+    for helm in tools.helms() {
+        let objects = render_with(helm, &chart(), &args);
+        validate_strictly(
+            &tools,
+            &objects,
+            &format!("every switch ({})", version_of(helm)),
+        );
+    }
+    let objects = render(&tools, &args);
 
     let webhook = find(&objects, "MutatingWebhookConfiguration/budgets-webhook");
     let hook = &webhook["webhooks"][0];
@@ -451,6 +487,83 @@ fn the_service_monitor_scrapes_the_exporter_and_keeps_the_workloads_labels() {
         .filter_map(Yaml::as_str)
         .collect();
     assert_eq!(args, ["exporter", "--listen", "0.0.0.0:9464"]);
+}
+
+/// `helm version --short` of `helm`.
+fn version_of(helm: &Path) -> String {
+    let out = Command::new(helm)
+        .args(["version", "--short"])
+        .output()
+        .expect("helm runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn helm_lint_strict_finds_nothing_with_the_default_or_every_switch_values() {
+    let Some(tools) = tools("lint") else {
+        return;
+    };
+    let values = fixture("every_switch.yaml");
+    for helm in tools.helms() {
+        for args in [vec![], vec!["-f", values.to_str().unwrap()]] {
+            let out = Command::new(helm)
+                .args(["lint", "--strict", chart().to_str().unwrap()])
+                .args(&args)
+                .output()
+                .expect("helm runs");
+            let said = text_of(&out);
+            assert!(
+                out.status.success()
+                    && said.contains("0 chart(s) failed")
+                    && !said.contains("[WARNING]"),
+                "{} lint --strict {args:?}:\n{said}",
+                version_of(helm)
+            );
+        }
+    }
+}
+
+/// `helm package` stores the files `files/` links to (deploy/grafana's), so the packaged
+/// chart renders the same objects as the directory.
+#[test]
+fn the_packaged_chart_renders_what_the_directory_renders() {
+    let Some(tools) = tools("package") else {
+        return;
+    };
+    let dir = scratch("package");
+    let out = Command::new(&tools.helm)
+        .args(["package", chart().to_str().unwrap(), "--destination"])
+        .arg(&dir)
+        .output()
+        .expect("helm runs");
+    assert!(out.status.success(), "helm package: {}", text_of(&out));
+    let packaged = dir.join("cudabudget-0.1.0.tgz");
+    let listing = Command::new("tar")
+        .arg("-tvzf")
+        .arg(&packaged)
+        .output()
+        .expect("tar runs");
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    for file in [
+        "cudabudget/files/alerts.yaml",
+        "cudabudget/files/cudabudget.json",
+    ] {
+        let line = listing
+            .lines()
+            .find(|l| l.ends_with(file))
+            .unwrap_or_else(|| panic!("{file} not packaged:\n{listing}"));
+        assert!(
+            line.starts_with('-'),
+            "{file} is packaged as a file, not a link: {line}"
+        );
+    }
+    let args = with_monitoring(&[]);
+    let from_package: Vec<Value> = render_with(&tools.helm, &packaged, &args)
+        .iter()
+        .map(json)
+        .collect();
+    let from_directory: Vec<Value> = render(&tools, &args).iter().map(json).collect();
+    assert_eq!(from_package, from_directory);
 }
 
 #[test]
