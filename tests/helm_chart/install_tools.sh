@@ -12,7 +12,10 @@
 #   @kubernetes-models/prometheus-operator 6.0.0 (npm): prometheus-operator's types,
 #                       for ServiceMonitor and PrometheusRule
 #
-# Needs python3 (venv, pip), npm and node.
+# Needs python3 (venv, pip), npm and node. Prometheus and promtool (a real scrape behind
+# the chart's ServiceMonitor; the alert rules parsed) come from Debian, as root:
+#   apt-get install -y --no-install-recommends prometheus
+# (where systemd runs, that package also starts a Prometheus service; stop it if unwanted).
 #
 #   bash tests/helm_chart/install_tools.sh [DIR]
 #   eval "$(bash tests/helm_chart/install_tools.sh DIR | grep '^export ')"
