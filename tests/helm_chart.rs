@@ -138,12 +138,8 @@ impl Tools {
     }
 }
 
-/// `helm template` of the chart with `args`; Err is helm's message.
-fn try_render(tools: &Tools, args: &[&str]) -> Result<Vec<Yaml>, String> {
-    try_render_with(&tools.helm, &chart(), args)
-}
-
-/// `helm template` of `chart` (a directory or a packaged .tgz) by `helm`.
+/// `helm template` of `chart` (a directory or a packaged .tgz) by `helm`; Err is helm's
+/// message.
 fn try_render_with(helm: &Path, chart: &Path, args: &[&str]) -> Result<Vec<Yaml>, String> {
     let out = Command::new(helm)
         .args([
