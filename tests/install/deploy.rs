@@ -110,6 +110,12 @@ fn every_yaml_file_under_deploy_parses() {
     let files: Vec<PathBuf> = files_under(&deploy())
         .into_iter()
         .filter(|path| has_extension(path, &["yml", "yaml"]))
+        // A Helm chart's templates are YAML only once rendered (tests/helm_chart.rs).
+        .filter(|path| {
+            !path.parent().is_some_and(|dir| {
+                dir.ends_with("templates") && dir.starts_with(deploy().join("helm"))
+            })
+        })
         .collect();
     let names: BTreeSet<String> = files
         .iter()
