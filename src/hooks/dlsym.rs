@@ -9,7 +9,7 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
-use crate::driver;
+use crate::sys::driver;
 
 /// The answer of [`route`]: `forward` null means "return `answer`"; otherwise jump to
 /// `forward` (glibc's dlsym) as if the caller had called it.

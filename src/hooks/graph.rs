@@ -4,9 +4,9 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::guard;
-use crate::driver::{CuResult, Device, Handle, real};
-use crate::runtime::{self, Mode};
-use crate::{capture, enforce, graphs};
+use crate::admit::{capture, flow, graphs};
+use crate::runtime::Mode;
+use crate::sys::driver::{CuResult, Device, Handle, real};
 
 /// # Safety
 /// As the driver's `cuStreamBeginCapture_v2`.
@@ -88,7 +88,7 @@ pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Han
 
 /// Remembers the memory and free nodes of a graph just instantiated into `exec`.
 fn instantiated(exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
-    if rc.is_ok() && !exec.is_null() && runtime::mode() == Mode::Budgeted {
+    if rc.is_ok() && !exec.is_null() && crate::lifecycle::mode() == Mode::Budgeted {
         // SAFETY: the driver wrote the new executable graph.
         graphs::instantiated(unsafe { *exec }, graphs::memory_of(graph));
     }
@@ -177,9 +177,9 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CuResult {
 pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphUpload", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphUpload", false, exec, stream, || unsafe {
-            real::cuGraphUpload(exec, stream)
-        })
+        let launch = || unsafe { real::cuGraphUpload(exec, stream) };
+        let cx = enter!(books, launch);
+        flow::launch_graph(cx, "cuGraphUpload", false, exec, stream, launch)
     })
 }
 
@@ -189,9 +189,9 @@ pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CuResult
 pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphUpload", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphUpload", false, exec, stream, || unsafe {
-            real::cuGraphUpload_ptsz(exec, stream)
-        })
+        let launch = || unsafe { real::cuGraphUpload_ptsz(exec, stream) };
+        let cx = enter!(books, launch);
+        flow::launch_graph(cx, "cuGraphUpload", false, exec, stream, launch)
     })
 }
 
@@ -201,9 +201,9 @@ pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: Handle, stream: Handle) -> CuR
 pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphLaunch", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphLaunch", true, exec, stream, || unsafe {
-            real::cuGraphLaunch(exec, stream)
-        })
+        let launch = || unsafe { real::cuGraphLaunch(exec, stream) };
+        let cx = enter!(books, launch);
+        flow::launch_graph(cx, "cuGraphLaunch", true, exec, stream, launch)
     })
 }
 
@@ -213,9 +213,9 @@ pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CuResult
 pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphLaunch", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphLaunch", true, exec, stream, || unsafe {
-            real::cuGraphLaunch_ptsz(exec, stream)
-        })
+        let launch = || unsafe { real::cuGraphLaunch_ptsz(exec, stream) };
+        let cx = enter!(books, launch);
+        flow::launch_graph(cx, "cuGraphLaunch", true, exec, stream, launch)
     })
 }
 
@@ -227,9 +227,9 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuR
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: Device) -> CuResult {
     guard("cuDeviceGraphMemTrim", || {
         // SAFETY: the caller's argument.
-        let rc = enforce::program_trim(|| unsafe { real::cuDeviceGraphMemTrim(device) });
-        if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
-            enforce::graph_memory_changed(device as usize);
+        let rc = flow::program_trim(|| unsafe { real::cuDeviceGraphMemTrim(device) });
+        if rc.is_ok() && device >= 0 && crate::lifecycle::mode() == Mode::Budgeted {
+            flow::graph_memory_changed(device as usize);
         }
         rc
     })

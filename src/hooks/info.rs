@@ -4,9 +4,9 @@
 use std::ffi::{c_int, c_void};
 
 use super::guard;
-use crate::driver::{CuResult, Device, Handle, real};
+use crate::admit::{footprint, loads};
 use crate::runtime::{self, Mode};
-use crate::{footprint, loads};
+use crate::sys::driver::{CuResult, Device, Handle, real};
 
 /// Refused with `CUDA_ERROR_NOT_PERMITTED` when the configuration is malformed: the
 /// process must not run unbudgeted.
@@ -16,7 +16,7 @@ use crate::{footprint, loads};
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
     guard("cuInit", || {
-        let mode = runtime::mode();
+        let mode = crate::lifecycle::mode();
         if let Some(rc) = runtime::refusal(mode) {
             return rc;
         }
@@ -26,7 +26,7 @@ pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
             // NVML starts now, on its own thread: after the driver's initialisation, not
             // alongside it (the two take turns in the kernel driver, and a cuInit
             // alongside NVML's took 9 ms longer on an H200).
-            crate::nvml::prewarm();
+            crate::sys::nvml::prewarm(footprint::nvml_ready);
         }
         if rc.is_ok() {
             footprint::driver_ready();
@@ -42,7 +42,7 @@ pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
     guard("cuMemGetInfo", || {
-        if let Some(rc) = runtime::refusal(runtime::mode()) {
+        if let Some(rc) = runtime::refusal(crate::lifecycle::mode()) {
             return rc;
         }
         // SAFETY: the caller's out-pointers.
@@ -53,7 +53,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             && let Some((device, d)) = budgeted_view()
         {
             footprint::settle_before_admission(device);
-            crate::enforce::refresh_pools(device, d);
+            crate::admit::flow::refresh_pools(device, d);
             footprint::maybe_reconcile(device, d);
             let budget = d.budget();
             // SAFETY: the driver just filled both.
@@ -66,8 +66,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
-fn budgeted_view() -> Option<(usize, &'static crate::ledger::DeviceLedger)> {
-    if runtime::mode() != Mode::Budgeted {
+fn budgeted_view() -> Option<(usize, &'static crate::books::ledger::DeviceLedger)> {
+    if crate::lifecycle::mode() != Mode::Budgeted {
         return None;
     }
     runtime::budgeted_current()
@@ -80,7 +80,7 @@ fn budgeted_view() -> Option<(usize, &'static crate::ledger::DeviceLedger)> {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: Device) -> CuResult {
     guard("cuDeviceTotalMem", || {
-        if let Some(rc) = runtime::refusal(runtime::mode()) {
+        if let Some(rc) = runtime::refusal(crate::lifecycle::mode()) {
             return rc;
         }
         // SAFETY: the caller's arguments.
@@ -88,7 +88,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: Device) 
         if rc.is_ok()
             && !bytes.is_null()
             && device >= 0
-            && runtime::mode() == Mode::Budgeted
+            && crate::lifecycle::mode() == Mode::Budgeted
             && let Some(d) = runtime::budgeted(device as usize)
         {
             // SAFETY: the driver just filled it.
@@ -100,7 +100,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: Device) 
 
 /// Runs a context creation on `device` and charges the context when it succeeds.
 fn creating_context(device: Device, create: impl FnOnce() -> CuResult) -> CuResult {
-    let mode = runtime::mode();
+    let mode = crate::lifecycle::mode();
     if let Some(rc) = runtime::refusal(mode) {
         return rc;
     }
@@ -118,7 +118,7 @@ fn creating_context(device: Device, create: impl FnOnce() -> CuResult) -> CuResu
 /// it counted is gone. A reset of a primary context that was never active (what
 /// `cudaDeviceReset` does beside a context from `cuCtxCreate`) ends nothing we counted.
 fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
-    let mode = runtime::mode();
+    let mode = crate::lifecycle::mode();
     if let Some(rc) = runtime::refusal(mode) {
         return rc;
     }
@@ -130,7 +130,7 @@ fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuRe
     let counted = books.primary.get(device as usize).copied().unwrap_or(false);
     if rc.is_ok() && counted && !primary_active(device) {
         books.primary[device as usize] = false;
-        crate::enforce::context_gone(device as usize);
+        crate::lifecycle::context_gone(device as usize);
     }
     rc
 }
@@ -149,7 +149,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Devi
     guard("cuDevicePrimaryCtxRetain", || {
         // SAFETY: the caller's arguments.
         let retain = || unsafe { real::cuDevicePrimaryCtxRetain(ctx, device) };
-        if runtime::mode() != Mode::Budgeted || device < 0 {
+        if crate::lifecycle::mode() != Mode::Budgeted || device < 0 {
             return creating_context(device, retain);
         }
         let mut books = footprint::context_books();
@@ -193,7 +193,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: Device) -> CuResult 
 
 /// Remembers a context from `cuCtxCreate` and its device, so its destruction can be told.
 fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
-    if rc.is_ok() && !ctx.is_null() && runtime::mode() == Mode::Budgeted {
+    if rc.is_ok() && !ctx.is_null() && crate::lifecycle::mode() == Mode::Budgeted {
         // SAFETY: the driver wrote the new context.
         let handle = unsafe { *ctx } as usize;
         footprint::context_books()
@@ -272,7 +272,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
     guard("cuCtxDestroy", || {
         // SAFETY: the caller's argument.
         let rc = loads::unload(ctx, || unsafe { real::cuCtxDestroy_v2(ctx) });
-        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
+        if rc.is_ok() && crate::lifecycle::mode() == Mode::Budgeted {
             let device = {
                 let created = &mut footprint::context_books().created;
                 created
@@ -281,7 +281,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
                     .map(|i| created.swap_remove(i).1)
             };
             if let Some(device) = device {
-                crate::enforce::context_gone(device);
+                crate::lifecycle::context_gone(device);
             }
         }
         rc

@@ -1,11 +1,11 @@
 //! Modules, libraries and context limits: device memory that arrives with a call that
-//! names no size ([`crate::loads`] measures and charges it).
+//! names no size ([`crate::admit::loads`] measures and charges it).
 
 use std::ffi::{c_char, c_int, c_void};
 
 use super::guard;
-use crate::driver::{CuResult, DevicePtr, Handle, real};
-use crate::loads::{self, Image};
+use crate::admit::loads::{self, Image};
+use crate::sys::driver::{CuResult, DevicePtr, Handle, real};
 
 /// A module load (`real`): admitted for what its image says, then charged by what it
 /// costs, unloaded again if that does not fit.
@@ -16,8 +16,9 @@ fn module_load(
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     guard(call, || {
+        let cx = enter!(real);
         // SAFETY: the module the driver just loaded.
-        loads::load(call, module, false, image, real, |m| unsafe {
+        loads::load(cx, call, module, false, image, real, |m| unsafe {
             real::cuModuleUnload(m)
         })
     })
@@ -31,8 +32,9 @@ fn library_load(
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     guard(call, || {
+        let cx = enter!(real);
         // SAFETY: the library the driver just loaded.
-        loads::load(call, library, true, image, real, |l| unsafe {
+        loads::load(cx, call, library, true, image, real, |l| unsafe {
             real::cuLibraryUnload(l)
         })
     })
@@ -252,6 +254,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CuResult {
     guard("cuCtxSetLimit", || {
         // SAFETY: the caller's limit, with the value asked for or the old one back.
-        loads::set_limit(limit, value, |v| unsafe { real::cuCtxSetLimit(limit, v) })
+        let set = |v| unsafe { real::cuCtxSetLimit(limit, v) };
+        let cx = enter!(|| set(value));
+        loads::set_limit(cx, limit, value, set)
     })
 }

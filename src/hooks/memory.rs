@@ -1,15 +1,16 @@
 //! The allocation and release entry points, one per driver variant, in the order of
 //! DESIGN.md's table. Each is resolve → reserve → real call → commit or roll back, in
-//! [`crate::enforce`].
+//! [`crate::admit::flow`].
 
 use super::guard;
-use crate::driver::{
+use crate::admit::flow::{self, array_bytes};
+use crate::admit::{gate, pools};
+use crate::books::vmm;
+use crate::runtime::{self, Mode};
+use crate::sys::driver::{
     Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_ALLOCATION_TYPE_PINNED,
     MEM_LOCATION_TYPE_DEVICE, MemAllocationProp, MemLocation, MemPoolProps, real,
 };
-use crate::enforce::{self, array_bytes};
-use crate::runtime::{self, Mode};
-use crate::{gate, pools, vmm};
 
 /// # Safety
 /// As the driver's `cuMemAlloc_v2`.
@@ -17,9 +18,9 @@ use crate::{gate, pools, vmm};
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize) -> CuResult {
     guard("cuMemAlloc", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_direct("cuMemAlloc", bytes as u64, None, dptr, || unsafe {
-            real::cuMemAlloc_v2(dptr, bytes)
-        })
+        let alloc = || unsafe { real::cuMemAlloc_v2(dptr, bytes) };
+        let cx = enter!(alloc);
+        flow::alloc_direct(cx, "cuMemAlloc", bytes as u64, None, dptr, alloc)
     })
 }
 
@@ -35,9 +36,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 ) -> CuResult {
     guard("cuMemAllocPitch", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_pitch(width, height, dptr, pitch, || unsafe {
-            real::cuMemAllocPitch_v2(dptr, pitch, width, height, elem)
-        })
+        let alloc = || unsafe { real::cuMemAllocPitch_v2(dptr, pitch, width, height, elem) };
+        let cx = enter!(alloc);
+        flow::alloc_pitch(cx, width, height, dptr, pitch, alloc)
     })
 }
 
@@ -53,9 +54,9 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> CuResult {
     guard("cuMemAllocManaged", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_direct("cuMemAllocManaged", bytes as u64, None, dptr, || unsafe {
-            real::cuMemAllocManaged(dptr, bytes, flags)
-        })
+        let alloc = || unsafe { real::cuMemAllocManaged(dptr, bytes, flags) };
+        let cx = enter!(alloc);
+        flow::alloc_direct(cx, "cuMemAllocManaged", bytes as u64, None, dptr, alloc)
     })
 }
 
@@ -65,7 +66,9 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
     guard("cuMemFree", || {
         // SAFETY: the caller's argument.
-        enforce::free(dptr, || unsafe { real::cuMemFree_v2(dptr) })
+        let free = || unsafe { real::cuMemFree_v2(dptr) };
+        let cx = enter!(free);
+        flow::free(cx, dptr, free)
     })
 }
 
@@ -86,7 +89,7 @@ pub unsafe extern "C" fn cuMemCreate(
     guard("cuMemCreate", || {
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuMemCreate(handle, size, prop, flags) };
-        let mode = runtime::mode();
+        let mode = crate::lifecycle::mode();
         if mode != Mode::Budgeted || prop.is_null() {
             return runtime::refusal(mode).unwrap_or_else(create);
         }
@@ -101,7 +104,7 @@ pub unsafe extern "C" fn cuMemCreate(
         };
         let bytes = size as u64;
         // The first context's charge, if still pending, comes first (as in `admit`).
-        crate::footprint::settle_before_admission(device);
+        crate::admit::footprint::settle_before_admission(device);
         let reservation = match d.reserve(bytes) {
             Ok(r) => r,
             Err(_) => {
@@ -109,7 +112,7 @@ pub unsafe extern "C" fn cuMemCreate(
                 if let Some(rc) = unsafe { driver_rejects(d, size, prop, flags) } {
                     return rc;
                 }
-                match enforce::admit("cuMemCreate", device, d, bytes) {
+                match flow::admit("cuMemCreate", device, d, bytes) {
                     Ok(r) => r,
                     Err(rc) => return rc,
                 }
@@ -132,7 +135,7 @@ pub unsafe extern "C" fn cuMemCreate(
 /// # Safety
 /// `prop` must be valid for the driver.
 unsafe fn driver_rejects(
-    d: &crate::ledger::DeviceLedger,
+    d: &crate::books::ledger::DeviceLedger,
     size: usize,
     prop: *const MemAllocationProp,
     flags: u64,
@@ -150,7 +153,7 @@ unsafe fn driver_rejects(
     let mut probe = 0u64;
     // In relaxed mode: the probe is the library's call, and must not break a capture.
     // SAFETY: the smallest allocation of the same kind, released at once.
-    let rc = crate::capture::relaxed(|| unsafe {
+    let rc = crate::admit::capture::relaxed(|| unsafe {
         let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
         if rc.is_ok() {
             let _ = real::cuMemRelease(probe);
@@ -168,7 +171,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
     guard("cuMemRelease", || {
         // SAFETY: the caller's argument.
         let release = || unsafe { real::cuMemRelease(handle) };
-        if runtime::mode() != Mode::Budgeted {
+        if crate::lifecycle::mode() != Mode::Budgeted {
             return release();
         }
         // The books follow the driver's order: the lock is held across the driver's
@@ -192,7 +195,7 @@ pub unsafe extern "C" fn cuMemMap(
     guard("cuMemMap", || {
         // SAFETY: the caller's arguments.
         let map = || unsafe { real::cuMemMap(ptr, size, offset, handle, flags) };
-        if runtime::mode() != Mode::Budgeted {
+        if crate::lifecycle::mode() != Mode::Budgeted {
             return map();
         }
         vmm_call(map, |v| v.mapped(ptr, size as u64, handle)).0
@@ -206,7 +209,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: DevicePtr, size: usize) -> CuResult {
     guard("cuMemUnmap", || {
         // SAFETY: the caller's arguments.
         let unmap = || unsafe { real::cuMemUnmap(ptr, size) };
-        if runtime::mode() != Mode::Budgeted {
+        if crate::lifecycle::mode() != Mode::Budgeted {
             return unmap();
         }
         let (rc, returned) = vmm_call(unmap, |v| v.unmapped(ptr, size as u64));
@@ -229,7 +232,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     guard("cuMemRetainAllocationHandle", || {
         // SAFETY: the caller's arguments.
         let retain = || unsafe { real::cuMemRetainAllocationHandle(handle, addr) };
-        if runtime::mode() != Mode::Budgeted || handle.is_null() {
+        if crate::lifecycle::mode() != Mode::Budgeted || handle.is_null() {
             return retain();
         }
         // SAFETY: the driver wrote the handle (the closure runs only on success).
@@ -270,12 +273,15 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     stream: Handle,
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
-        // SAFETY: the caller's arguments.
-        enforce::alloc_async(
+        // SAFETY: the caller's arguments (here and in the driver's call below).
+        let cx = enter!(|| unsafe { real::cuMemAllocAsync(dptr, bytes, stream) });
+        flow::alloc_async(
+            cx,
             bytes as u64,
             stream,
             dptr,
             #[inline(always)]
+            // SAFETY: the caller's arguments.
             || unsafe { real::cuMemAllocAsync(dptr, bytes, stream) },
         )
     })
@@ -290,12 +296,15 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     stream: Handle,
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
-        // SAFETY: the caller's arguments.
-        enforce::alloc_async(
+        // SAFETY: the caller's arguments (here and in the driver's call below).
+        let cx = enter!(|| unsafe { real::cuMemAllocAsync_ptsz(dptr, bytes, stream) });
+        flow::alloc_async(
+            cx,
             bytes as u64,
             stream,
             dptr,
             #[inline(always)]
+            // SAFETY: the caller's arguments.
             || unsafe { real::cuMemAllocAsync_ptsz(dptr, bytes, stream) },
         )
     })
@@ -312,13 +321,17 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 ) -> CuResult {
     guard("cuMemAllocFromPoolAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_pooled(
+        let alloc = || unsafe { real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) };
+        let cx = enter!(alloc);
+        let bytes = bytes as u64;
+        flow::alloc_pooled(
+            cx,
             "cuMemAllocFromPoolAsync",
-            bytes as u64,
+            bytes,
             Some(pool),
             stream,
             dptr,
-            || unsafe { real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) },
+            alloc,
         )
     })
 }
@@ -334,13 +347,17 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ) -> CuResult {
     guard("cuMemAllocFromPoolAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_pooled(
+        let alloc = || unsafe { real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream) };
+        let cx = enter!(alloc);
+        let bytes = bytes as u64;
+        flow::alloc_pooled(
+            cx,
             "cuMemAllocFromPoolAsync",
-            bytes as u64,
+            bytes,
             Some(pool),
             stream,
             dptr,
-            || unsafe { real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream) },
+            alloc,
         )
     })
 }
@@ -350,11 +367,14 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
-        // SAFETY: the caller's arguments.
-        enforce::free_async(
+        // SAFETY: the caller's arguments (here and in the driver's call below).
+        let cx = enter!(|| unsafe { real::cuMemFreeAsync(dptr, stream) });
+        flow::free_async(
+            cx,
             dptr,
             stream,
             #[inline(always)]
+            // SAFETY: the caller's arguments.
             || unsafe { real::cuMemFreeAsync(dptr, stream) },
         )
     })
@@ -365,11 +385,14 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuRe
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
-        // SAFETY: the caller's arguments.
-        enforce::free_async(
+        // SAFETY: the caller's arguments (here and in the driver's call below).
+        let cx = enter!(|| unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) });
+        flow::free_async(
+            cx,
             dptr,
             stream,
             #[inline(always)]
+            // SAFETY: the caller's arguments.
             || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) },
         )
     })
@@ -411,18 +434,18 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
         let trim = || unsafe { real::cuMemPoolTrimTo(pool, keep) };
         // A created pool's reserve is what its growths are admitted by.
         let rc = if pools::created(pool).is_some() {
-            enforce::program_trim(trim)
+            flow::program_trim(trim)
         } else {
             trim()
         };
-        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
+        if rc.is_ok() && crate::lifecycle::mode() == Mode::Budgeted {
             let device = match pools::place_of(pool) {
                 pools::Place::Device(device) => Some(device),
                 pools::Place::Unknown => runtime::current_device(),
                 pools::Place::Host => None,
             };
             if let Some(device) = device {
-                enforce::pool_trimmed(device, pool);
+                flow::pool_trimmed(device, pool);
             }
         }
         rc
@@ -445,8 +468,8 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
             return rc;
         }
         // A device's current pool, when destroyed, hands the device back to its default
-        // pool: a switch like cuDeviceSetMemPool's (crate::gate).
-        gate::closed(|| enforce::created_pool_destroyed(pool, destroy))
+        // pool: a switch like cuDeviceSetMemPool's (crate::admit::gate).
+        gate::closed(|| flow::created_pool_destroyed(pool, destroy))
     })
 }
 
@@ -456,7 +479,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
 /// As the driver's `cuDeviceSetMemPool`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuDeviceSetMemPool(
-    device: crate::driver::Device,
+    device: crate::sys::driver::Device,
     pool: Handle,
 ) -> CuResult {
     guard("cuDeviceSetMemPool", || {
@@ -495,15 +518,15 @@ pub unsafe extern "C" fn cuMemSetMemPool(
 
 /// Makes `pool` the device's current pool (`real`).
 fn set_device_pool(
-    device: crate::driver::Device,
+    device: crate::sys::driver::Device,
     pool: Handle,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     // No stream-ordered allocation is between its look at the current pool and its
-    // driver call while the pool changes (crate::gate); those after see the new pool.
+    // driver call while the pool changes (crate::admit::gate); those after see the new pool.
     gate::closed(|| {
         let rc = real();
-        if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
+        if rc.is_ok() && device >= 0 && crate::lifecycle::mode() == Mode::Budgeted {
             pools::made_current(device as usize, pool);
         }
         rc
@@ -526,7 +549,8 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
         // SAFETY: checked non-null.
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, 0, d.format, d.num_channels, 1);
-        enforce::alloc_array("cuArrayCreate", bytes, array, create)
+        let cx = enter!(create);
+        flow::alloc_array(cx, "cuArrayCreate", bytes, array, create)
     })
 }
 
@@ -546,7 +570,8 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         // SAFETY: checked non-null.
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, 1);
-        enforce::alloc_array("cuArray3DCreate", bytes, array, create)
+        let cx = enter!(create);
+        flow::alloc_array(cx, "cuArray3DCreate", bytes, array, create)
     })
 }
 
@@ -567,7 +592,8 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         // SAFETY: checked non-null.
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, levels);
-        enforce::alloc_array("cuMipmappedArrayCreate", bytes, array, create)
+        let cx = enter!(create);
+        flow::alloc_array(cx, "cuMipmappedArrayCreate", bytes, array, create)
     })
 }
 
@@ -577,7 +603,9 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
     guard("cuArrayDestroy", || {
         // SAFETY: the caller's argument.
-        enforce::free_array(array, || unsafe { real::cuArrayDestroy(array) })
+        let destroy = || unsafe { real::cuArrayDestroy(array) };
+        let cx = enter!(destroy);
+        flow::free_array(cx, array, destroy)
     })
 }
 
@@ -587,6 +615,8 @@ pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CuResult {
     guard("cuMipmappedArrayDestroy", || {
         // SAFETY: the caller's argument.
-        enforce::free_array(array, || unsafe { real::cuMipmappedArrayDestroy(array) })
+        let destroy = || unsafe { real::cuMipmappedArrayDestroy(array) };
+        let cx = enter!(destroy);
+        flow::free_array(cx, array, destroy)
     })
 }

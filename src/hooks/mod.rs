@@ -1,5 +1,5 @@
 //! The exported symbols, and nothing else: each hook is a few lines that call into
-//! [`crate::enforce`], [`crate::footprint`] or the driver.
+//! [`crate::admit::flow`], [`crate::admit::footprint`] or the driver.
 //!
 //! [`hook_for`] is the one list of what is interposed; `dlsym` and `cuGetProcAddress`
 //! both answer from it, so every way a program reaches the driver ends in the same hook.
@@ -11,7 +11,28 @@
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::driver::{CuResult, Sym};
+use crate::sys::driver::{CuResult, Sym};
+
+/// The one prologue of a hook that budgets: `let cx = enter!(real);` returns `real()` in
+/// a process that does not budget, the refusal in one that must not run CUDA, and
+/// otherwise gives the call context the decisions take ([`crate::lifecycle::enter`]).
+/// `enter!(books, real)` is the prologue of a hook that only keeps books of what the
+/// driver did: outside a budgeted process it calls the driver, whatever the reason.
+macro_rules! enter {
+    ($real:expr) => {
+        match crate::lifecycle::enter() {
+            crate::lifecycle::Entered::Budgeted(cx) => cx,
+            crate::lifecycle::Entered::Pass => return $real(),
+            crate::lifecycle::Entered::Refuse(rc) => return rc,
+        }
+    };
+    (books, $real:expr) => {
+        match crate::lifecycle::enter_books() {
+            Some(cx) => cx,
+            None => return $real(),
+        }
+    };
+}
 
 pub mod dlsym;
 pub mod graph;
@@ -27,7 +48,7 @@ pub(crate) fn guard(call: &'static str, body: impl FnOnce() -> CuResult) -> CuRe
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(rc) => rc,
         Err(_) => {
-            crate::report::caught_panic(call);
+            crate::tell::report::caught_panic(call);
             CuResult::UNKNOWN
         }
     }
@@ -145,5 +166,5 @@ pub fn hook_named(name: &[u8]) -> Option<*mut c_void> {
     if !name.starts_with(b"cu") {
         return None;
     }
-    crate::driver::sym_named(name).and_then(hook_for)
+    crate::sys::driver::sym_named(name).and_then(hook_for)
 }

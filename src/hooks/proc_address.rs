@@ -9,8 +9,8 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 
 use super::guard;
-use crate::driver::{self, CuResult, Sym, real};
-use crate::runtime::{self, Mode};
+use crate::runtime::Mode;
+use crate::sys::driver::{self, CuResult, Sym, real};
 
 /// Replaces the driver's answer `found` for `symbol` with our hook for that variant when
 /// we wrap it.
@@ -36,7 +36,7 @@ fn redirect(symbol: *const c_char, found: *mut c_void) -> *mut c_void {
         return super::hook_for(sym).unwrap_or(found);
     }
     // A process with no budget keeps the driver's own functions.
-    if runtime::mode() != Mode::Budgeted && runtime::mode() != Mode::Refused {
+    if crate::lifecycle::mode() != Mode::Budgeted && crate::lifecycle::mode() != Mode::Refused {
         return found;
     }
     super::hook_for(sym).unwrap_or(found)

@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use cudabudget_spec::place::{Dir, FileOpen};
 
+use crate::books::ledger::Denial;
 use crate::config::LogLevel;
-use crate::ledger::Denial;
 
 /// Events the queue holds (a power of two). An event is about 150 bytes.
 const CAPACITY: usize = 1024;
@@ -341,7 +341,9 @@ pub fn denial(call: &str, device: usize, denial: &Denial) {
     }
     name[..len].copy_from_slice(&call.as_bytes()[..len]);
     let top_holders = match crate::books::job::joined() {
-        Some(ledger) if device < crate::ledger::MAX_DEVICES => Some(ledger.top_holders(device)),
+        Some(ledger) if device < crate::books::ledger::MAX_DEVICES => {
+            Some(ledger.top_holders(device))
+        }
         _ => None,
     };
     let event = Event {
@@ -394,7 +396,7 @@ fn start_writer() {
         });
     if let Err(error) = spawned {
         WRITER.store(OFF, Ordering::Release);
-        crate::report::line(
+        crate::sys::log::line(
             LogLevel::Warn,
             format_args!(
                 "cannot start the thread that writes denial events ({error}); events are not recorded"
@@ -488,7 +490,7 @@ fn writer() {
         if dropped > 0 && last_drop_line.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
             DROPPED.fetch_sub(dropped, Ordering::Relaxed);
             last_drop_line = Some(std::time::Instant::now());
-            crate::report::line(
+            crate::sys::log::line(
                 LogLevel::Warn,
                 format_args!(
                     "{dropped} denial events were not written to {}: they came faster than \
@@ -502,7 +504,7 @@ fn writer() {
 }
 
 fn warn_unusable(path: &Path, why: &str) {
-    crate::report::line(
+    crate::sys::log::line(
         LogLevel::Warn,
         format_args!(
             "cannot append denial events to {} ({why}); events are not recorded",

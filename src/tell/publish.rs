@@ -34,14 +34,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen};
 
+use crate::books::ledger::UNRESOLVED;
 use crate::config::LogLevel;
-use crate::ledger::UNRESOLVED;
-use crate::report;
 use record::{DeviceFigures, Record};
 
 /// How often the thread looks at the books.
@@ -51,7 +50,6 @@ pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// The mode of our records directory: ours alone (see the module's comment).
 const DIR_MODE: u32 = 0o700;
 
-static STARTED: AtomicBool = AtomicBool::new(false);
 /// The process whose record [`RECORD`] is: a child of `fork()` is not its owner and must
 /// not remove it at its exit.
 static OWNER: AtomicU32 = AtomicU32::new(0);
@@ -66,29 +64,10 @@ fn still_ours(dir: &Dir, identity: (u64, u64)) -> bool {
     place::fstat(dir.fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == identity)
 }
 
-/// Starts publishing this process's figures, once. Called at the end of a successful
-/// initialisation; costs the caller one thread creation and nothing after.
-pub fn start() {
-    if STARTED.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("cudabudget-pub".into())
-        .stack_size(256 << 10)
-        .spawn(|| {
-            // Off the program's threads: in a process that already has threads, the
-            // registration waits for an RCU grace period (milliseconds).
-            crate::gate::prepare();
-            let _ = std::panic::catch_unwind(publish);
-        });
-    if let Err(error) = spawned {
-        report::line(
-            LogLevel::Info,
-            format_args!(
-                "cannot start the thread that publishes this process's figures ({error}); `cudabudget status` will not show it"
-            ),
-        );
-    }
+/// Publishes this process's figures until it ends: the body of the library's background
+/// thread ([`crate::lifecycle`] starts it, once).
+pub fn run() {
+    let _ = std::panic::catch_unwind(publish);
 }
 
 /// What the process is, read once from `/proc/self` (never from `environ`, which the
@@ -304,7 +283,7 @@ fn publish() {
         .unwrap_or_default();
     let (dir, in_the_way) = records_dir(&roots);
     let Some(dir) = dir else {
-        report::line(
+        crate::sys::log::line(
             LogLevel::Info,
             format_args!(
                 "cannot publish this process's figures ({}); `cudabudget status` will not show it",
@@ -316,14 +295,14 @@ fn publish() {
     let name = record::file_name(identity.pid, identity.pid_namespace);
     let temporary = temporary_name(identity.pid, identity.pid_namespace);
     match &in_the_way {
-        Some(why) => report::line(
+        Some(why) => crate::sys::log::line(
             LogLevel::Info,
             format_args!(
                 "this process's figures are published in {} ({why})",
                 dir.path().display()
             ),
         ),
-        None => report::line(
+        None => crate::sys::log::line(
             LogLevel::Debug,
             format_args!("publishing figures in {}", dir.path().join(&name).display()),
         ),
@@ -368,7 +347,7 @@ fn publish() {
             // The driver answers once the program has initialised CUDA.
             last_uuid_try = Some(Instant::now());
             for d in devices.iter_mut().filter(|d| d.uuid.is_none()) {
-                let uuid = crate::nvml::cuda_uuid(d.ordinal as usize);
+                let uuid = crate::sys::nvml::cuda_uuid(d.ordinal as usize);
                 uuids[d.ordinal as usize].clone_from(&uuid);
                 d.uuid = uuid;
             }
@@ -380,7 +359,7 @@ fn publish() {
             record.updated_ms = now_ms();
             record.encode(&mut buf);
             if !still_ours(dir, *dir_identity) {
-                report::line(
+                crate::sys::log::line(
                     LogLevel::Info,
                     format_args!(
                         "the program closed the descriptor of {}; this process's figures are no longer published",
@@ -390,7 +369,7 @@ fn publish() {
                 return;
             }
             if let Err(error) = write_record(dir, &temporary, &name, &buf) {
-                report::line(
+                crate::sys::log::line(
                     LogLevel::Info,
                     format_args!(
                         "cannot publish this process's figures in {} any more ({error}); `cudabudget status` will not show it",

@@ -8,39 +8,32 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::admit::pools;
+use crate::admit::{capture, footprint, gate, graphs};
+use crate::books::ledger::{
+    self, BankGuard, Denial, DeviceLedger, Entry, Kind, Reservation, Table,
+};
 use crate::config::OnExceed;
-use crate::driver::{CuResult, DevicePtr, Handle};
-use crate::ledger::{self, BankGuard, Denial, DeviceLedger, Entry, Kind, Reservation, Table};
-use crate::pools;
-use crate::report;
-use crate::runtime::{self, Mode};
-use crate::{capture, footprint, gate, graphs};
+use crate::runtime::{self, Cx};
+use crate::sys::driver::{CuResult, DevicePtr, Handle};
+use crate::tell::report;
 
 /// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
 /// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
 pub const POOL_STEP: u64 = 32 << 20;
 
-/// The budgeted device for a hook, or what the hook must return without budgeting:
-/// `Err(None)` = call the driver unchanged, `Err(Some(rc))` = return `rc`.
+/// The budgeted device for a call in a budgeted process (`device`, or the calling
+/// context's); `None`: the device has no budget, call the driver unchanged.
 #[inline(always)]
 pub(crate) fn budgeted_device(
+    _cx: Cx,
     device: Option<usize>,
-) -> Result<(usize, &'static DeviceLedger), Option<CuResult>> {
-    let mode = runtime::mode();
-    if mode != Mode::Budgeted {
-        return Err(runtime::refusal(mode));
-    }
+) -> Option<(usize, &'static DeviceLedger)> {
     let device = match device {
         Some(d) => d,
-        None => runtime::current_device().ok_or(None)?,
+        None => runtime::current_device()?,
     };
-    runtime::budgeted(device).map(|d| (device, d)).ok_or(None)
-}
-
-/// Passes a hook through: the driver's answer, or the refusal the mode calls for.
-#[inline]
-fn pass(refusal: Option<CuResult>, real: impl FnOnce() -> CuResult) -> CuResult {
-    refusal.unwrap_or_else(real)
+    runtime::budgeted(device).map(|d| (device, d))
 }
 
 /// Reserves `bytes` on `device`; if they do not fit, trims the pools and re-reads the
@@ -98,9 +91,9 @@ fn admit_or_wait<'d>(
     loop {
         let woke = match &turn {
             Some(turn) => turn.wait_for_room(bytes, budget, deadline),
-            None => {
-                crate::wait::wait_for_room(deadline, || d.used().saturating_add(bytes) <= budget)
-            }
+            None => crate::sys::wait::wait_for_room(deadline, || {
+                d.used().saturating_add(bytes) <= budget
+            }),
         };
         match try_admit(device, d, bytes) {
             Ok(r) => return Ok(r),
@@ -132,7 +125,7 @@ fn deny(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> CuResult {
 /// memory's) is admitted, made and charged, and while those figures are lowered (a
 /// trim): a trim between a growth's admission and the driver's call would make the
 /// driver grow by more than was admitted.
-static GROWTH: crate::lock::Lock<()> = crate::lock::Lock::new(());
+static GROWTH: crate::sys::lock::Lock<()> = crate::sys::lock::Lock::new(());
 
 thread_local! {
     /// Whether this thread holds [`GROWTH`] (it is not re-entrant).
@@ -141,7 +134,7 @@ thread_local! {
 
 /// [`GROWTH`], held.
 struct Growth {
-    _guard: crate::lock::Guard<'static, ()>,
+    _guard: crate::sys::lock::Guard<'static, ()>,
 }
 
 impl Drop for Growth {
@@ -207,6 +200,7 @@ pub unsafe fn reset_in_child() {
 /// returns `CUDA_ERROR_OUT_OF_MEMORY` and runs nothing, as under MPS with a memory limit.
 /// A launch that succeeds frees the outside blocks of the graph's free nodes.
 pub fn launch_graph(
+    _cx: Cx,
     call: &str,
     launch: bool,
     exec: Handle,
@@ -216,11 +210,8 @@ pub fn launch_graph(
     let Some(graphs::ExecMemory { footprint, frees }) = graphs::memory(exec) else {
         return real();
     };
-    if runtime::mode() != Mode::Budgeted {
-        return real();
-    }
     // No capture of the stream starts between the look at it and the driver's answer
-    // (crate::capture::begin): launched into one, nothing would run, yet the blocks of
+    // (crate::admit::capture::begin): launched into one, nothing would run, yet the blocks of
     // the graph's free nodes would be given back.
     let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane_held));
     if let Some(_recorded) = capture::recording(stream) {
@@ -392,26 +383,29 @@ pub fn graph_memory_changed(device: usize) {
 /// A synchronous allocation of `bytes` whose address (or handle) the driver writes to
 /// `out`: `cuMemAlloc`, `cuMemAllocManaged`, arrays.
 pub fn alloc_direct(
+    cx: Cx,
     call: &str,
     bytes: u64,
     device: Option<usize>,
     out: *mut u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(runtime::pointers(), call, bytes, device, out, real)
+    alloc_into(cx, runtime::pointers(), call, bytes, device, out, real)
 }
 
 /// As [`alloc_direct`], for array handles.
 pub fn alloc_array(
+    cx: Cx,
     call: &str,
     bytes: u64,
     out: *mut Handle,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(runtime::arrays(), call, bytes, None, out.cast(), real)
+    alloc_into(cx, runtime::arrays(), call, bytes, None, out.cast(), real)
 }
 
 fn alloc_into(
+    cx: Cx,
     table: &impl Table,
     call: &str,
     bytes: u64,
@@ -419,9 +413,8 @@ fn alloc_into(
     out: *mut u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let (device, d) = match budgeted_device(device) {
-        Ok(found) => found,
-        Err(refusal) => return pass(refusal, real),
+    let Some((device, d)) = budgeted_device(cx, device) else {
+        return real();
     };
     let reservation = match admit_or_wait(call, device, d, bytes) {
         Ok(r) => r,
@@ -447,6 +440,7 @@ fn alloc_into(
 /// `cuMemAllocPitch`: the pitch is the driver's choice, so the reservation is for the
 /// widest pitch it uses (512-byte alignment) and is trimmed to the real figure after.
 pub fn alloc_pitch(
+    cx: Cx,
     width: usize,
     height: usize,
     dptr: *mut DevicePtr,
@@ -457,7 +451,7 @@ pub fn alloc_pitch(
         .div_ceil(512)
         .saturating_mul(512)
         .saturating_mul(height as u64);
-    let rc = alloc_direct("cuMemAllocPitch", estimate, None, dptr, real);
+    let rc = alloc_direct(cx, "cuMemAllocPitch", estimate, None, dptr, real);
     if rc.is_ok() && !pitch.is_null() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote both out-parameters.
         let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
@@ -481,30 +475,33 @@ pub fn alloc_pitch(
 
 /// A free of a device pointer, synchronous or stream-ordered. A pointer the ledger never
 /// saw passes through and moves nothing.
-pub fn free(ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
-    free_from(runtime::pointers(), ptr, real)
+pub fn free(cx: Cx, ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult {
+    free_from(cx, runtime::pointers(), ptr, real)
 }
 
 /// As [`free`], for `cuMemFreeAsync`: the block is most likely a stream-ordered one,
 /// freed by the thread that allocated it, found in that thread's lane and credited to
 /// that thread ([`free_async_fast`]); anything else takes [`free_async_slow`].
 #[inline(always)]
-pub fn free_async(ptr: DevicePtr, stream: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
-    free_async_fast(ptr, real).unwrap_or_else(|real| free_async_slow(ptr, stream, real))
+pub fn free_async(
+    cx: Cx,
+    ptr: DevicePtr,
+    stream: Handle,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    free_async_fast(ptr, real).unwrap_or_else(|real| free_async_slow(cx, ptr, stream, real))
 }
 
 /// The common free: a few loads and stores and the driver's call. `Err` hands `real`
 /// back untouched.
 #[inline(always)]
 fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<CuResult, F> {
-    // A lane is only ever claimed in a budgeted process, so an entry found in the
-    // thread's own lane means the mode is `Budgeted`.
     let Some(p) = private() else {
         return Err(real);
     };
     let lane = p.lane.get();
     // Inside the gate from before the look at the captures until the driver's answer:
-    // a capture of the stream starts before the look or after the free (crate::capture).
+    // a capture of the stream starts before the look or after the free (crate::admit::capture).
     if !gate::enter_own(lane) {
         return Err(real);
     }
@@ -527,15 +524,16 @@ fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<C
     Ok(free_async_rest(p, ptr, entry, rc, mark))
 }
 
-/// A stream-ordered free that is not [`free_async_fast`]'s: mode not `Budgeted`, a block
-/// of another thread or of no lane, the thread's locals gone, a capture under way.
-fn free_async_slow(ptr: DevicePtr, stream: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
-    let mode = runtime::mode();
-    if mode != Mode::Budgeted {
-        return pass(runtime::refusal(mode), real);
-    }
-    // No capture of the stream starts (crate::capture::begin) nor ends
-    // (crate::capture::end) between the look at it and the driver's answer. A thread
+/// A stream-ordered free that is not [`free_async_fast`]'s: a block of another thread or
+/// of no lane, the thread's locals gone, a capture under way.
+fn free_async_slow(
+    cx: Cx,
+    ptr: DevicePtr,
+    stream: Handle,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    // No capture of the stream starts (crate::admit::capture::begin) nor ends
+    // (crate::admit::capture::end) between the look at it and the driver's answer. A thread
     // that only frees claims no lane (it would keep credit it has no exit to give back).
     let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane_held));
     if let Some(_recorded) = capture::recording(stream) {
@@ -546,7 +544,7 @@ fn free_async_slow(ptr: DevicePtr, stream: Handle, real: impl FnOnce() -> CuResu
     let pointers = runtime::pointers();
     let Some(p) = private() else {
         // The thread's locals are gone (it is exiting): the plain path.
-        return free_from(pointers, ptr, real);
+        return free_from(cx, pointers, ptr, real);
     };
     let mark = ledger::clears();
     let Some(entry) = pointers.remove_pooled(ptr, p.lane.get()) else {
@@ -584,15 +582,11 @@ fn restore(table: &impl Table, key: u64, entry: Entry) {
 }
 
 /// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
-pub fn free_array(array: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
-    free_from(runtime::arrays(), array as u64, real)
+pub fn free_array(cx: Cx, array: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+    free_from(cx, runtime::arrays(), array as u64, real)
 }
 
-fn free_from(table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> CuResult {
-    let mode = runtime::mode();
-    if mode != Mode::Budgeted {
-        return pass(runtime::refusal(mode), real);
-    }
+fn free_from(_cx: Cx, table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> CuResult {
     // Removed before the driver frees it: once freed, the driver may hand the same
     // address to another thread, whose insert must not find ours.
     let mark = ledger::clears();
@@ -862,25 +856,27 @@ fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
 /// `cuMemAllocAsync`: [`alloc_async_fast`] when it can, else [`alloc_pooled`].
 #[inline(always)]
 pub fn alloc_async(
+    cx: Cx,
     bytes: u64,
     stream: Handle,
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     alloc_async_fast(bytes, dptr, real)
-        .unwrap_or_else(|real| alloc_async_slow(bytes, stream, dptr, real))
+        .unwrap_or_else(|real| alloc_async_slow(cx, bytes, stream, dptr, real))
 }
 
 /// The stream-ordered allocation the fast path declined, out of line: inlined, the full
 /// path made the hook too large for the driver's call in the fast path to be inlined.
 #[inline(never)]
 fn alloc_async_slow(
+    cx: Cx,
     bytes: u64,
     stream: Handle,
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_pooled("cuMemAllocAsync", bytes, None, stream, dptr, real)
+    alloc_pooled(cx, "cuMemAllocAsync", bytes, None, stream, dptr, real)
 }
 
 /// A stream-ordered allocation in a process that sees one device, from the thread's own
@@ -945,6 +941,7 @@ fn alloc_async_rest(rc: CuResult, dptr: *mut DevicePtr, bytes: u64, lane: usize)
 /// Only when the pools must grow is the growth admitted against the budget.
 #[inline]
 pub fn alloc_pooled(
+    cx: Cx,
     call: &str,
     bytes: u64,
     pool: Option<Handle>,
@@ -952,10 +949,6 @@ pub fn alloc_pooled(
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let mode = runtime::mode();
-    if mode != Mode::Budgeted {
-        return pass(runtime::refusal(mode), real);
-    }
     // The memory lives on the pool's device, or for the device's current pool on the
     // stream's device (not the calling context's).
     let device = match pool.map(pools::place_of) {
@@ -963,17 +956,16 @@ pub fn alloc_pooled(
         Some(pools::Place::Device(device)) => Some(device),
         Some(pools::Place::Unknown) | None => runtime::stream_device(stream),
     };
-    let (device, d) = match budgeted_device(device) {
-        Ok(found) => found,
-        Err(refusal) => return pass(refusal, real),
+    let Some((device, d)) = budgeted_device(cx, device) else {
+        return real();
     };
     // The device's current pool is looked at, and allocated from, with no switch of it
     // in between, and no capture of the stream starts between the look at it and the
-    // driver's answer (crate::gate).
+    // driver's answer (crate::admit::gate).
     let _pass = gate::wait_enter(private().map_or(0, PrivateCredit::lane));
     if let Some(_recorded) = capture::recording(stream) {
         // A memory node of the graph being captured, not memory yet: charged when the
-        // graph's memory is reserved (crate::graphs), neither charged nor refused here.
+        // graph's memory is reserved (crate::admit::graphs), neither charged nor refused here.
         // No capture ends while the guard is held, so it cannot be allocated instead.
         return real();
     }
@@ -1128,11 +1120,11 @@ fn admit_growth(
 }
 
 /// A context on `device` is gone. When it was the device's last, the books are cleared
-/// ([`footprint::context_gone`]) and what survives it by the driver's figures is charged
+/// ([`footprint::context_gone`], after `forget`) and what survives it by the driver's figures is charged
 /// again: the pools the program created, the device's own pools (whose blocks still in
 /// use are no credit) and its graph memory.
-pub fn context_gone(device: usize) {
-    if !footprint::context_gone(device) {
+pub fn context_gone(device: usize, forget: impl FnOnce()) {
+    if !footprint::context_gone(device, forget) {
         return;
     }
     let Some(d) = runtime::ledger().device(device) else {

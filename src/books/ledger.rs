@@ -17,11 +17,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::lock::{Guard, Lock};
+use crate::sys::lock::{Guard, Lock};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-/// Devices the ledger can budget; higher ordinals pass through unbudgeted.
-pub const MAX_DEVICES: usize = crate::config::MAX_ORDINAL as usize + 1;
+pub use crate::sys::driver::MAX_DEVICES;
 
 /// `budget` of a device that has no budget.
 pub const UNBUDGETED: u64 = u64::MAX;
@@ -195,7 +194,7 @@ impl DeviceLedger {
         if let Some((job, index)) = self.job() {
             job.release(index, given);
         }
-        crate::wait::freed();
+        crate::sys::wait::freed();
     }
 
     /// Gives back `bytes` of the process's own use, stopping at zero; returns how much.
@@ -1400,7 +1399,7 @@ mod tests {
     fn a_gathering_never_sees_a_failed_take_as_a_debt() {
         // Nothing is charged and nothing is taken, so every gathering must find the
         // shards empty. A deficit found there is settled as an allocation on its way to
-        // the driver and charged (enforce::settle_charge), with no admission against
+        // the driver and charged (flow::settle_charge), with no admission against
         // the budget: a failed 1020 MiB take that a gathering caught, between its
         // subtraction and its undo, was once charged that way, and its own request then
         // spent the charge (docs/soaks/2026-12-02 at 258b938, 884 MiB over a 1 GiB budget).
