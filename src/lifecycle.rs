@@ -248,7 +248,7 @@ fn install_fork_handler() {
             runtime::reset_in_child();
             crate::books::vmm::reset_in_child();
             crate::admit::graphs::reset_in_child();
-            crate::admit::flow::reset_in_child();
+            crate::admit::reset_in_child();
             crate::admit::footprint::after_fork();
             crate::admit::loads::after_fork();
             crate::books::job::after_fork();
@@ -258,7 +258,7 @@ fn install_fork_handler() {
         crate::admit::capture::after_fork();
         crate::admit::gate::after_fork();
         crate::admit::pools::after_fork();
-        crate::admit::flow::after_fork();
+        crate::admit::credit::after_fork();
     }
     extern "C" fn prepare() {
         // In the parent: a bounded wait, without a lock, for the library's own calls to

@@ -1,26 +1,21 @@
-//! What every allocation hook does: resolve the device, reserve, call the driver, commit
-//! or roll back; and on the way back, release what a free gives back.
-//!
-//! Before any denial the process's stream-ordered pools are trimmed and the footprint is
-//! re-read, so memory that is only cached, or an overhead figure that went stale, never
-//! causes a refusal.
+//! What every allocation hook does: resolve the device, ask [`crate::admit::admit`], call
+//! the driver, commit or roll back; and on the way back, release what a free gives back.
+//! The stream-ordered fast paths ([`alloc_async_fast`], [`free_async_fast`]) spend and
+//! give the thread's own credit ([`crate::admit::credit`]) and decide nothing else.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::admit::pools;
-use crate::admit::{capture, footprint, gate, graphs};
-use crate::books::ledger::{
-    self, BankGuard, Denial, DeviceLedger, Entry, Kind, Reservation, Table,
+use super::credit::{PrivateCredit, give_pooled, private};
+use super::{
+    Ask, Fixed, Growth, POOL_STEP, admit, collect_all, growth_lock, make_room, refuse,
+    settle_charge, trim_quietly, with_growth,
 };
-use crate::config::OnExceed;
+use crate::admit::{capture, footprint, gate, graphs, pools};
+use crate::books::ledger::{self, BankGuard, Denial, DeviceLedger, Entry, Kind, Table};
+use crate::books::vmm;
 use crate::runtime::{self, Cx};
-use crate::sys::driver::{CuResult, DevicePtr, Handle};
+use crate::sys::driver::{CuResult, DevicePtr, Handle, MemAllocationProp, real};
 use crate::tell::report;
-
-/// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
-/// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
-pub const POOL_STEP: u64 = 32 << 20;
 
 /// The budgeted device for a call in a budgeted process (`device`, or the calling
 /// context's); `None`: the device has no budget, call the driver unchanged.
@@ -34,163 +29,6 @@ pub(crate) fn budgeted_device(
         None => runtime::current_device()?,
     };
     runtime::budgeted(device).map(|d| (device, d))
-}
-
-/// Reserves `bytes` on `device`; if they do not fit, trims the pools and re-reads the
-/// footprint, then tries once more before denying.
-pub fn admit<'d>(
-    call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
-    bytes: u64,
-) -> Result<Reservation<'d>, CuResult> {
-    try_admit(device, d, bytes).map_err(|denial| refuse(call, device, d, &denial))
-}
-
-fn try_admit(device: usize, d: &DeviceLedger, bytes: u64) -> Result<Reservation<'_>, Denial> {
-    footprint::settle_before_admission(device);
-    footprint::maybe_reconcile(device, d);
-    if let Ok(r) = d.reserve(bytes) {
-        return Ok(r);
-    }
-    make_room(device, d, &mut collect_all(d));
-    d.reserve(bytes)
-}
-
-#[cold]
-fn refuse(call: &str, device: usize, d: &DeviceLedger, denial: &Denial) -> CuResult {
-    d.note_denial();
-    report::denial(call, device, denial);
-    CuResult::OUT_OF_MEMORY
-}
-
-/// As [`admit`], for a caller that holds nothing another thread needs: with
-/// `CUDABUDGET_ON_EXCEED=wait:<d>`, a request that does not fit waits (in arrival order)
-/// until the process — or the job — has room, for at most `d`. Never during a capture.
-fn admit_or_wait<'d>(
-    call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
-    bytes: u64,
-) -> Result<Reservation<'d>, CuResult> {
-    let denial = match try_admit(device, d, bytes) {
-        Ok(r) => return Ok(r),
-        Err(denial) => denial,
-    };
-    let Some(OnExceed::Wait(patience)) = runtime::config().map(|c| c.on_exceed) else {
-        return Err(refuse(call, device, d, &denial));
-    };
-    if capture::any() || bytes > d.budget() {
-        return Err(refuse(call, device, d, &denial));
-    }
-    let deadline = std::time::Instant::now() + patience;
-    let budget = d.budget();
-    d.note_wait();
-    // A job's waiter keeps its place in the queue until it is admitted or gives up.
-    let turn = d.job().map(|(job, index)| job.queue(index));
-    loop {
-        let woke = match &turn {
-            Some(turn) => turn.wait_for_room(bytes, budget, deadline),
-            None => crate::sys::wait::wait_for_room(deadline, || {
-                d.used().saturating_add(bytes) <= budget
-            }),
-        };
-        match try_admit(device, d, bytes) {
-            Ok(r) => return Ok(r),
-            Err(denial) if !woke || std::time::Instant::now() >= deadline => {
-                return Err(refuse(call, device, d, &denial));
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-/// Refuses `bytes` on `device` at once: a request that can never fit.
-#[cold]
-fn deny(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> CuResult {
-    d.note_denial();
-    report::denial(
-        call,
-        device,
-        &ledger::Denial {
-            requested: bytes,
-            used: d.budget_used(),
-            budget: d.budget(),
-        },
-    );
-    CuResult::OUT_OF_MEMORY
-}
-
-/// Held while a growth that the driver's own figures decide (a created pool's, graph
-/// memory's) is admitted, made and charged, and while those figures are lowered (a
-/// trim): a trim between a growth's admission and the driver's call would make the
-/// driver grow by more than was admitted.
-static GROWTH: crate::sys::lock::Lock<()> = crate::sys::lock::Lock::new(());
-
-thread_local! {
-    /// Whether this thread holds [`GROWTH`] (it is not re-entrant).
-    static HOLDS_GROWTH: Cell<bool> = const { Cell::new(false) };
-}
-
-/// [`GROWTH`], held.
-struct Growth {
-    _guard: crate::sys::lock::Guard<'static, ()>,
-}
-
-impl Drop for Growth {
-    fn drop(&mut self) {
-        let _ = HOLDS_GROWTH.try_with(|h| h.set(false));
-    }
-}
-
-fn growth_lock() -> Growth {
-    let guard = GROWTH.lock();
-    let _ = HOLDS_GROWTH.try_with(|h| h.set(true));
-    Growth { _guard: guard }
-}
-
-/// Runs `trim` (of created pools or graph memory) under [`GROWTH`], or not at all while
-/// another thread holds it: a trim before a denial is only an attempt to make room, and
-/// waiting here could deadlock (the caller may hold the pool bank, which a growth takes).
-fn trim_quietly(trim: impl FnOnce()) {
-    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(false) {
-        trim();
-    } else if let Some(_guard) = GROWTH.try_lock() {
-        let _ = HOLDS_GROWTH.try_with(|h| h.set(true));
-        trim();
-        let _ = HOLDS_GROWTH.try_with(|h| h.set(false));
-    }
-}
-
-/// Runs `f` (which settles a created pool's charge by the driver's figure) under
-/// [`GROWTH`], taken here unless this thread holds it: a settlement that read the
-/// figure before another thread's growth and wrote it after that growth's own
-/// settlement would leave the growth uncharged.
-fn with_growth<R>(f: impl FnOnce() -> R) -> R {
-    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(false) {
-        return f();
-    }
-    let _growth = growth_lock();
-    f()
-}
-
-/// A trim the program asked for (`cuMemPoolTrimTo` of a pool it created,
-/// `cuDeviceGraphMemTrim`): made between growths, never during one.
-pub fn program_trim(real: impl FnOnce() -> CuResult) -> CuResult {
-    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(true) {
-        return real();
-    }
-    let _growth = growth_lock();
-    real()
-}
-
-/// In the child of `fork()`: the growth lock is free again.
-///
-/// # Safety
-/// Only from an at-fork child handler.
-pub unsafe fn reset_in_child() {
-    // SAFETY: the caller's guarantee.
-    unsafe { GROWTH.reset_in_child(()) };
 }
 
 /// An upload or launch (`launch`) of an executable graph. One whose memory nodes could
@@ -228,7 +66,7 @@ pub fn launch_graph(
             continue;
         };
         footprint::settle_before_admission(device);
-        match admit_graph(call, device, d, bytes) {
+        match admit(call, device, d, &mut Growth(|| graph_growth(device, bytes))) {
             Ok(Some(reservation)) => admitted.push((device, d, reservation)),
             Ok(None) => {}
             // What was admitted on other devices is rolled back with `admitted`.
@@ -292,7 +130,7 @@ fn alloc_from_created(
         let growth = used.saturating_add(bytes).saturating_sub(reserved);
         growth.div_ceil(POOL_STEP).saturating_mul(POOL_STEP)
     };
-    let admitted = match admit_by(call, device, d, growth) {
+    let admitted = match admit(call, device, d, &mut Growth(growth)) {
         Ok(admitted) => admitted,
         Err(rc) => return rc,
     };
@@ -324,34 +162,6 @@ pub fn created_pool_destroyed(pool: Handle, real: impl FnOnce() -> CuResult) -> 
     })
 }
 
-/// Admits the growth `growth()` says an operation could cause; before a denial the pools
-/// and the graph memory are trimmed and the growth worked out again (the trim lowers the
-/// reserves, so the growth may be larger than before). `None`: nothing to admit.
-fn admit_by<'d>(
-    call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
-    growth: impl Fn() -> u64,
-) -> Result<Option<Reservation<'d>>, CuResult> {
-    let first = growth();
-    if first == 0 {
-        return Ok(None);
-    }
-    if let Ok(r) = d.reserve(first) {
-        return Ok(Some(r));
-    }
-    make_room(device, d, &mut collect_all(d));
-    let again = growth();
-    if again == 0 {
-        return Ok(None);
-    }
-    d.reserve(again).map(Some).map_err(|denial| {
-        d.note_denial();
-        report::denial(call, device, &denial);
-        CuResult::OUT_OF_MEMORY
-    })
-}
-
 /// The growth of the device's graph memory that a launch of `bytes` of memory nodes
 /// could cause, in the driver's 32 MiB steps: what the graphs use plus `bytes`, less
 /// what is reserved; all of `bytes` when the driver cannot say.
@@ -361,16 +171,6 @@ fn graph_growth(device: usize, bytes: u64) -> u64 {
         None => bytes,
     };
     growth.div_ceil(POOL_STEP).saturating_mul(POOL_STEP)
-}
-
-/// Admits the graph-memory growth a launch of `bytes` of memory nodes could cause.
-fn admit_graph<'d>(
-    call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
-    bytes: u64,
-) -> Result<Option<Reservation<'d>>, CuResult> {
-    admit_by(call, device, d, || graph_growth(device, bytes))
 }
 
 /// The program trimmed a device's graph memory: charge what is left.
@@ -416,7 +216,7 @@ fn alloc_into(
     let Some((device, d)) = budgeted_device(cx, device) else {
         return real();
     };
-    let reservation = match admit_or_wait(call, device, d, bytes) {
+    let reservation = match admit(call, device, d, &mut Fixed { bytes, wait: true }) {
         Ok(r) => r,
         Err(rc) => return rc,
     };
@@ -432,9 +232,118 @@ fn alloc_into(
                 kind: Kind::Direct,
             },
         );
-        reservation.commit();
+        if let Some(reservation) = reservation {
+            reservation.commit();
+        }
     }
     rc
+}
+
+/// `cuMemCreate` (`real`) of `size` bytes as `prop` says, whose handle the driver writes
+/// to `handle`. Before refusing, the driver is asked whether it would accept the request
+/// at all, with the smallest allocation of the same kind ([`VmmBytes`]): PyTorch picks
+/// its handle type by the error it gets, and a budget OOM must not hide "not supported".
+///
+/// # Safety
+/// `prop` must be null or valid for the driver, `handle` as the driver's.
+pub unsafe fn alloc_vmm(
+    _cx: Cx,
+    handle: *mut u64,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    if prop.is_null() {
+        return real();
+    }
+    // SAFETY: checked non-null; the caller passes a valid property struct.
+    let location = unsafe { (*prop).location };
+    if location.kind != crate::sys::driver::MEM_LOCATION_TYPE_DEVICE || location.id < 0 {
+        return real();
+    }
+    let device = location.id as usize;
+    let Some(d) = runtime::budgeted(device) else {
+        return real();
+    };
+    let bytes = size as u64;
+    let mut ask = VmmBytes {
+        bytes,
+        d,
+        size,
+        prop,
+        flags,
+    };
+    let reservation = match admit("cuMemCreate", device, d, &mut ask) {
+        Ok(r) => r,
+        Err(rc) => return rc,
+    };
+    let rc = real();
+    if rc.is_ok() {
+        // SAFETY: the driver wrote the handle.
+        vmm::lock().created(unsafe { *handle }, bytes, device);
+        if let Some(reservation) = reservation {
+            reservation.commit();
+        }
+    }
+    rc
+}
+
+/// A `cuMemCreate` request: its size, and the driver's own answer to the same request
+/// at its smallest size ([`driver_rejects`]), asked only when the size does not fit.
+struct VmmBytes<'d> {
+    bytes: u64,
+    d: &'d DeviceLedger,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+}
+
+impl Ask for VmmBytes<'_> {
+    fn bytes(&mut self) -> Option<u64> {
+        Some(self.bytes)
+    }
+
+    fn rejected(&mut self) -> Option<CuResult> {
+        // SAFETY: the property struct `alloc_vmm`'s caller vouched for.
+        unsafe { driver_rejects(self.d, self.size, self.prop, self.flags) }
+    }
+}
+
+/// The driver's error for this request regardless of its size, if it has one. The probe
+/// is a real allocation, so it is made only within the budget (a reservation of its
+/// size); with no room for it, the budget's answer stands.
+///
+/// # Safety
+/// `prop` must be valid for the driver.
+unsafe fn driver_rejects(
+    d: &DeviceLedger,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> Option<CuResult> {
+    let mut granularity = 0usize;
+    // SAFETY: valid out-pointer and the caller's property struct (option 0 = minimum).
+    let rc = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
+    if !rc.is_ok() {
+        return Some(rc);
+    }
+    if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
+        return Some(CuResult::INVALID_VALUE);
+    }
+    let _room = d.reserve(granularity as u64).ok()?;
+    let mut probe = 0u64;
+    // In relaxed mode: the probe is the library's call, and must not break a capture.
+    // SAFETY: the smallest allocation of the same kind, released at once.
+    let rc = capture::relaxed(|| unsafe {
+        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
+        if rc.is_ok() {
+            let _ = real::cuMemRelease(probe);
+        }
+        rc
+    });
+    // Accepted, or refused for want of memory: the budget's answer stands.
+    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
 }
 
 /// `cuMemAllocPitch`: the pitch is the driver's choice, so the reservation is for the
@@ -631,228 +540,6 @@ fn release(entry: Entry) {
     }
 }
 
-/// Most of what a thread has freed to the pools, kept for its own next stream-ordered
-/// allocations: a thread that allocates and frees (PyTorch's, CuPy's) then touches no
-/// shared cache line on its fast path. At most [`PRIVATE_MAX`] stays here; the rest goes
-/// back to the shards, and all of it when the thread exits ([`thread_exit`]) or takes
-/// the slow path. So the credit that other threads cannot see is bounded by
-/// `PRIVATE_MAX` a thread, the most a denial can be early by.
-///
-/// It has no destructor, so that reaching it is one thread-local address and nothing
-/// else (a destructor would add a state check to every access); [`thread_exit`], set up
-/// when the thread first claims a lane, gives everything back at the thread's end.
-struct PrivateCredit {
-    /// The thread's lane in the address table ([`ledger::claim_lane`]): [`NO_LANE_YET`]
-    /// before the first claim, 0 when none was free, [`EXITED`] once [`thread_exit`] ran.
-    lane: Cell<usize>,
-    device: Cell<usize>,
-    /// The device's epoch when the credit was given: credit from before its books were
-    /// cleared (the context went away) is void.
-    epoch: Cell<u64>,
-    bytes: Cell<u64>,
-}
-
-const PRIVATE_MAX: u64 = 8 << 20;
-
-const NO_LANE_YET: usize = usize::MAX;
-/// The thread's [`thread_exit`] has run: it keeps no lane and no credit any more.
-const EXITED: usize = usize::MAX - 1;
-
-impl PrivateCredit {
-    /// The thread's lane as it is, without claiming one (gate::enter takes any value).
-    fn lane_held(&self) -> usize {
-        self.lane.get()
-    }
-
-    /// The thread's lane, claiming one on first use (0: none).
-    #[inline]
-    fn lane(&self) -> usize {
-        let lane = self.lane.get();
-        if (1..ledger::LANES).contains(&lane) {
-            return lane;
-        }
-        self.claim()
-    }
-
-    #[cold]
-    fn claim(&self) -> usize {
-        let lane = self.lane.get();
-        if lane == EXITED || (lane == 0 && !ledger::lane_free()) {
-            return 0;
-        }
-        // The lane and the credit go back when the thread ends: that needs its exit
-        // handler. Without one the thread keeps neither.
-        if !arm_thread_exit() {
-            self.lane.set(EXITED);
-            return 0;
-        }
-        let lane = ledger::claim_lane();
-        self.lane.set(lane);
-        lane
-    }
-
-    /// Whether the thread may keep credit (its exit guard will give it back).
-    fn keeps_credit(&self) -> bool {
-        let lane = self.lane.get();
-        lane != NO_LANE_YET && lane != EXITED
-    }
-
-    /// Takes `bytes` from the thread's credit for `device`, if it holds that much.
-    #[inline(always)]
-    fn take(&self, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
-        let held = self.bytes.get();
-        let ok = self.device.get() == device && held >= bytes && self.epoch.get() == d.epoch();
-        if ok {
-            self.bytes.set(held - bytes);
-        }
-        ok
-    }
-
-    /// The fast path's credit for a freed block: the thread's own device and epoch, and
-    /// room below [`PRIVATE_MAX`]; false leaves everything as it was.
-    #[inline(always)]
-    fn give_fast(&self, entry: &Entry) -> bool {
-        let held = self.bytes.get().saturating_add(entry.bytes);
-        let ok = entry.kind == Kind::Pooled
-            && entry.device == self.device.get()
-            && held <= PRIVATE_MAX
-            && runtime::ledger()
-                .device(entry.device)
-                .is_some_and(|d| d.epoch() == self.epoch.get());
-        if ok {
-            self.bytes.set(held);
-        }
-        ok
-    }
-
-    fn give(&self, device: usize, d: &DeviceLedger, bytes: u64) {
-        if !self.keeps_credit() {
-            d.pool.give(runtime::shard(), bytes);
-            return;
-        }
-        if self.device.get() != device || self.epoch.get() != d.epoch() {
-            self.flush();
-            self.device.set(device);
-            self.epoch.set(d.epoch());
-        }
-        let held = self.bytes.get().saturating_add(bytes);
-        if held > PRIVATE_MAX {
-            let keep = PRIVATE_MAX / 2;
-            d.pool.give(runtime::shard(), held - keep);
-            self.bytes.set(keep);
-        } else {
-            self.bytes.set(held);
-        }
-    }
-
-    /// Gives everything the thread kept back: to its shard while the credit is current,
-    /// to the bank when the pools have shrunk since it was given (the bank's total then
-    /// shows whether the pools must grow again before it is spent), nowhere when the
-    /// device's books were cleared since.
-    fn flush(&self) {
-        let held = self.bytes.replace(0);
-        let Some(d) = runtime::ledger().device(self.device.get()) else {
-            return;
-        };
-        let given = self.epoch.get();
-        if held == 0 {
-            return;
-        }
-        if given == d.epoch() {
-            d.pool.give(runtime::shard(), held);
-        } else if d.same_books(given) {
-            d.pool.collect().refund(held);
-        }
-    }
-}
-
-thread_local! {
-    static PRIVATE: PrivateCredit = const {
-        PrivateCredit {
-            lane: Cell::new(NO_LANE_YET),
-            device: Cell::new(usize::MAX),
-            epoch: Cell::new(0),
-            bytes: Cell::new(0),
-        }
-    };
-}
-
-/// This thread's [`PrivateCredit`].
-#[inline(always)]
-fn private() -> Option<&'static PrivateCredit> {
-    // SAFETY: PRIVATE has no destructor, so its storage lives as long as the thread,
-    // and every use of the reference is on this thread (PrivateCredit holds Cells, so
-    // the reference is neither Send nor Sync).
-    PRIVATE
-        .try_with(|p| unsafe { &*std::ptr::from_ref(p) })
-        .ok()
-}
-
-/// The pthread key whose destructor is [`thread_exit`] (`UNMADE` until the first claim).
-static EXIT_KEY: AtomicU64 = AtomicU64::new(UNMADE);
-const UNMADE: u64 = u64::MAX;
-
-/// Makes [`thread_exit`] run when the calling thread ends; false if it cannot.
-///
-/// A pthread key, not a thread-local with a destructor: glibc runs key destructors after
-/// the thread-locals' (C++ `thread_local`, Rust's), and again for a key set while they
-/// run, so a thread whose last CUDA calls come from any exit handler, its first claim
-/// included, still gives everything back.
-#[cold]
-fn arm_thread_exit() -> bool {
-    let mut key = EXIT_KEY.load(Ordering::Acquire);
-    if key == UNMADE {
-        let mut made: libc::pthread_key_t = 0;
-        // SAFETY: a valid out-pointer and an extern "C" destructor that never unwinds.
-        if unsafe { libc::pthread_key_create(&mut made, Some(thread_exit)) } != 0 {
-            return false;
-        }
-        key = match EXIT_KEY.compare_exchange(
-            UNMADE,
-            u64::from(made),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => u64::from(made),
-            Err(first) => {
-                // Another thread made one first: use that one.
-                // SAFETY: `made` is our own key, set on no thread.
-                unsafe { libc::pthread_key_delete(made) };
-                first
-            }
-        };
-    }
-    // Any non-null value makes the destructor run; it is never read.
-    // SAFETY: `key` is a live key (keys of the library are never deleted once published).
-    unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, std::ptr::dangling()) == 0 }
-}
-
-/// The thread is going: its credit goes back to the shards, its blocks stay in the table
-/// for whoever frees them, and its lane goes to the next thread.
-extern "C" fn thread_exit(_: *mut libc::c_void) {
-    let _ = std::panic::catch_unwind(|| {
-        if let Some(p) = private() {
-            p.flush();
-            let lane = p.lane.replace(EXITED);
-            ledger::release_lane(lane);
-        }
-    });
-}
-
-/// In the child of `fork()`: only the calling thread came along.
-pub fn after_fork() {
-    let own = private().map_or(0, |p| p.lane.get());
-    ledger::lanes_after_fork(own);
-}
-
-/// Credit back from a stream-ordered free (or an allocation that failed).
-fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
-    match private() {
-        Some(p) => p.give(device, d, bytes),
-        None => d.pool.give(runtime::shard(), bytes),
-    }
-}
-
 /// `cuMemAllocAsync`: [`alloc_async_fast`] when it can, else [`alloc_pooled`].
 #[inline(always)]
 pub fn alloc_async(
@@ -980,7 +667,12 @@ pub fn alloc_pooled(
     if !ledger::PoolCredit::may_hold(bytes, d.budget()) {
         // No pool growth could ever admit it: refused before any credit moves, so a
         // failure cannot give back credit that was never taken.
-        return deny(call, device, d, bytes);
+        let denial = Denial {
+            requested: bytes,
+            used: d.budget_used(),
+            budget: d.budget(),
+        };
+        return refuse(call, device, d, &denial);
     }
     let (private, lane) = private().map_or((false, 0), |p| (p.take(device, d, bytes), p.lane()));
     if !private && !d.pool.take(runtime::shard(), bytes) {
@@ -1031,6 +723,31 @@ fn record_pooled(
     }
 }
 
+/// The growth of the device's own pools that a stream-ordered allocation of `bytes`
+/// (whose debt is in `bank`) needs: the bank's deficit, in the driver's 32 MiB steps.
+/// Admitted under the bank, which its caller took after settling the footprint.
+struct PoolGrowth<'b, 'd> {
+    bank: &'b mut BankGuard<'d>,
+    bytes: u64,
+}
+
+impl Ask for PoolGrowth<'_, '_> {
+    fn bytes(&mut self) -> Option<u64> {
+        let credit = self.bank.credit();
+        (credit < 0).then(|| credit.unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP)
+    }
+
+    fn settle(&self, _device: usize, _d: &DeviceLedger) {}
+
+    /// The trim covers only others' deficits: this request is not taken out of the pools
+    /// while they are trimmed, and is admitted after like any growth.
+    fn make_room(&mut self, device: usize, d: &DeviceLedger) {
+        self.bank.refund(self.bytes);
+        make_room(device, d, self.bank);
+        self.bank.debit(self.bytes);
+    }
+}
+
 #[cold]
 #[inline(never)]
 fn grow_pools(
@@ -1048,15 +765,22 @@ fn grow_pools(
     // The request's shard was dry: it is debited here, under the lock.
     bank.debit(bytes);
     let charge_before = d.pool.charge();
-    if bank.credit() < 0 {
-        // The pools must grow by the deficit: admit that first.
-        let growth = bank.credit().unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP;
-        match admit_growth(call, device, d, &mut bank, bytes, growth) {
-            Ok(()) => {}
-            Err(rc) => {
-                bank.refund(bytes);
-                return rc;
-            }
+    // The pools must grow by the deficit, if there is one: admit that first.
+    let mut growth = PoolGrowth {
+        bank: &mut bank,
+        bytes,
+    };
+    match admit(call, device, d, &mut growth) {
+        Ok(Some(r)) => {
+            // Charged to the pools: only this thread, under the bank, moves their charge.
+            let (growth, charge) = (r.bytes(), d.pool.charge());
+            r.commit();
+            bank.set_charge(charge + growth);
+        }
+        Ok(None) => {}
+        Err(rc) => {
+            bank.refund(bytes);
+            return rc;
         }
     }
     let rc = real();
@@ -1077,46 +801,6 @@ fn grow_pools(
     drop(bank);
     record_pooled(rc, dptr, bytes, device, d, lane, Paid::Bank);
     rc
-}
-
-/// Charges `growth` of pool reserve to `d` for a request of `bytes` (whose debt is in
-/// `bank`), trimming and re-reading before a denial.
-fn admit_growth(
-    call: &str,
-    device: usize,
-    d: &DeviceLedger,
-    bank: &mut BankGuard<'_>,
-    bytes: u64,
-    growth: u64,
-) -> Result<(), CuResult> {
-    let charge = d.pool.charge();
-    if let Ok(r) = d.reserve(growth) {
-        r.commit();
-        bank.set_charge(charge + growth);
-        return Ok(());
-    }
-    // The trim covers only others' deficits: this request is not taken out of the
-    // pools while they are trimmed, and is admitted below like any growth.
-    bank.refund(bytes);
-    make_room(device, d, bank);
-    bank.debit(bytes);
-    if bank.credit() >= 0 {
-        return Ok(());
-    }
-    let growth = bank.credit().unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP;
-    let charge = d.pool.charge();
-    match d.reserve(growth) {
-        Ok(r) => {
-            r.commit();
-            bank.set_charge(charge + growth);
-            Ok(())
-        }
-        Err(denial) => {
-            d.note_denial();
-            report::denial(call, device, &denial);
-            Err(CuResult::OUT_OF_MEMORY)
-        }
-    }
 }
 
 /// A context on `device` is gone. When it was the device's last, the books are cleared
@@ -1162,34 +846,6 @@ pub fn pool_trimmed(device: usize, pool: Handle) {
     }
 }
 
-/// Before a denial: the pools and the graph memory give back what they hold but do not
-/// use, and the footprint is read again.
-fn make_room(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
-    trim_pools(device, d, bank);
-    trim_quietly(|| graphs::trim(device, d));
-    footprint::reconcile_now(device, d);
-}
-
-/// Gives back what the process's pools hold but do not use, and charges the device the
-/// reserve that is left.
-pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
-    if d.pool.charge() != 0 {
-        pools::trim_credit_pools(device);
-        if let Some(reserve) = pools::reserve(device) {
-            settle_charge(d, bank, reserve);
-        }
-    }
-    let created = pools::created_of(device);
-    if !created.is_empty() {
-        trim_quietly(|| {
-            pools::trim_created(device);
-            for pool in created {
-                pools::settle_created(pool, d);
-            }
-        });
-    }
-}
-
 /// When the pools' charge was last brought to the driver's figures, per device.
 static REFRESHED_MS: [AtomicU64; ledger::MAX_DEVICES] =
     [const { AtomicU64::new(0) }; ledger::MAX_DEVICES];
@@ -1228,52 +884,6 @@ pub fn refresh_pools(device: usize, d: &DeviceLedger) {
                 pools::settle_created(pool, d);
             }
         });
-    }
-}
-
-/// The pools' charge becomes the driver's figure `reserve`, or more: a bank that would
-/// then be in deficit means the books hold more in use than the pools reserve — another
-/// thread's allocation that took its credit before a trim and has yet to reach the
-/// driver (which will grow the pool for it), or credit threads kept for themselves. That
-/// part stays charged, in the driver's 32 MiB steps, until the next settlement, so that
-/// no growth ever happens uncharged. When the charge goes down, the credit threads kept
-/// may stand for memory the pools gave back: it is retired, and goes through the bank
-/// before it is spent.
-fn settle_charge(d: &DeviceLedger, bank: &mut BankGuard<'_>, reserve: u64) {
-    let change = clamp_i64(reserve).saturating_sub(clamp_i64(d.pool.charge()));
-    let credit = bank.credit().saturating_add(change);
-    let cover = if credit < 0 {
-        credit
-            .unsigned_abs()
-            .div_ceil(POOL_STEP)
-            .saturating_mul(POOL_STEP)
-    } else {
-        0
-    };
-    let delta = bank.set_charge(reserve.saturating_add(cover));
-    if delta < 0 {
-        d.retire_credit();
-    }
-    apply(d, delta);
-}
-
-fn clamp_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// Locks `d`'s pool bank with everything gathered in it, this thread's own credit too.
-fn collect_all(d: &DeviceLedger) -> BankGuard<'_> {
-    if let Some(p) = private() {
-        p.flush();
-    }
-    d.pool.collect()
-}
-
-fn apply(d: &DeviceLedger, delta: i64) {
-    if delta >= 0 {
-        d.charge(delta as u64);
-    } else {
-        d.release(delta.unsigned_abs());
     }
 }
 
@@ -1340,182 +950,5 @@ mod tests {
     #[test]
     fn unknown_formats_are_charged_generously() {
         assert_eq!(array_bytes(10, 1, 1, 0x91, 1, 1), 160);
-    }
-
-    // The thread's own credit (`PrivateCredit`) is what keeps the stream-ordered fast path
-    // off shared cache lines (BENCHMARKS.md: the async pair, 16 threads). Its contract:
-    // credit is kept only by a thread with a lane, only for one device and epoch, only up
-    // to PRIVATE_MAX; what does not fit goes to the shards. Each test uses a device
-    // ledger of its own (high ordinals nothing else touches).
-
-    const MIB: u64 = 1 << 20;
-
-    fn fresh(lane: usize) -> PrivateCredit {
-        PrivateCredit {
-            lane: Cell::new(lane),
-            device: Cell::new(usize::MAX),
-            epoch: Cell::new(0),
-            bytes: Cell::new(0),
-        }
-    }
-
-    fn pooled(device: usize, bytes: u64) -> Entry {
-        Entry {
-            bytes,
-            device,
-            kind: Kind::Pooled,
-        }
-    }
-
-    /// What the device's shards and bank hold, gathered.
-    fn shared_credit(d: &DeviceLedger) -> i64 {
-        d.pool.collect().credit()
-    }
-
-    #[test]
-    fn a_thread_with_a_lane_keeps_what_it_frees_and_spends_it_on_its_own_device() {
-        let (device, d) = (50, runtime::ledger().device(50).unwrap());
-        let p = fresh(3);
-        p.give(device, d, 3 * MIB);
-        assert_eq!(p.bytes.get(), 3 * MIB, "kept by the thread");
-        assert_eq!(shared_credit(d), 0, "nothing went to the shards");
-        assert!(!p.take(device + 1, runtime::ledger().device(51).unwrap(), MIB));
-        assert!(!p.take(device, d, 4 * MIB), "more than it holds");
-        assert!(p.take(device, d, 2 * MIB));
-        assert_eq!(p.bytes.get(), MIB);
-        d.retire_credit();
-        assert!(
-            !p.take(device, d, MIB),
-            "credit of an older epoch is not spent"
-        );
-        assert_eq!(p.bytes.get(), MIB);
-    }
-
-    #[test]
-    fn a_thread_without_a_lane_or_that_has_exited_keeps_nothing() {
-        let (device, d) = (52, runtime::ledger().device(52).unwrap());
-        for lane in [NO_LANE_YET, EXITED] {
-            let p = fresh(lane);
-            assert!(!p.keeps_credit());
-            p.give(device, d, MIB);
-            assert_eq!(p.bytes.get(), 0);
-            assert_eq!(shared_credit(d), MIB as i64, "it went to the shards");
-            d.pool.collect().debit(MIB);
-        }
-        assert!(fresh(0).keeps_credit() && fresh(7).keeps_credit());
-    }
-
-    #[test]
-    fn a_thread_keeps_at_most_private_max_and_hands_on_the_rest() {
-        let (device, d) = (53, runtime::ledger().device(53).unwrap());
-        assert_eq!(PRIVATE_MAX, 8 * MIB);
-        let p = fresh(4);
-        p.give(device, d, PRIVATE_MAX);
-        assert_eq!(p.bytes.get(), PRIVATE_MAX, "exactly the bound is kept");
-        assert_eq!(shared_credit(d), 0);
-        p.give(device, d, MIB);
-        assert_eq!(
-            p.bytes.get(),
-            PRIVATE_MAX / 2,
-            "over it, half the bound stays"
-        );
-        assert_eq!(shared_credit(d), (PRIVATE_MAX / 2 + MIB) as i64);
-    }
-
-    #[test]
-    fn the_fast_free_keeps_pooled_credit_of_the_threads_device_up_to_the_bound() {
-        let (device, d) = (54, runtime::ledger().device(54).unwrap());
-        let p = fresh(5);
-        p.give(device, d, MIB);
-        assert!(p.give_fast(&pooled(device, 2 * MIB)));
-        assert_eq!(p.bytes.get(), 3 * MIB);
-        assert!(!p.give_fast(&pooled(device + 1, MIB)), "another device");
-        let direct = Entry {
-            kind: Kind::Direct,
-            ..pooled(device, MIB)
-        };
-        assert!(!p.give_fast(&direct), "not stream-ordered");
-        assert!(!p.give_fast(&pooled(device, PRIVATE_MAX)), "past the bound");
-        assert_eq!(
-            p.bytes.get(),
-            3 * MIB,
-            "a refused fast free changes nothing"
-        );
-        d.retire_credit();
-        assert!(!p.give_fast(&pooled(device, MIB)), "an older epoch");
-    }
-
-    #[test]
-    fn a_thread_claims_a_lane_once_and_an_exited_thread_claims_none() {
-        let p = fresh(NO_LANE_YET);
-        let lane = p.lane();
-        assert!((1..ledger::LANES).contains(&lane), "lane {lane}");
-        assert_eq!(p.lane.get(), lane);
-        assert_eq!(p.lane(), lane, "the same lane again");
-        assert!(p.keeps_credit());
-        ledger::release_lane(lane);
-
-        // Lane 0 (none was free): tried again while lanes are free.
-        let p = fresh(0);
-        let lane = p.lane();
-        assert!((1..ledger::LANES).contains(&lane), "lane {lane}");
-        ledger::release_lane(lane);
-
-        let p = fresh(EXITED);
-        assert_eq!(p.lane(), 0);
-        assert_eq!(p.lane.get(), EXITED);
-    }
-
-    #[test]
-    fn every_thread_has_its_private_credit_and_an_exit_handler() {
-        assert!(private().is_some());
-        assert!(arm_thread_exit());
-        assert!(arm_thread_exit(), "armed again with the same key");
-        assert_ne!(EXIT_KEY.load(Ordering::Acquire), UNMADE);
-    }
-
-    #[test]
-    fn the_growth_guard_marks_its_thread_only_while_held() {
-        {
-            let _g = growth_lock();
-            assert!(HOLDS_GROWTH.with(Cell::get));
-        }
-        assert!(!HOLDS_GROWTH.with(Cell::get));
-    }
-
-    #[test]
-    fn sizes_past_i64_are_clamped_not_wrapped() {
-        assert_eq!(clamp_i64(5), 5);
-        assert_eq!(clamp_i64(i64::MAX as u64), i64::MAX);
-        assert_eq!(clamp_i64(u64::MAX), i64::MAX);
-    }
-
-    #[test]
-    fn a_settlement_keeps_a_deficit_charged_in_pool_steps() {
-        let d = runtime::ledger().device(55).unwrap();
-        d.set_budget(1 << 40);
-        // 200 MiB reserved, then the driver says 100 MiB while the books hold 140 MiB in
-        // use: the 40 MiB the pool has yet to grow by stay charged, as two 32 MiB steps.
-        let mut bank = d.pool.collect();
-        let epoch = d.epoch();
-        settle_charge(d, &mut bank, 200 * MIB);
-        assert_eq!((d.pool.charge(), d.used()), (200 * MIB, 200 * MIB));
-        assert_eq!(d.epoch(), epoch, "a rise retires nothing");
-        bank.debit(140 * MIB);
-        settle_charge(d, &mut bank, 100 * MIB);
-        assert_eq!(d.pool.charge(), 100 * MIB + 2 * POOL_STEP);
-        assert_eq!(d.used(), 100 * MIB + 2 * POOL_STEP);
-        assert!(
-            d.epoch() != epoch,
-            "the charge went down: kept credit is retired"
-        );
-        let epoch = d.epoch();
-        settle_charge(d, &mut bank, 100 * MIB);
-        assert_eq!(d.pool.charge(), 100 * MIB + 2 * POOL_STEP, "unchanged");
-        assert_eq!(d.epoch(), epoch, "no change retires nothing");
-        bank.refund(140 * MIB);
-        settle_charge(d, &mut bank, 200 * MIB);
-        assert_eq!(d.pool.charge(), 200 * MIB);
-        assert_eq!(d.epoch(), epoch, "a rise retires nothing");
     }
 }

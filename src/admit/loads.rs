@@ -43,7 +43,8 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use crate::admit::flow;
 use crate::admit::image::{self, Arch, Footprint, Placed, Source};
-use crate::books::ledger::{DeviceLedger, MAX_DEVICES, Reservation};
+use crate::admit::{Fixed, admit};
+use crate::books::ledger::{DeviceLedger, MAX_DEVICES, Reservation, clamp_i64};
 use crate::config::LogLevel;
 use crate::runtime::Cx;
 use crate::sys::driver::{CuResult, Handle, real};
@@ -253,7 +254,11 @@ fn admit_predicted<'d>(
     if predicted == 0 {
         return Ok(None);
     }
-    flow::admit(call, device, d, predicted).map(Some)
+    let ask = &mut Fixed {
+        bytes: predicted,
+        wait: false,
+    };
+    admit(call, device, d, ask)
 }
 /// Libraries whose first look-up is still to come: while 0, look-ups take no lock.
 static LAZY: AtomicUsize = AtomicUsize::new(0);
@@ -292,26 +297,20 @@ fn measure(real: impl FnOnce() -> CuResult) -> (CuResult, i64) {
     let before = free_now();
     let rc = real();
     let change = match (before, rc.is_ok().then(free_now).flatten()) {
-        (Some(before), Some(after)) => clamp(before).saturating_sub(clamp(after)),
+        (Some(before), Some(after)) => clamp_i64(before).saturating_sub(clamp_i64(after)),
         _ => 0,
     };
     (rc, change)
 }
 
-fn clamp(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// Admits `bytes` that the device already holds (the call has happened): true when
-/// they fit and are now charged.
-fn admit_held(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
-    match flow::admit(call, device, d, bytes) {
-        Ok(r) => {
-            r.commit();
-            true
-        }
-        Err(_) => false,
+/// Admits `bytes` that the device already holds (the call has happened): `Ok` when they
+/// fit and are now charged, else the refusal.
+fn admit_held(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> Result<(), CuResult> {
+    let ask = &mut Fixed { bytes, wait: false };
+    if let Some(r) = admit(call, device, d, ask)? {
+        r.commit();
     }
+    Ok(())
 }
 
 /// A module or library load (`real`), whose handle the driver writes to `out`. `lazy`:
@@ -359,10 +358,12 @@ pub fn load(
     // SAFETY: the driver just wrote the handle.
     let handle = unsafe { *out };
     let extra = grown.saturating_sub(predicted);
-    if extra > 0 && !admit_held(call, device, d, extra) {
+    if extra > 0
+        && let Err(refused) = admit_held(call, device, d, extra)
+    {
         let _ = unload(handle);
         drop(reservation);
-        return CuResult::OUT_OF_MEMORY;
+        return refused;
     }
     if let Some(r) = reservation {
         r.commit();
@@ -403,8 +404,12 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
     }
     let grown = change.max(0).unsigned_abs();
     let extra = grown.saturating_sub(predicted);
-    let fits = extra == 0 || admit_held(call, device, d, extra);
-    if !fits {
+    let fits = if extra == 0 {
+        Ok(())
+    } else {
+        admit_held(call, device, d, extra)
+    };
+    if fits.is_err() {
         // Held already and nothing to undo: charged all the same, until the unload.
         d.charge(extra);
     }
@@ -428,11 +433,7 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
         // unload.
         d.release(grown);
     }
-    if fits {
-        CuResult::SUCCESS
-    } else {
-        CuResult::OUT_OF_MEMORY
-    }
+    fits.err().unwrap_or(CuResult::SUCCESS)
 }
 
 /// A module's or library's unload, or a context's destruction: what it held is given
@@ -495,9 +496,9 @@ pub fn another_context(
     }
     // SAFETY: the driver just wrote the context.
     let handle = unsafe { *out };
-    if !admit_held("cuCtxCreate", device, d, grown) {
+    if let Err(refused) = admit_held("cuCtxCreate", device, d, grown) {
         let _ = destroy(handle);
-        return CuResult::OUT_OF_MEMORY;
+        return refused;
     }
     remember(handle, device, d, grown, true);
     rc
@@ -531,8 +532,12 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
         (value as u64).saturating_sub(old as u64)
     };
     let reservation = if predicted > 0 {
-        match flow::admit(call, device, d, predicted) {
-            Ok(r) => Some(r),
+        let ask = &mut Fixed {
+            bytes: predicted,
+            wait: false,
+        };
+        match admit(call, device, d, ask) {
+            Ok(r) => r,
             Err(rc) => return rc,
         }
     } else {
@@ -544,9 +549,11 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
     }
     let grown = change.max(0).unsigned_abs();
     let extra = grown.saturating_sub(predicted);
-    if extra > 0 && !admit_held(call, device, d, extra) {
+    if extra > 0
+        && let Err(refused) = admit_held(call, device, d, extra)
+    {
         let _ = real(old);
-        return CuResult::OUT_OF_MEMORY;
+        return refused;
     }
     if let Some(r) = reservation {
         r.commit();

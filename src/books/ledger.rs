@@ -326,6 +326,11 @@ pub struct Reservation<'a> {
 }
 
 impl Reservation<'_> {
+    /// The bytes reserved.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// The allocation happened: the bytes stay charged. When the device's books were
     /// cleared meanwhile (its last context went away while the driver allocated), they
     /// were wiped with them and are charged again.
@@ -514,7 +519,8 @@ impl BankGuard<'_> {
     }
 }
 
-fn clamp_i64(v: u64) -> i64 {
+/// `v` as an `i64`, clamped (never wrapped) at `i64::MAX`.
+pub fn clamp_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 

@@ -227,7 +227,7 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuR
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: Device) -> CuResult {
     guard("cuDeviceGraphMemTrim", || {
         // SAFETY: the caller's argument.
-        let rc = flow::program_trim(|| unsafe { real::cuDeviceGraphMemTrim(device) });
+        let rc = crate::admit::program_trim(|| unsafe { real::cuDeviceGraphMemTrim(device) });
         if rc.is_ok() && device >= 0 && crate::lifecycle::mode() == Mode::Budgeted {
             flow::graph_memory_changed(device as usize);
         }

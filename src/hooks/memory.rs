@@ -73,9 +73,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
 }
 
 /// Device memory from `cuMemCreate` counts from creation until it really goes back
-/// (released and unmapped). Before refusing, the driver is asked whether it would accept
-/// the request at all, with the smallest allocation of the same kind: PyTorch picks its
-/// handle type by the error it gets, and a budget OOM must not hide "not supported".
+/// (released and unmapped); see [`flow::alloc_vmm`].
 ///
 /// # Safety
 /// As the driver's `cuMemCreate`.
@@ -89,79 +87,10 @@ pub unsafe extern "C" fn cuMemCreate(
     guard("cuMemCreate", || {
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuMemCreate(handle, size, prop, flags) };
-        let mode = crate::lifecycle::mode();
-        if mode != Mode::Budgeted || prop.is_null() {
-            return runtime::refusal(mode).unwrap_or_else(create);
-        }
-        // SAFETY: checked non-null; the caller passes a valid property struct.
-        let location = unsafe { (*prop).location };
-        if location.kind != MEM_LOCATION_TYPE_DEVICE || location.id < 0 {
-            return create();
-        }
-        let device = location.id as usize;
-        let Some(d) = runtime::budgeted(device) else {
-            return create();
-        };
-        let bytes = size as u64;
-        // The first context's charge, if still pending, comes first (as in `admit`).
-        crate::admit::footprint::settle_before_admission(device);
-        let reservation = match d.reserve(bytes) {
-            Ok(r) => r,
-            Err(_) => {
-                // SAFETY: the caller's property struct.
-                if let Some(rc) = unsafe { driver_rejects(d, size, prop, flags) } {
-                    return rc;
-                }
-                match flow::admit("cuMemCreate", device, d, bytes) {
-                    Ok(r) => r,
-                    Err(rc) => return rc,
-                }
-            }
-        };
-        let rc = create();
-        if rc.is_ok() {
-            // SAFETY: the driver wrote the handle.
-            vmm::lock().created(unsafe { *handle }, bytes, device);
-            reservation.commit();
-        }
-        rc
+        let cx = enter!(create);
+        // SAFETY: the caller's property struct, valid for the driver (or null).
+        unsafe { flow::alloc_vmm(cx, handle, size, prop, flags, create) }
     })
-}
-
-/// The driver's error for this request regardless of its size, if it has one. The probe
-/// is a real allocation, so it is made only within the budget (a reservation of its
-/// size); with no room for it, the budget's answer stands.
-///
-/// # Safety
-/// `prop` must be valid for the driver.
-unsafe fn driver_rejects(
-    d: &crate::books::ledger::DeviceLedger,
-    size: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-) -> Option<CuResult> {
-    let mut granularity = 0usize;
-    // SAFETY: valid out-pointer and the caller's property struct (option 0 = minimum).
-    let rc = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
-    if !rc.is_ok() {
-        return Some(rc);
-    }
-    if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
-        return Some(CuResult::INVALID_VALUE);
-    }
-    let _room = d.reserve(granularity as u64).ok()?;
-    let mut probe = 0u64;
-    // In relaxed mode: the probe is the library's call, and must not break a capture.
-    // SAFETY: the smallest allocation of the same kind, released at once.
-    let rc = crate::admit::capture::relaxed(|| unsafe {
-        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
-        if rc.is_ok() {
-            let _ = real::cuMemRelease(probe);
-        }
-        rc
-    });
-    // Accepted, or refused for want of memory: the budget's answer stands.
-    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
 }
 
 /// # Safety
@@ -434,7 +363,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
         let trim = || unsafe { real::cuMemPoolTrimTo(pool, keep) };
         // A created pool's reserve is what its growths are admitted by.
         let rc = if pools::created(pool).is_some() {
-            flow::program_trim(trim)
+            crate::admit::program_trim(trim)
         } else {
             trim()
         };
