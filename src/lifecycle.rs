@@ -34,7 +34,9 @@ pub enum Entered {
 pub fn enter() -> Entered {
     match mode() {
         Mode::Budgeted => Entered::Budgeted(Cx::budgeted()),
-        mode => runtime::refusal(mode).map_or(Entered::Pass, Entered::Refuse),
+        Mode::Passthrough => Entered::Pass,
+        Mode::Refused => Entered::Refuse(CuResult::NOT_PERMITTED),
+        Mode::NoDriver => Entered::Refuse(CuResult::SHARED_OBJECT_INIT_FAILED),
     }
 }
 

@@ -9,9 +9,9 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
-use crate::books::ledger::{AddrTable, DeviceLedger, Ledger, PointerMap, UNBUDGETED, UNRESOLVED};
+use crate::books::ledger::{AddrTable, Budget, DeviceLedger, Ledger, PointerMap};
 use crate::config::Config;
-use crate::sys::driver::{CuResult, real};
+use crate::sys::driver::real;
 
 /// What the hooks do in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,9 +201,9 @@ pub fn stream_device(stream: crate::sys::driver::Handle) -> Option<usize> {
 pub fn budgeted(device: usize) -> Option<&'static DeviceLedger> {
     let d = LEDGER.device(device)?;
     match d.budget() {
-        UNBUDGETED => None,
-        UNRESOLVED => resolve_budget(device, d, None),
-        _ => Some(d),
+        Budget::Unbudgeted => None,
+        Budget::Unresolved => resolve_budget(device, d, None),
+        Budget::Bytes(_) => Some(d),
     }
 }
 
@@ -212,9 +212,9 @@ pub fn budgeted(device: usize) -> Option<&'static DeviceLedger> {
 pub fn budgeted_with_total(device: usize, total: u64) -> Option<&'static DeviceLedger> {
     let d = LEDGER.device(device)?;
     match d.budget() {
-        UNBUDGETED => None,
-        UNRESOLVED => resolve_budget(device, d, Some(total)),
-        _ => Some(d),
+        Budget::Unbudgeted => None,
+        Budget::Unresolved => resolve_budget(device, d, Some(total)),
+        Budget::Bytes(_) => Some(d),
     }
 }
 
@@ -233,7 +233,7 @@ fn resolve_budget(
     known_total: Option<u64>,
 ) -> Option<&'static DeviceLedger> {
     let Some(limit) = config()?.limit_for(device as u32) else {
-        d.set_budget(UNBUDGETED);
+        d.set_budget(Budget::Unbudgeted);
         return None;
     };
     let bytes = match limit.fixed() {
@@ -241,7 +241,7 @@ fn resolve_budget(
         // A percentage needs the device's size; until it is known, stay unresolved.
         None => limit.resolve(physical_total(device).or(known_total)?),
     };
-    d.set_budget(bytes.min(UNRESOLVED - 1));
+    d.set_budget(Budget::Bytes(bytes));
     if crate::books::job::joined().is_some() {
         d.join_job(device);
     }
@@ -269,14 +269,4 @@ pub fn shard() -> usize {
     let marker = 0u8;
     let stack = std::ptr::addr_of!(marker) as usize >> 21;
     (stack.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) % crate::books::ledger::POOL_SHARDS
-}
-
-/// The answer for a hook when the mode is not `Budgeted`: `None` means call the driver.
-#[inline]
-pub fn refusal(mode: Mode) -> Option<CuResult> {
-    match mode {
-        Mode::Budgeted | Mode::Passthrough => None,
-        Mode::Refused => Some(CuResult::NOT_PERMITTED),
-        Mode::NoDriver => Some(CuResult::SHARED_OBJECT_INIT_FAILED),
-    }
 }

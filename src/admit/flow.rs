@@ -664,13 +664,13 @@ pub fn alloc_pooled(
     if let Some(pool) = created {
         return alloc_from_created(call, device, d, pool, bytes, real);
     }
-    if !ledger::PoolCredit::may_hold(bytes, d.budget()) {
+    if !ledger::PoolCredit::may_hold(bytes, d.limit()) {
         // No pool growth could ever admit it: refused before any credit moves, so a
         // failure cannot give back credit that was never taken.
         let denial = Denial {
             requested: bytes,
             used: d.budget_used(),
-            budget: d.budget(),
+            budget: d.limit(),
         };
         return refuse(call, device, d, &denial);
     }

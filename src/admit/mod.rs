@@ -173,11 +173,11 @@ fn wait_for_room<'d>(
     let Some(OnExceed::Wait(patience)) = runtime::config().map(|c| c.on_exceed) else {
         return Err(refuse(call, device, d, &denial));
     };
-    if capture::any() || bytes > d.budget() {
+    if capture::any() || bytes > d.limit() {
         return Err(refuse(call, device, d, &denial));
     }
     let deadline = Instant::now() + patience;
-    let budget = d.budget();
+    let budget = d.limit();
     d.note_wait();
     // A job's waiter keeps its place in the queue until it is admitted or gives up.
     let turn = d.job().map(|(job, index)| job.queue(index));
@@ -375,7 +375,7 @@ mod tests {
     #[test]
     fn a_settlement_keeps_a_deficit_charged_in_pool_steps() {
         let d = runtime::ledger().device(55).unwrap();
-        d.set_budget(1 << 40);
+        d.set_budget(crate::books::ledger::Budget::Bytes(1 << 40));
         // 200 MiB reserved, then the driver says 100 MiB while the books hold 140 MiB in
         // use: the 40 MiB the pool has yet to grow by stay charged, as two 32 MiB steps.
         let mut bank = d.pool.collect();

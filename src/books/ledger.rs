@@ -22,10 +22,22 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 pub use crate::sys::driver::MAX_DEVICES;
 
-/// `budget` of a device that has no budget.
-pub const UNBUDGETED: u64 = u64::MAX;
-/// `budget` of a device whose budget has not been worked out yet.
-pub const UNRESOLVED: u64 = u64::MAX - 1;
+/// A device's budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// Not worked out yet (a percentage waits for the device's size).
+    Unresolved,
+    /// The device has no budget: its calls pass through.
+    Unbudgeted,
+    /// At most this many bytes.
+    Bytes(u64),
+}
+
+/// How [`DeviceLedger`] keeps a [`Budget`] in one atomic: the two values no budget in
+/// bytes takes (a budget is kept below them), each larger than any budget, so that a
+/// reservation against either always fits.
+const UNBUDGETED: u64 = u64::MAX;
+const UNRESOLVED: u64 = u64::MAX - 1;
 
 /// A refused request, with what the device held and allowed at that moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,13 +110,28 @@ impl DeviceLedger {
         }
     }
 
-    /// The budget in bytes, `UNBUDGETED`, or `UNRESOLVED`.
-    pub fn budget(&self) -> u64 {
+    /// The device's budget.
+    pub fn budget(&self) -> Budget {
+        match self.limit() {
+            UNBUDGETED => Budget::Unbudgeted,
+            UNRESOLVED => Budget::Unresolved,
+            bytes => Budget::Bytes(bytes),
+        }
+    }
+
+    /// The budget in bytes a request is measured against: for a device without a budget
+    /// in bytes ([`Budget::Unbudgeted`], [`Budget::Unresolved`]) more than any request.
+    pub fn limit(&self) -> u64 {
         self.budget.load(Ordering::Relaxed)
     }
 
-    pub fn set_budget(&self, bytes: u64) {
-        self.budget.store(bytes, Ordering::Relaxed);
+    pub fn set_budget(&self, budget: Budget) {
+        let raw = match budget {
+            Budget::Unbudgeted => UNBUDGETED,
+            Budget::Unresolved => UNRESOLVED,
+            Budget::Bytes(bytes) => bytes.min(UNRESOLVED - 1),
+        };
+        self.budget.store(raw, Ordering::Relaxed);
     }
 
     pub fn used(&self) -> u64 {
@@ -126,7 +153,7 @@ impl DeviceLedger {
     /// Reserves `bytes` if they fit in the budget. Dropping the reservation without
     /// [`Reservation::commit`] gives the bytes back.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>, Denial> {
-        let budget = self.budget();
+        let budget = self.limit();
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let after = match used.checked_add(bytes) {
@@ -1015,7 +1042,7 @@ mod tests {
 
     fn device(budget: u64) -> DeviceLedger {
         let d = DeviceLedger::new();
-        d.set_budget(budget);
+        d.set_budget(Budget::Bytes(budget));
         d
     }
 
@@ -1060,7 +1087,7 @@ mod tests {
 
     #[test]
     fn a_request_that_overflows_is_refused() {
-        let d = device(UNBUDGETED - 2);
+        let d = device(u64::MAX);
         d.reserve(10).unwrap().commit();
         assert!(d.reserve(u64::MAX).is_err());
     }
@@ -1573,7 +1600,7 @@ mod tests {
         assert_eq!(d.pool.charge(), 0);
         assert!(!d.pool.take(3, 1), "credit lent before the clear is void");
         assert_eq!(d.pool.collect().credit(), 0, "and so is the bank's");
-        assert_eq!(d.budget(), 1000);
+        assert_eq!(d.budget(), Budget::Bytes(1000));
         assert_eq!(d.peak(), 150);
         assert_eq!(d.denials(), 1);
     }
@@ -1583,9 +1610,9 @@ mod tests {
         assert!(PoolCredit::may_hold(0, 0));
         assert!(PoolCredit::may_hold(100, 100));
         assert!(!PoolCredit::may_hold(101, 100));
-        assert!(PoolCredit::may_hold(TAKE_MAX - 1, UNBUDGETED));
-        assert!(!PoolCredit::may_hold(TAKE_MAX, UNBUDGETED));
-        assert!(!PoolCredit::may_hold(u64::MAX, UNBUDGETED));
+        assert!(PoolCredit::may_hold(TAKE_MAX - 1, u64::MAX));
+        assert!(!PoolCredit::may_hold(TAKE_MAX, u64::MAX));
+        assert!(!PoolCredit::may_hold(u64::MAX, u64::MAX));
     }
 
     #[test]

@@ -104,7 +104,9 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
 pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CuResult {
     guard("cuModuleUnload", || {
         // SAFETY: the caller's argument.
-        loads::unload(module, || unsafe { real::cuModuleUnload(module) })
+        let unload = || unsafe { real::cuModuleUnload(module) };
+        let _cx = enter!(books, unload);
+        loads::unload(module, unload)
     })
 }
 
@@ -182,7 +184,9 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 pub unsafe extern "C" fn cuLibraryUnload(library: Handle) -> CuResult {
     guard("cuLibraryUnload", || {
         // SAFETY: the caller's argument.
-        loads::unload(library, || unsafe { real::cuLibraryUnload(library) })
+        let unload = || unsafe { real::cuLibraryUnload(library) };
+        let _cx = enter!(books, unload);
+        loads::unload(library, unload)
     })
 }
 
@@ -196,10 +200,10 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetGlobal", || {
-        loads::lookup("cuLibraryGetGlobal", library, || {
-            // SAFETY: the caller's arguments.
-            unsafe { real::cuLibraryGetGlobal(dptr, bytes, library, name) }
-        })
+        // SAFETY: the caller's arguments.
+        let look_up = || unsafe { real::cuLibraryGetGlobal(dptr, bytes, library, name) };
+        let _cx = enter!(books, look_up);
+        loads::lookup("cuLibraryGetGlobal", library, look_up)
     })
 }
 
@@ -213,10 +217,10 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetManaged", || {
-        loads::lookup("cuLibraryGetManaged", library, || {
-            // SAFETY: the caller's arguments.
-            unsafe { real::cuLibraryGetManaged(dptr, bytes, library, name) }
-        })
+        // SAFETY: the caller's arguments.
+        let look_up = || unsafe { real::cuLibraryGetManaged(dptr, bytes, library, name) };
+        let _cx = enter!(books, look_up);
+        loads::lookup("cuLibraryGetManaged", library, look_up)
     })
 }
 
@@ -225,10 +229,10 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CuResult {
     guard("cuLibraryGetModule", || {
-        loads::lookup("cuLibraryGetModule", library, || {
-            // SAFETY: the caller's arguments.
-            unsafe { real::cuLibraryGetModule(module, library) }
-        })
+        // SAFETY: the caller's arguments.
+        let look_up = || unsafe { real::cuLibraryGetModule(module, library) };
+        let _cx = enter!(books, look_up);
+        loads::lookup("cuLibraryGetModule", library, look_up)
     })
 }
 
@@ -241,10 +245,10 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetKernel", || {
-        loads::lookup("cuLibraryGetKernel", library, || {
-            // SAFETY: the caller's arguments.
-            unsafe { real::cuLibraryGetKernel(kernel, library, name) }
-        })
+        // SAFETY: the caller's arguments.
+        let look_up = || unsafe { real::cuLibraryGetKernel(kernel, library, name) };
+        let _cx = enter!(books, look_up);
+        loads::lookup("cuLibraryGetKernel", library, look_up)
     })
 }
 

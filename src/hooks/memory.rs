@@ -6,7 +6,7 @@ use super::guard;
 use crate::admit::flow::{self, array_bytes};
 use crate::admit::{gate, pools};
 use crate::books::vmm;
-use crate::runtime::{self, Mode};
+use crate::runtime::{self, Cx};
 use crate::sys::driver::{
     Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_ALLOCATION_TYPE_PINNED,
     MEM_LOCATION_TYPE_DEVICE, MemAllocationProp, MemLocation, MemPoolProps, real,
@@ -100,9 +100,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
     guard("cuMemRelease", || {
         // SAFETY: the caller's argument.
         let release = || unsafe { real::cuMemRelease(handle) };
-        if crate::lifecycle::mode() != Mode::Budgeted {
-            return release();
-        }
+        let _cx = enter!(books, release);
         // The books follow the driver's order: the lock is held across the driver's
         // call (see `vmm_call`).
         let (rc, returned) = vmm_call(release, |v| v.released(handle));
@@ -124,9 +122,7 @@ pub unsafe extern "C" fn cuMemMap(
     guard("cuMemMap", || {
         // SAFETY: the caller's arguments.
         let map = || unsafe { real::cuMemMap(ptr, size, offset, handle, flags) };
-        if crate::lifecycle::mode() != Mode::Budgeted {
-            return map();
-        }
+        let _cx = enter!(books, map);
         vmm_call(map, |v| v.mapped(ptr, size as u64, handle)).0
     })
 }
@@ -138,9 +134,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: DevicePtr, size: usize) -> CuResult {
     guard("cuMemUnmap", || {
         // SAFETY: the caller's arguments.
         let unmap = || unsafe { real::cuMemUnmap(ptr, size) };
-        if crate::lifecycle::mode() != Mode::Budgeted {
-            return unmap();
-        }
+        let _cx = enter!(books, unmap);
         let (rc, returned) = vmm_call(unmap, |v| v.unmapped(ptr, size as u64));
         for r in returned.into_iter().flatten() {
             give_back(Some(r));
@@ -161,7 +155,8 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     guard("cuMemRetainAllocationHandle", || {
         // SAFETY: the caller's arguments.
         let retain = || unsafe { real::cuMemRetainAllocationHandle(handle, addr) };
-        if crate::lifecycle::mode() != Mode::Budgeted || handle.is_null() {
+        let _cx = enter!(books, retain);
+        if handle.is_null() {
             return retain();
         }
         // SAFETY: the driver wrote the handle (the closure runs only on success).
@@ -338,7 +333,9 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 ) -> CuResult {
     guard("cuMemPoolCreate", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuMemPoolCreate(pool, props) };
+        let create = || unsafe { real::cuMemPoolCreate(pool, props) };
+        let _cx = enter!(books, create);
+        let rc = create();
         if rc.is_ok() && !pool.is_null() && !props.is_null() {
             // SAFETY: the driver accepted `props` and wrote the pool.
             let (location, handle) = unsafe { ((*props).location, *pool) };
@@ -361,13 +358,14 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
     guard("cuMemPoolTrimTo", || {
         // SAFETY: the caller's arguments.
         let trim = || unsafe { real::cuMemPoolTrimTo(pool, keep) };
+        let _cx = enter!(books, trim);
         // A created pool's reserve is what its growths are admitted by.
         let rc = if pools::created(pool).is_some() {
             crate::admit::program_trim(trim)
         } else {
             trim()
         };
-        if rc.is_ok() && crate::lifecycle::mode() == Mode::Budgeted {
+        if rc.is_ok() {
             let device = match pools::place_of(pool) {
                 pools::Place::Device(device) => Some(device),
                 pools::Place::Unknown => runtime::current_device(),
@@ -388,6 +386,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
     guard("cuMemPoolDestroy", || {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuMemPoolDestroy(pool) };
+        let _cx = enter!(books, destroy);
         if pools::created(pool).is_none() {
             let rc = destroy();
             if rc.is_ok() {
@@ -413,9 +412,9 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(
 ) -> CuResult {
     guard("cuDeviceSetMemPool", || {
         // SAFETY: the caller's arguments.
-        set_device_pool(device, pool, || unsafe {
-            real::cuDeviceSetMemPool(device, pool)
-        })
+        let set = || unsafe { real::cuDeviceSetMemPool(device, pool) };
+        let cx = enter!(books, set);
+        set_device_pool(cx, device, pool, set)
     })
 }
 
@@ -433,13 +432,14 @@ pub unsafe extern "C" fn cuMemSetMemPool(
     guard("cuMemSetMemPool", || {
         // SAFETY: the caller's arguments.
         let set = || unsafe { real::cuMemSetMemPool(location, kind, pool) };
+        let cx = enter!(books, set);
         // SAFETY: read only when non-null; the caller's location.
         let device = (!location.is_null())
             .then(|| unsafe { *location })
             .filter(|l| l.kind == MEM_LOCATION_TYPE_DEVICE && kind == MEM_ALLOCATION_TYPE_PINNED)
             .map(|l| l.id);
         match device {
-            Some(device) => set_device_pool(device, pool, set),
+            Some(device) => set_device_pool(cx, device, pool, set),
             None => set(),
         }
     })
@@ -447,6 +447,7 @@ pub unsafe extern "C" fn cuMemSetMemPool(
 
 /// Makes `pool` the device's current pool (`real`).
 fn set_device_pool(
+    _cx: Cx,
     device: crate::sys::driver::Device,
     pool: Handle,
     real: impl FnOnce() -> CuResult,
@@ -455,7 +456,7 @@ fn set_device_pool(
     // driver call while the pool changes (crate::admit::gate); those after see the new pool.
     gate::closed(|| {
         let rc = real();
-        if rc.is_ok() && device >= 0 && crate::lifecycle::mode() == Mode::Budgeted {
+        if rc.is_ok() && device >= 0 {
             pools::made_current(device as usize, pool);
         }
         rc

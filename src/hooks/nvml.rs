@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::runtime::{self, Mode};
+use crate::runtime;
 use crate::sys::nvml::{self, F, Memory, MemoryV2, NvmlDevice};
 
 /// Our NVML hook for an exact name.
@@ -21,14 +21,12 @@ const NVML_ERROR_UNINITIALIZED: c_int = 1;
 
 /// (total, free, used) as this process should see them on `device`, if it is budgeted.
 fn view(device: NvmlDevice, total: u64, free: u64) -> Option<(u64, u64, u64)> {
-    if crate::lifecycle::mode() != Mode::Budgeted {
-        return None;
-    }
+    let _cx = crate::lifecycle::enter_books()?;
     let ordinal = nvml::ordinal_of(device)?;
     let d = runtime::budgeted_with_total(ordinal, total)?;
     crate::admit::footprint::settle_before_admission(ordinal);
     crate::admit::flow::refresh_pools(ordinal, d);
-    let budget = d.budget().min(total);
+    let budget = d.limit().min(total);
     let used = d.budget_used().min(budget);
     Some((budget, free.min(budget - used), used))
 }

@@ -36,7 +36,7 @@ fn redirect(symbol: *const c_char, found: *mut c_void) -> *mut c_void {
         return super::hook_for(sym).unwrap_or(found);
     }
     // A process with no budget keeps the driver's own functions.
-    if crate::lifecycle::mode() != Mode::Budgeted && crate::lifecycle::mode() != Mode::Refused {
+    if !matches!(crate::lifecycle::mode(), Mode::Budgeted | Mode::Refused) {
         return found;
     }
     super::hook_for(sym).unwrap_or(found)

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen};
 
-use crate::books::ledger::UNRESOLVED;
+use crate::books::ledger::Budget;
 use crate::config::LogLevel;
 use record::{DeviceFigures, Record};
 
@@ -263,11 +263,14 @@ fn now_ms() -> u64 {
 fn snapshot(uuids: &[Option<String>]) -> Vec<DeviceFigures> {
     crate::runtime::ledger()
         .devices()
-        .filter(|(_, d)| d.budget() < UNRESOLVED)
-        .map(|(ordinal, d)| DeviceFigures {
+        .filter_map(|(ordinal, d)| match d.budget() {
+            Budget::Bytes(budget) => Some((ordinal, d, budget)),
+            Budget::Unbudgeted | Budget::Unresolved => None,
+        })
+        .map(|(ordinal, d, budget)| DeviceFigures {
             ordinal: ordinal as u32,
             uuid: uuids.get(ordinal).cloned().flatten(),
-            budget: d.budget(),
+            budget,
             used: d.used(),
             peak: d.peak(),
             denials: d.denials(),

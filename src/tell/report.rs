@@ -119,10 +119,9 @@ pub fn install_exit_summary() {
 extern "C" fn exit_summary() {
     let ledger = crate::runtime::ledger();
     for (device, d) in ledger.devices() {
-        let budget = d.budget();
-        if budget >= crate::books::ledger::UNRESOLVED {
+        let crate::books::ledger::Budget::Bytes(budget) = d.budget() else {
             continue;
-        }
+        };
         emit(format_args!(
             "{}: device {device}: peak {} of budget {}, {} in use at exit, {} denied",
             Process,
