@@ -1,5 +1,7 @@
-//! The exported symbols, and nothing else: each hook is a few lines that call into
-//! [`crate::admit::flow`], [`crate::admit::footprint`] or the driver.
+//! The exported symbols, and nothing else, one file per API family: `memory`, `vmm`,
+//! `pools`, `arrays`, `graphs` (stream capture too), `context`, `device` (`cuInit` and
+//! the views), `modules`, `nvml`, `dlsym`, `proc_address`. Each hook that budgets starts
+//! with the one prologue, `enter!`, and hands the call context to [`crate::admit`].
 //!
 //! [`hook_for`] is the one list of what is interposed; `dlsym` and `cuGetProcAddress`
 //! both answer from it, so every way a program reaches the driver ends in the same hook.
@@ -34,13 +36,17 @@ macro_rules! enter {
     };
 }
 
+pub mod arrays;
+pub mod context;
+pub mod device;
 pub mod dlsym;
-pub mod graph;
-pub mod info;
-pub mod loads;
+pub mod graphs;
 pub mod memory;
+pub mod modules;
 pub mod nvml;
+pub mod pools;
 pub mod proc_address;
+pub mod vmm;
 
 /// Runs a hook body; a panic becomes `CUDA_ERROR_UNKNOWN` instead of crossing into C.
 #[inline(always)]
@@ -56,11 +62,15 @@ pub(crate) fn guard(call: &'static str, body: impl FnOnce() -> CuResult) -> CuRe
 
 /// Our hook for the driver variant `sym`, if we wrap it.
 pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
-    use graph::*;
-    use info::*;
-    use loads::*;
+    use arrays::*;
+    use context::*;
+    use device::*;
+    use graphs::*;
     use memory::*;
+    use modules::*;
+    use pools::*;
     use proc_address::*;
+    use vmm::*;
     let f: *const () = match sym {
         Sym::cuInit => cuInit as *const (),
         Sym::cuGetProcAddress => cuGetProcAddress as *const (),

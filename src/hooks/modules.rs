@@ -1,5 +1,5 @@
-//! Modules, libraries and context limits: device memory that arrives with a call that
-//! names no size ([`crate::admit::loads`] measures and charges it).
+//! Modules and libraries: device memory that arrives with a call that names no size
+//! ([`crate::admit::loads`] admits what the image says and charges what it costs).
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -249,17 +249,5 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
         let look_up = || unsafe { real::cuLibraryGetKernel(kernel, library, name) };
         let _cx = enter!(books, look_up);
         loads::lookup("cuLibraryGetKernel", library, look_up)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuCtxSetLimit`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CuResult {
-    guard("cuCtxSetLimit", || {
-        // SAFETY: the caller's limit, with the value asked for or the old one back.
-        let set = |v| unsafe { real::cuCtxSetLimit(limit, v) };
-        let cx = enter!(|| set(value));
-        loads::set_limit(cx, limit, value, set)
     })
 }
