@@ -22,7 +22,8 @@ const NVML_ERROR_UNINITIALIZED: c_int = 1;
 /// (total, free, used) as this process should see them on `device`, if it is budgeted.
 fn view(device: NvmlDevice, total: u64, free: u64) -> Option<(u64, u64, u64)> {
     let _cx = crate::lifecycle::enter_books()?;
-    let ordinal = nvml::ordinal_of(device)?;
+    let visible = runtime::config().and_then(|c| c.cuda_visible_devices.as_deref());
+    let ordinal = nvml::ordinal_of(device, visible)?;
     let d = runtime::budgeted_with_total(ordinal, total)?;
     crate::admit::footprint::settle_before_admission(ordinal);
     crate::admit::flow::refresh_pools(ordinal, d);

@@ -469,9 +469,9 @@ pub fn device_used(device: usize) -> Option<u64> {
 }
 
 /// The CUDA ordinal of an NVML device in this process: by UUID when CUDA is initialised
-/// here, else from `CUDA_VISIBLE_DEVICES` (indices or UUID prefixes), as CUDA would
-/// number the devices.
-pub fn ordinal_of(device: NvmlDevice) -> Option<usize> {
+/// here, else from `visible` (`CUDA_VISIBLE_DEVICES`: indices or UUID prefixes), as CUDA
+/// would number the devices.
+pub fn ordinal_of(device: NvmlDevice, visible: Option<&str>) -> Option<usize> {
     let uuid = nvml_uuid(device)?;
     let mut count = 0;
     // SAFETY: a valid out-pointer; fails harmlessly before cuInit.
@@ -479,8 +479,7 @@ pub fn ordinal_of(device: NvmlDevice) -> Option<usize> {
         return (0..count.max(0) as usize).find(|&d| cuda_uuid(d).as_deref() == Some(&uuid));
     }
     let index = nvml_index(device)?;
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    ordinal_from_visible(visible.as_deref(), index, &uuid)
+    ordinal_from_visible(visible, index, &uuid)
 }
 
 fn nvml_uuid(device: NvmlDevice) -> Option<String> {

@@ -60,13 +60,9 @@ pub fn program_name() -> &'static str {
     unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("?")
 }
 
-/// The job this process belongs to (`CUDABUDGET_SCOPE=job:<name>`), from the
-/// configuration.
+/// The job this process belongs to, from the configuration ([`crate::config::Config::job`]).
 pub fn job() -> Option<&'static str> {
-    match &crate::runtime::config()?.scope {
-        crate::config::Scope::Job(name) => Some(name.as_str()),
-        crate::config::Scope::Process => None,
-    }
+    crate::runtime::config()?.job()
 }
 
 /// One denial, as the queue holds it: what the line is made of.

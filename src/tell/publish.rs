@@ -93,8 +93,8 @@ struct Labels {
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 impl Labels {
-    /// The job from `CUDABUDGET_SCOPE=job:<name>`; the Kubernetes names from
-    /// `POD_NAME`, `POD_NAMESPACE` and `CONTAINER_NAME` (the usual downward-API
+    /// The job from the configuration ([`crate::config::Config::job`]); the Kubernetes
+    /// names from `POD_NAME`, `POD_NAMESPACE` and `CONTAINER_NAME` (the usual downward-API
     /// variables: Kubernetes sets none of them by itself) and, inside a pod
     /// (`KUBERNETES_SERVICE_HOST` is set), from `HOSTNAME` (the pod's name) and the
     /// service account's namespace file (`namespace_file`).
@@ -102,9 +102,9 @@ impl Labels {
         var: impl Fn(&str) -> Option<&'a str>,
         namespace_file: impl FnOnce() -> Option<String>,
     ) -> Labels {
-        let job = var("CUDABUDGET_SCOPE")
-            .and_then(|scope| scope.trim().strip_prefix("job:"))
-            .and_then(|name| non_empty(Some(name)));
+        let job = crate::runtime::config()
+            .and_then(|c| c.job())
+            .map(str::to_string);
         let in_kubernetes = var("KUBERNETES_SERVICE_HOST").is_some();
         let pod = non_empty(var("POD_NAME"))
             .or_else(|| in_kubernetes.then(|| non_empty(var("HOSTNAME"))).flatten());
@@ -399,15 +399,9 @@ mod tests {
     }
 
     #[test]
-    fn the_job_is_the_scope_s_name() {
-        assert_eq!(
-            labels(&[("CUDABUDGET_SCOPE", "job:train")], None)
-                .job
-                .as_deref(),
-            Some("train")
-        );
-        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "process")], None).job, None);
-        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "job: ")], None).job, None);
+    fn the_scope_variable_is_not_read_again_here() {
+        // The job comes from the configuration (none in the unit tests' process).
+        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "job:train")], None).job, None);
         assert_eq!(labels(&[], None), Labels::default());
     }
 
