@@ -39,6 +39,8 @@ mod admit;
 mod books;
 pub use cudabudget_spec::config;
 mod hooks;
+#[cfg(test)]
+mod layers;
 mod lifecycle;
 pub use cudabudget_spec::quantity;
 mod runtime;
