@@ -32,6 +32,17 @@ pub enum Entered {
 /// Once decided, it costs one load.
 #[inline(always)]
 pub fn enter() -> Entered {
+    if runtime::is_budgeted() {
+        return Entered::Budgeted(Cx::budgeted());
+    }
+    enter_otherwise()
+}
+
+/// [`enter`] outside a budgeted process, or before the mode is decided: out of the
+/// hooks' way.
+#[cold]
+#[inline(never)]
+fn enter_otherwise() -> Entered {
     match mode() {
         Mode::Budgeted => Entered::Budgeted(Cx::budgeted()),
         Mode::Passthrough => Entered::Pass,
@@ -44,7 +55,13 @@ pub fn enter() -> Entered {
 /// a trim): outside a budgeted process it calls the driver, whatever the reason.
 #[inline(always)]
 pub fn enter_books() -> Option<Cx> {
-    (mode() == Mode::Budgeted).then(Cx::budgeted)
+    if runtime::is_budgeted() {
+        return Some(Cx::budgeted());
+    }
+    match enter_otherwise() {
+        Entered::Budgeted(cx) => Some(cx),
+        Entered::Pass | Entered::Refuse(_) => None,
+    }
 }
 
 /// The mode, deciding it on first use.

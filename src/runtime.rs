@@ -41,6 +41,12 @@ static POINTERS: PointerMap = PointerMap::new();
 /// Array handles (`CUarray`, `CUmipmappedArray`) and what they hold.
 static ARRAYS: AddrTable<{ 1 << 12 }> = AddrTable::new();
 
+/// Whether the mode is decided and is `Budgeted`: one load, what every hook asks first.
+#[inline(always)]
+pub fn is_budgeted() -> bool {
+    STATE.load(Ordering::Acquire) == BUDGETED
+}
+
 /// The mode, once decided; `None` before ([`crate::lifecycle::mode`] decides it).
 #[inline(always)]
 pub fn known_mode() -> Option<Mode> {
