@@ -10,7 +10,7 @@
 //! Modules, in layers: each imports only the layers below it, and the imports among the
 //! files form no circle.
 //! - `hooks`: the exported symbols only, one file per API family; each enters once
-//!   ([`lifecycle::enter`]) and passes the call context down.
+//!   (`lifecycle::enter`) and passes the call context down.
 //! - `lifecycle`: initialisation (deciding the mode lazily), `fork()`, exit, the end of a
 //!   device's last context, the background thread.
 //! - `admit`: what a call may take before the driver is asked, and the allocation and

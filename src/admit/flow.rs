@@ -142,7 +142,7 @@ fn alloc_from_created(
 
 /// `cuMemPoolDestroy` (`real`) of a pool the program created: what it still holds
 /// (blocks not yet freed keep its reserve with the driver) stays charged; a pool with
-/// nothing in use gives it all back. Under [`GROWTH`], so that no allocation from the
+/// nothing in use gives it all back. Under [`super::GROWTH`], so that no allocation from the
 /// pool comes between the look at what it uses and its end.
 pub fn created_pool_destroyed(pool: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
     with_growth(|| {
@@ -804,9 +804,9 @@ fn grow_pools(
 }
 
 /// A context on `device` is gone. When it was the device's last, the books are cleared
-/// ([`footprint::context_gone`], after `forget`) and what survives it by the driver's figures is charged
-/// again: the pools the program created, the device's own pools (whose blocks still in
-/// use are no credit) and its graph memory.
+/// ([`footprint::context_gone`], after `forget`) and what survives it by the driver's
+/// figures is charged again: the pools the program created, the device's own pools
+/// (whose blocks still in use are no credit) and its graph memory.
 pub fn context_gone(device: usize, forget: impl FnOnce()) {
     if !footprint::context_gone(device, forget) {
         return;

@@ -1,6 +1,10 @@
 //! The ledger: what each device's budget is, what the process holds on it, and which
 //! pointer holds how much.
 //!
+//! A device's budget is a [`Budget`]: bytes, none, or not worked out yet; which one is
+//! the ledger's own encoding and never leaves it. In a job, the device's books are also
+//! the job's ([`crate::books::job`]): a reservation must fit the job's budget too.
+//!
 //! Pure and thread-safe; it never calls the driver. Admission is a reservation taken
 //! atomically *before* the real call ([`DeviceLedger::reserve`]): two threads racing for
 //! the last bytes can never both pass. The reservation is committed when the driver
