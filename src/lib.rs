@@ -7,23 +7,28 @@
 //! budget as the size of the card. See README.md for use and docs/design.md for the
 //! internals.
 //!
-//! Modules:
-//! - [`quantity`], [`config`]: environment → budgets (pure).
-//! - [`ledger`]: per-device reservations and the address table (pure, thread-safe).
-//! - `books::job`: a job's shared books (`CUDABUDGET_SCOPE=job:…`), a mapped file.
-//! - `sys`: clocks and futexes.
-//! - `driver`, `nvml`: the real libraries, from our own handles.
-//! - `runtime`: the process-wide state; `lifecycle`: initialisation, `fork()` and exit.
-//! - `enforce`, `pools`, `vmm`, `graphs`, `capture`, `footprint`, `loads`: what the hooks
-//!   decide.
-//! - `gate`: stream-ordered allocations against switches of a device's current pool.
-//! - `lock`: the one lock kind, which a child of `fork()` takes back without waiting.
-//! - `admit`: decisions before a call (`admit::image`: what a module image places on the
-//!   device).
-//! - `hooks`: the exported symbols only.
-//! - `report`: what the user is told; `tell`: what the process tells others
-//!   (`tell::events`: the events file, `CUDABUDGET_EVENTS`; `tell::publish`: the
-//!   per-process record that `cudabudget status` and the exporter read).
+//! Modules, in layers: each imports only the layers below it, and the imports among the
+//! files form no circle.
+//! - `hooks`: the exported symbols only, one file per API family; each enters once
+//!   (`lifecycle::enter`) and passes the call context down.
+//! - `lifecycle`: initialisation (deciding the mode lazily), `fork()`, exit, the end of a
+//!   device's last context, the background thread.
+//! - `admit`: what a call may take before the driver is asked, and the allocation and
+//!   free flows built on that (`admit::flow`); module images (`admit::image`,
+//!   `admit::loads`), the footprint, the pools, graph memory, captures and the gate
+//!   between stream-ordered allocations and switches of a device's current pool.
+//! - `tell`: `tell::report` (what the user is told), `tell::events` (the events file,
+//!   `CUDABUDGET_EVENTS`), `tell::publish` (the per-process record that
+//!   `cudabudget status` and the exporter read).
+//! - `runtime`: the process-wide state (the mode, once decided; the configuration; the
+//!   ledger) and which device a call is for.
+//! - `books`: state without driver calls: the device ledger and the address tables
+//!   (`books::ledger`), the VMM handles (`books::vmm`), a job's shared books
+//!   (`books::job`, `CUDABUDGET_SCOPE=job:…`, a mapped file).
+//! - `sys`: the real driver and NVML from our own handles, the one lock kind (which a
+//!   child of `fork()` takes back without waiting), futexes, clocks, bounded waits, the
+//!   log line.
+//! - [`quantity`], [`config`] (the `cudabudget-spec` crate): environment → budgets (pure).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -32,24 +37,12 @@
 
 mod admit;
 mod books;
-mod capture;
 pub use cudabudget_spec::config;
-mod driver;
-mod enforce;
-mod footprint;
-mod gate;
-mod graphs;
 mod hooks;
-pub mod ledger;
+#[cfg(test)]
+mod layers;
 mod lifecycle;
-mod loads;
-mod lock;
-mod nvml;
-mod pools;
 pub use cudabudget_spec::quantity;
-mod report;
 mod runtime;
 mod sys;
 mod tell;
-mod vmm;
-mod wait;

@@ -1,18 +1,76 @@
 //! The library's life in a process: its initialisation (entered lazily by the first hook
 //! that needs the mode, never by a constructor or by `dlsym`), what a child of `fork()`
-//! starts with, and what runs at exit. The one module that calls into the others to set
-//! them up or reset them; they never call back up into it, except `runtime::mode` for
-//! the first decision.
+//! starts with, and what runs at exit; the entry every hook makes ([`enter`]), the end of
+//! a device's last context, and the background thread. The one module that calls into
+//! the others to set them up or reset them; they never call back up into it.
 
 use std::cell::Cell;
 
 use crate::config::{Config, ConfigError, LogLevel};
-use crate::runtime::{self, Mode};
-use crate::{driver, report};
+use crate::runtime::{self, Cx, Mode};
+use crate::sys::driver;
+use crate::sys::driver::CuResult;
+use crate::tell::report;
 
 thread_local! {
     /// Set while this thread initialises, so a hook it re-enters does not wait on itself.
     static INITIALISING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// What a hook may do, decided once at its entry.
+pub enum Entered {
+    /// Call the driver and nothing else (no budget, or our own initialisation).
+    Pass,
+    /// Return this code without calling the driver (a malformed configuration, or no
+    /// driver of our own).
+    Refuse(CuResult),
+    /// Budgets are enforced: the context the decisions below take.
+    Budgeted(Cx),
+}
+
+/// The one entry of a hook: the mode (deciding it on first use), as what the hook does.
+/// Once decided, it costs one load.
+#[inline(always)]
+pub fn enter() -> Entered {
+    if runtime::is_budgeted() {
+        return Entered::Budgeted(Cx::budgeted());
+    }
+    enter_otherwise()
+}
+
+/// [`enter`] outside a budgeted process, or before the mode is decided: out of the
+/// hooks' way.
+#[cold]
+#[inline(never)]
+fn enter_otherwise() -> Entered {
+    match mode() {
+        Mode::Budgeted => Entered::Budgeted(Cx::budgeted()),
+        Mode::Passthrough => Entered::Pass,
+        Mode::Refused => Entered::Refuse(CuResult::NOT_PERMITTED),
+        Mode::NoDriver => Entered::Refuse(CuResult::SHARED_OBJECT_INIT_FAILED),
+    }
+}
+
+/// The entry of a hook that only keeps books of what the driver did (a release, a map,
+/// a trim): outside a budgeted process it calls the driver, whatever the reason.
+#[inline(always)]
+pub fn enter_books() -> Option<Cx> {
+    if runtime::is_budgeted() {
+        return Some(Cx::budgeted());
+    }
+    match enter_otherwise() {
+        Entered::Budgeted(cx) => Some(cx),
+        Entered::Pass | Entered::Refuse(_) => None,
+    }
+}
+
+/// The mode, deciding it on first use.
+#[inline(always)]
+pub fn mode() -> Mode {
+    match runtime::known_mode() {
+        Some(mode) => mode,
+        None => init(),
+    }
 }
 
 /// Works out the mode. No thread ever waits for another here (a waiter could hold the
@@ -32,26 +90,26 @@ pub fn init() -> Mode {
     if runtime::settle_mode(mode) {
         // Only the thread whose answer stands tells the user, once.
         match decided {
-            Err(Some(error)) => report::config_error(&error),
-            Err(None) => report::line(
+            Err(Some(error)) => crate::sys::log::config_error(&error),
+            Err(None) => crate::sys::log::line(
                 LogLevel::Error,
                 format_args!(
                     "internal error while reading the configuration; CUDA is disabled for this process"
                 ),
             ),
-            Ok(Mode::NoDriver) => report::line(
+            Ok(Mode::NoDriver) => crate::sys::log::line(
                 LogLevel::Error,
                 format_args!("cannot open libcuda.so.1 from the library; CUDA calls will fail"),
             ),
             Ok(Mode::Budgeted) => {
                 report::install_exit_summary();
                 install_fork_handler();
-                crate::tell::publish::start();
+                start_background();
             }
             Ok(_) => {}
         }
     }
-    runtime::mode()
+    runtime::known_mode().unwrap_or(mode)
 }
 
 /// Runs `decide` with the thread marked as initialising, and unmarks it whatever
@@ -71,7 +129,7 @@ fn decide_once(
 
 fn decide() -> Result<Mode, ConfigError> {
     let config = Config::from_env()?;
-    report::set_level(config.log);
+    crate::sys::log::set_level(config.log);
     let unbudgeted = config.is_unbudgeted();
     runtime::set_config(config);
     if unbudgeted {
@@ -97,7 +155,7 @@ fn decide() -> Result<Mode, ConfigError> {
         match job::join(ledger, &config.job_dirs) {
             Joined::Job { job, in_the_way } => {
                 if !in_the_way.is_empty() && say() {
-                    report::line(
+                    crate::sys::log::line(
                         LogLevel::Warn,
                         format_args!(
                             "{}; {what}'s ledger is {} instead",
@@ -106,7 +164,7 @@ fn decide() -> Result<Mode, ConfigError> {
                         ),
                     );
                 }
-                report::line(
+                crate::sys::log::line(
                     LogLevel::Debug,
                     format_args!(
                         "joined job ledger {} in {:.1} µs",
@@ -124,7 +182,7 @@ fn decide() -> Result<Mode, ConfigError> {
             }
             Joined::Alone { in_the_way } => {
                 if say() {
-                    report::line(
+                    crate::sys::log::line(
                         LogLevel::Warn,
                         format_args!(
                             "{}; {what} has no place for its ledger, so this process runs \
@@ -136,7 +194,7 @@ fn decide() -> Result<Mode, ConfigError> {
             }
             Joined::Refused { path, why } => {
                 if say() {
-                    report::line(
+                    crate::sys::log::line(
                         LogLevel::Error,
                         format_args!(
                             "job ledger {path}: {why}; CUDA is disabled for this process (a \
@@ -162,9 +220,44 @@ fn job_ledger(config: &Config) -> Option<crate::books::job::Ledger<'_>> {
     }
 }
 
+/// Starts the library's background thread, once: it prepares the gate's barrier
+/// ([`crate::admit::gate::prepare`]) and then publishes this process's figures
+/// ([`crate::tell::publish::run`]). Called at the end of a successful initialisation;
+/// costs the caller one thread creation and nothing after.
+fn start_background() {
+    static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if STARTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("cudabudget-pub".into())
+        .stack_size(256 << 10)
+        .spawn(|| {
+            // Off the program's threads: in a process that already has threads, the
+            // registration waits for an RCU grace period (milliseconds).
+            crate::admit::gate::prepare();
+            crate::tell::publish::run();
+        });
+    if let Err(error) = spawned {
+        crate::sys::log::line(
+            LogLevel::Info,
+            format_args!(
+                "cannot start the thread that publishes this process's figures ({error}); `cudabudget status` will not show it"
+            ),
+        );
+    }
+}
+
+/// The device's context `device` is gone (a destroy, a primary context's release or
+/// reset): when it was the last, its books are cleared, its modules and limits
+/// forgotten, and what survives it charged again ([`crate::admit::flow::context_gone`]).
+pub fn context_gone(device: usize) {
+    crate::admit::flow::context_gone(device, || crate::admit::loads::context_gone(device));
+}
+
 /// A child of `fork()` cannot use its parent's CUDA context: it starts with an empty
 /// ledger of its own. Before the fork, the parent waits (boundedly) for the library's
-/// own calls to leave NVML and the loader ([`crate::nvml::before_fork`]).
+/// own calls to leave NVML and the loader ([`crate::sys::nvml::before_fork`]).
 fn install_fork_handler() {
     extern "C" fn child() {
         // Stores only: no lock is taken and nothing waits, whatever the parent's other
@@ -172,24 +265,24 @@ fn install_fork_handler() {
         // SAFETY: an at-fork child handler, the one place these may run.
         unsafe {
             runtime::reset_in_child();
-            crate::vmm::reset_in_child();
-            crate::graphs::reset_in_child();
-            crate::enforce::reset_in_child();
-            crate::footprint::after_fork();
-            crate::loads::after_fork();
+            crate::books::vmm::reset_in_child();
+            crate::admit::graphs::reset_in_child();
+            crate::admit::reset_in_child();
+            crate::admit::footprint::after_fork();
+            crate::admit::loads::after_fork();
             crate::books::job::after_fork();
-            crate::wait::after_fork();
+            crate::sys::wait::after_fork();
         }
-        crate::nvml::after_fork();
-        crate::capture::after_fork();
-        crate::gate::after_fork();
-        crate::pools::after_fork();
-        crate::enforce::after_fork();
+        crate::sys::nvml::after_fork();
+        crate::admit::capture::after_fork();
+        crate::admit::gate::after_fork();
+        crate::admit::pools::after_fork();
+        crate::admit::credit::after_fork();
     }
     extern "C" fn prepare() {
         // In the parent: a bounded wait, without a lock, for the library's own calls to
         // leave NVML and the loader, so that the child gets both whole.
-        crate::nvml::before_fork();
+        crate::sys::nvml::before_fork();
     }
     // SAFETY: registers plain extern "C" functions: the child's only stores to memory,
     // the parent's reads an atomic and sleeps (boundedly).

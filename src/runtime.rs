@@ -3,14 +3,15 @@
 //!
 //! The mode is a state machine in one atomic (bytehound's pattern), decided lazily
 //! ([`crate::lifecycle`]) by the first hook that needs it — never by a constructor or by
-//! `dlsym`. After that, deciding what to do costs a hook one relaxed load.
+//! `dlsym`. After that, deciding what to do costs a hook one load. This module only
+//! keeps the answer: it never calls up into the decision.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
+use crate::books::ledger::{AddrTable, Budget, DeviceLedger, Ledger, PointerMap};
 use crate::config::Config;
-use crate::driver::{CuResult, real};
-use crate::ledger::{AddrTable, DeviceLedger, Ledger, PointerMap, UNBUDGETED, UNRESOLVED};
+use crate::sys::driver::real;
 
 /// What the hooks do in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,15 +41,34 @@ static POINTERS: PointerMap = PointerMap::new();
 /// Array handles (`CUarray`, `CUmipmappedArray`) and what they hold.
 static ARRAYS: AddrTable<{ 1 << 12 }> = AddrTable::new();
 
-/// The mode, initialising on first use.
-#[inline]
-pub fn mode() -> Mode {
+/// Whether the mode is decided and is `Budgeted`: one load, what every hook asks first.
+#[inline(always)]
+pub fn is_budgeted() -> bool {
+    STATE.load(Ordering::Acquire) == BUDGETED
+}
+
+/// The mode, once decided; `None` before ([`crate::lifecycle::mode`] decides it).
+#[inline(always)]
+pub fn known_mode() -> Option<Mode> {
     match STATE.load(Ordering::Acquire) {
-        BUDGETED => Mode::Budgeted,
-        PASSTHROUGH => Mode::Passthrough,
-        REFUSED => Mode::Refused,
-        NO_DRIVER => Mode::NoDriver,
-        _ => crate::lifecycle::init(),
+        BUDGETED => Some(Mode::Budgeted),
+        PASSTHROUGH => Some(Mode::Passthrough),
+        REFUSED => Some(Mode::Refused),
+        NO_DRIVER => Some(Mode::NoDriver),
+        _ => None,
+    }
+}
+
+/// A hook's proof that it entered a budgeted process ([`crate::lifecycle::enter`]): the
+/// decisions below take it instead of asking the mode again. Costs nothing to pass.
+#[derive(Clone, Copy)]
+pub struct Cx(());
+
+impl Cx {
+    /// Only for [`crate::lifecycle::enter`], once the mode is `Budgeted` (and unit tests).
+    #[inline(always)]
+    pub(crate) const fn budgeted() -> Cx {
+        Cx(())
     }
 }
 
@@ -166,7 +186,7 @@ pub fn current_device() -> Option<usize> {
 /// The device of `stream`, where its stream-ordered memory lives: the stream's own
 /// device, or the calling context's for the NULL, legacy and per-thread streams (and
 /// for a driver that cannot say). A process that sees one device needs no driver call.
-pub fn stream_device(stream: crate::driver::Handle) -> Option<usize> {
+pub fn stream_device(stream: crate::sys::driver::Handle) -> Option<usize> {
     if single_device() {
         return Some(0);
     }
@@ -187,9 +207,9 @@ pub fn stream_device(stream: crate::driver::Handle) -> Option<usize> {
 pub fn budgeted(device: usize) -> Option<&'static DeviceLedger> {
     let d = LEDGER.device(device)?;
     match d.budget() {
-        UNBUDGETED => None,
-        UNRESOLVED => resolve_budget(device, d, None),
-        _ => Some(d),
+        Budget::Unbudgeted => None,
+        Budget::Unresolved => resolve_budget(device, d, None),
+        Budget::Bytes(_) => Some(d),
     }
 }
 
@@ -198,9 +218,9 @@ pub fn budgeted(device: usize) -> Option<&'static DeviceLedger> {
 pub fn budgeted_with_total(device: usize, total: u64) -> Option<&'static DeviceLedger> {
     let d = LEDGER.device(device)?;
     match d.budget() {
-        UNBUDGETED => None,
-        UNRESOLVED => resolve_budget(device, d, Some(total)),
-        _ => Some(d),
+        Budget::Unbudgeted => None,
+        Budget::Unresolved => resolve_budget(device, d, Some(total)),
+        Budget::Bytes(_) => Some(d),
     }
 }
 
@@ -219,7 +239,7 @@ fn resolve_budget(
     known_total: Option<u64>,
 ) -> Option<&'static DeviceLedger> {
     let Some(limit) = config()?.limit_for(device as u32) else {
-        d.set_budget(UNBUDGETED);
+        d.set_budget(Budget::Unbudgeted);
         return None;
     };
     let bytes = match limit.fixed() {
@@ -227,7 +247,7 @@ fn resolve_budget(
         // A percentage needs the device's size; until it is known, stay unresolved.
         None => limit.resolve(physical_total(device).or(known_total)?),
     };
-    d.set_budget(bytes.min(UNRESOLVED - 1));
+    d.set_budget(Budget::Bytes(bytes));
     if crate::books::job::joined().is_some() {
         d.join_job(device);
     }
@@ -254,15 +274,5 @@ pub fn physical_total(device: usize) -> Option<u64> {
 pub fn shard() -> usize {
     let marker = 0u8;
     let stack = std::ptr::addr_of!(marker) as usize >> 21;
-    (stack.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) % crate::ledger::POOL_SHARDS
-}
-
-/// The answer for a hook when the mode is not `Budgeted`: `None` means call the driver.
-#[inline]
-pub fn refusal(mode: Mode) -> Option<CuResult> {
-    match mode {
-        Mode::Budgeted | Mode::Passthrough => None,
-        Mode::Refused => Some(CuResult::NOT_PERMITTED),
-        Mode::NoDriver => Some(CuResult::SHARED_OBJECT_INIT_FAILED),
-    }
+    (stack.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) % crate::books::ledger::POOL_SHARDS
 }

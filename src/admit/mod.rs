@@ -1,3 +1,403 @@
-//! Decisions: what a call may take before the driver is asked.
+//! THE one place where an allocation is decided. [`admit`] reserves what a request asks
+//! for; when it does not fit, makes room (the process's pools and graph memory give back
+//! what they hold but do not use, the footprint is read again) and reserves once more;
+//! what still does not fit takes the one refusal path, [`refuse`]: the denial is noted
+//! and reported, and the call gets `CUDA_ERROR_OUT_OF_MEMORY`. Every kind of allocation
+//! asks through it, by what it asks for ([`Ask`]): a synchronous allocation, a module
+//! load or a context limit ([`Fixed`], which may wait for room with
+//! `CUDABUDGET_ON_EXCEED=wait:…`), `cuMemCreate` (whose driver is asked first whether it
+//! would accept the request at all), a growth of a pool the program created or of graph
+//! memory ([`Growth`]), a growth of the device's own pools (`flow`'s, under the pool
+//! bank).
+//!
+//! Also here, what making room needs: the pools' charge brought to the driver's figure
+//! ([`settle_charge`]) and the growth lock.
+//!
+//! - `flow`: the allocation and free flows built on [`admit`] (what each hook does).
+//! - `loads`, `image`: module and library loads, and what an image places on the device.
+//! - `credit`: the credit a thread keeps for its own stream-ordered allocations.
+//! - `footprint`, `pools`, `graphs`, `capture`, `gate`: the driver-side figures and states
+//!   the decisions read (the context's footprint, the pools, graph memory, stream
+//!   captures, switches of a device's current pool).
 
+pub mod capture;
+pub mod credit;
+pub mod flow;
+pub mod footprint;
+pub mod gate;
+pub mod graphs;
 pub mod image;
+pub mod loads;
+pub mod pools;
+
+use std::cell::Cell;
+use std::time::Instant;
+
+use crate::books::ledger::{BankGuard, Denial, DeviceLedger, Reservation, clamp_i64};
+use crate::config::OnExceed;
+use crate::runtime;
+use crate::sys::driver::CuResult;
+use crate::tell::report;
+use credit::private;
+
+/// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
+/// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
+pub const POOL_STEP: u64 = 32 << 20;
+
+/// What an allocation asks the budget for.
+pub trait Ask {
+    /// The bytes to reserve now; `None`: nothing to admit. Asked again once room was
+    /// made: a trim lowers the pools' reserves, so a growth may then be larger.
+    fn bytes(&mut self) -> Option<u64>;
+
+    /// Before the first try: the device's first context charged if it is still pending
+    /// (which may wait, boundedly, for NVML), and the footprint re-read at its routine
+    /// interval.
+    fn settle(&self, device: usize, d: &DeviceLedger) {
+        footprint::settle_before_admission(device);
+        footprint::maybe_reconcile(device, d);
+    }
+
+    /// Asked only when the first reservation does not fit, before room is made: the
+    /// driver's own refusal of the request whatever its size, if it has one.
+    fn rejected(&mut self) -> Option<CuResult> {
+        None
+    }
+
+    /// Makes room before the last try.
+    fn make_room(&mut self, device: usize, d: &DeviceLedger) {
+        make_room(device, d, &mut collect_all(d));
+    }
+
+    /// The bytes a request that does not fit may wait for (`CUDABUDGET_ON_EXCEED=wait:…`);
+    /// `None`: refused at once.
+    fn waits_for(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// A request of a size the program chose: a synchronous allocation, a module load, a
+/// context limit. `wait`: the caller holds nothing another thread needs, so the request
+/// may wait for room when the configuration says so.
+pub struct Fixed {
+    pub bytes: u64,
+    pub wait: bool,
+}
+
+impl Ask for Fixed {
+    fn bytes(&mut self) -> Option<u64> {
+        Some(self.bytes)
+    }
+
+    fn waits_for(&self) -> Option<u64> {
+        self.wait.then_some(self.bytes)
+    }
+}
+
+/// The growth an operation could cause, by the driver's own figures (a created pool's,
+/// graph memory's), worked out again after room is made; 0 is nothing to admit. Its
+/// caller admits it under the growth lock, having settled the footprint before taking it
+/// (settling may wait for NVML).
+pub struct Growth<F>(pub F);
+
+impl<F: Fn() -> u64> Ask for Growth<F> {
+    fn bytes(&mut self) -> Option<u64> {
+        Some((self.0)()).filter(|&growth| growth > 0)
+    }
+
+    fn settle(&self, _device: usize, _d: &DeviceLedger) {}
+}
+
+/// Decides an allocation on `device` for `call`: reserves what `ask` asks for; if it
+/// does not fit, makes room and tries once more; then, for a request that may wait,
+/// waits for room; else refuses ([`refuse`]). `Ok(None)`: nothing to admit.
+pub fn admit<'d>(
+    call: &str,
+    device: usize,
+    d: &'d DeviceLedger,
+    ask: &mut impl Ask,
+) -> Result<Option<Reservation<'d>>, CuResult> {
+    let denial = match try_admit(device, d, ask) {
+        Ok(admitted) => return Ok(admitted),
+        Err(Missed::Rejected(rc)) => return Err(rc),
+        Err(Missed::Denied(denial)) => denial,
+    };
+    match ask.waits_for() {
+        Some(bytes) => wait_for_room(call, device, d, ask, bytes, denial),
+        None => Err(refuse(call, device, d, &denial)),
+    }
+}
+
+/// Why a try did not admit.
+enum Missed {
+    /// The driver refuses the request whatever its size: its answer stands.
+    Rejected(CuResult),
+    /// It does not fit the budget.
+    Denied(Denial),
+}
+
+fn try_admit<'d>(
+    device: usize,
+    d: &'d DeviceLedger,
+    ask: &mut impl Ask,
+) -> Result<Option<Reservation<'d>>, Missed> {
+    ask.settle(device, d);
+    let Some(first) = ask.bytes() else {
+        return Ok(None);
+    };
+    if let Ok(r) = d.reserve(first) {
+        return Ok(Some(r));
+    }
+    if let Some(rc) = ask.rejected() {
+        return Err(Missed::Rejected(rc));
+    }
+    ask.make_room(device, d);
+    let Some(again) = ask.bytes() else {
+        return Ok(None);
+    };
+    d.reserve(again).map(Some).map_err(Missed::Denied)
+}
+
+/// With `CUDABUDGET_ON_EXCEED=wait:<d>`, a request of `bytes` that did not fit waits (in
+/// arrival order) until the process — or the job — has room, for at most `d`. Never
+/// during a capture, nor for more than the budget.
+#[cold]
+fn wait_for_room<'d>(
+    call: &str,
+    device: usize,
+    d: &'d DeviceLedger,
+    ask: &mut impl Ask,
+    bytes: u64,
+    denial: Denial,
+) -> Result<Option<Reservation<'d>>, CuResult> {
+    let Some(OnExceed::Wait(patience)) = runtime::config().map(|c| c.on_exceed) else {
+        return Err(refuse(call, device, d, &denial));
+    };
+    if capture::any() || bytes > d.limit() {
+        return Err(refuse(call, device, d, &denial));
+    }
+    let deadline = Instant::now() + patience;
+    let budget = d.limit();
+    d.note_wait();
+    // A job's waiter keeps its place in the queue until it is admitted or gives up.
+    let turn = d.job().map(|(job, index)| job.queue(index));
+    loop {
+        let woke = match &turn {
+            Some(turn) => turn.wait_for_room(bytes, budget, deadline),
+            None => crate::sys::wait::wait_for_room(deadline, || {
+                d.used().saturating_add(bytes) <= budget
+            }),
+        };
+        match try_admit(device, d, ask) {
+            Ok(admitted) => return Ok(admitted),
+            Err(Missed::Rejected(rc)) => return Err(rc),
+            Err(Missed::Denied(denial)) if !woke || Instant::now() >= deadline => {
+                return Err(refuse(call, device, d, &denial));
+            }
+            Err(Missed::Denied(_)) => {}
+        }
+    }
+}
+
+/// The one refusal: the denial is noted and reported, and the call gets
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+#[cold]
+pub fn refuse(call: &str, device: usize, d: &DeviceLedger, denial: &Denial) -> CuResult {
+    d.note_denial();
+    report::denial(call, device, denial);
+    CuResult::OUT_OF_MEMORY
+}
+
+/// Held while a growth that the driver's own figures decide (a created pool's, graph
+/// memory's) is admitted, made and charged, and while those figures are lowered (a
+/// trim): a trim between a growth's admission and the driver's call would make the
+/// driver grow by more than was admitted.
+static GROWTH: crate::sys::lock::Lock<()> = crate::sys::lock::Lock::new(());
+
+thread_local! {
+    /// Whether this thread holds [`GROWTH`] (it is not re-entrant).
+    static HOLDS_GROWTH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// [`GROWTH`], held.
+struct GrowthGuard {
+    _guard: crate::sys::lock::Guard<'static, ()>,
+}
+
+impl Drop for GrowthGuard {
+    fn drop(&mut self) {
+        let _ = HOLDS_GROWTH.try_with(|h| h.set(false));
+    }
+}
+
+fn growth_lock() -> GrowthGuard {
+    let guard = GROWTH.lock();
+    let _ = HOLDS_GROWTH.try_with(|h| h.set(true));
+    GrowthGuard { _guard: guard }
+}
+
+/// Runs `trim` (of created pools or graph memory) under [`GROWTH`], or not at all while
+/// another thread holds it: a trim before a denial is only an attempt to make room, and
+/// waiting here could deadlock (the caller may hold the pool bank, which a growth takes).
+fn trim_quietly(trim: impl FnOnce()) {
+    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(false) {
+        trim();
+    } else if let Some(_guard) = GROWTH.try_lock() {
+        let _ = HOLDS_GROWTH.try_with(|h| h.set(true));
+        trim();
+        let _ = HOLDS_GROWTH.try_with(|h| h.set(false));
+    }
+}
+
+/// Runs `f` (which settles a created pool's charge by the driver's figure) under
+/// [`GROWTH`], taken here unless this thread holds it: a settlement that read the
+/// figure before another thread's growth and wrote it after that growth's own
+/// settlement would leave the growth uncharged.
+fn with_growth<R>(f: impl FnOnce() -> R) -> R {
+    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(false) {
+        return f();
+    }
+    let _growth = growth_lock();
+    f()
+}
+
+/// A trim the program asked for (`cuMemPoolTrimTo` of a pool it created,
+/// `cuDeviceGraphMemTrim`): made between growths, never during one.
+pub fn program_trim(real: impl FnOnce() -> CuResult) -> CuResult {
+    if HOLDS_GROWTH.try_with(Cell::get).unwrap_or(true) {
+        return real();
+    }
+    let _growth = growth_lock();
+    real()
+}
+
+/// In the child of `fork()`: the growth lock is free again.
+///
+/// # Safety
+/// Only from an at-fork child handler.
+pub unsafe fn reset_in_child() {
+    // SAFETY: the caller's guarantee.
+    unsafe { GROWTH.reset_in_child(()) };
+}
+
+/// Before a denial: the pools and the graph memory give back what they hold but do not
+/// use, and the footprint is read again.
+fn make_room(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
+    trim_pools(device, d, bank);
+    trim_quietly(|| graphs::trim(device, d));
+    footprint::reconcile_now(device, d);
+}
+
+/// Gives back what the process's pools hold but do not use, and charges the device the
+/// reserve that is left.
+pub fn trim_pools(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
+    if d.pool.charge() != 0 {
+        pools::trim_credit_pools(device);
+        if let Some(reserve) = pools::reserve(device) {
+            settle_charge(d, bank, reserve);
+        }
+    }
+    let created = pools::created_of(device);
+    if !created.is_empty() {
+        trim_quietly(|| {
+            pools::trim_created(device);
+            for pool in created {
+                pools::settle_created(pool, d);
+            }
+        });
+    }
+}
+
+/// The pools' charge becomes the driver's figure `reserve`, or more: a bank that would
+/// then be in deficit means the books hold more in use than the pools reserve — another
+/// thread's allocation that took its credit before a trim and has yet to reach the
+/// driver (which will grow the pool for it), or credit threads kept for themselves. That
+/// part stays charged, in the driver's 32 MiB steps, until the next settlement, so that
+/// no growth ever happens uncharged. When the charge goes down, the credit threads kept
+/// may stand for memory the pools gave back: it is retired, and goes through the bank
+/// before it is spent.
+fn settle_charge(d: &DeviceLedger, bank: &mut BankGuard<'_>, reserve: u64) {
+    let change = clamp_i64(reserve).saturating_sub(clamp_i64(d.pool.charge()));
+    let credit = bank.credit().saturating_add(change);
+    let cover = if credit < 0 {
+        credit
+            .unsigned_abs()
+            .div_ceil(POOL_STEP)
+            .saturating_mul(POOL_STEP)
+    } else {
+        0
+    };
+    let delta = bank.set_charge(reserve.saturating_add(cover));
+    if delta < 0 {
+        d.retire_credit();
+    }
+    apply(d, delta);
+}
+
+/// Locks `d`'s pool bank with everything gathered in it, this thread's own credit too.
+fn collect_all(d: &DeviceLedger) -> BankGuard<'_> {
+    if let Some(p) = private() {
+        p.flush();
+    }
+    d.pool.collect()
+}
+
+fn apply(d: &DeviceLedger, delta: i64) {
+    if delta >= 0 {
+        d.charge(delta as u64);
+    } else {
+        d.release(delta.unsigned_abs());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_growth_guard_marks_its_thread_only_while_held() {
+        {
+            let _g = growth_lock();
+            assert!(HOLDS_GROWTH.with(Cell::get));
+        }
+        assert!(!HOLDS_GROWTH.with(Cell::get));
+    }
+
+    #[test]
+    fn sizes_past_i64_are_clamped_not_wrapped() {
+        assert_eq!(clamp_i64(5), 5);
+        assert_eq!(clamp_i64(i64::MAX as u64), i64::MAX);
+        assert_eq!(clamp_i64(u64::MAX), i64::MAX);
+    }
+
+    #[test]
+    fn a_settlement_keeps_a_deficit_charged_in_pool_steps() {
+        let d = runtime::ledger().device(55).unwrap();
+        d.set_budget(crate::books::ledger::Budget::Bytes(1 << 40));
+        // 200 MiB reserved, then the driver says 100 MiB while the books hold 140 MiB in
+        // use: the 40 MiB the pool has yet to grow by stay charged, as two 32 MiB steps.
+        let mut bank = d.pool.collect();
+        let epoch = d.epoch();
+        settle_charge(d, &mut bank, 200 * MIB);
+        assert_eq!((d.pool.charge(), d.used()), (200 * MIB, 200 * MIB));
+        assert_eq!(d.epoch(), epoch, "a rise retires nothing");
+        bank.debit(140 * MIB);
+        settle_charge(d, &mut bank, 100 * MIB);
+        assert_eq!(d.pool.charge(), 100 * MIB + 2 * POOL_STEP);
+        assert_eq!(d.used(), 100 * MIB + 2 * POOL_STEP);
+        assert!(
+            d.epoch() != epoch,
+            "the charge went down: kept credit is retired"
+        );
+        let epoch = d.epoch();
+        settle_charge(d, &mut bank, 100 * MIB);
+        assert_eq!(d.pool.charge(), 100 * MIB + 2 * POOL_STEP, "unchanged");
+        assert_eq!(d.epoch(), epoch, "no change retires nothing");
+        bank.refund(140 * MIB);
+        settle_charge(d, &mut bank, 200 * MIB);
+        assert_eq!(d.pool.charge(), 200 * MIB);
+        assert_eq!(d.epoch(), epoch, "a rise retires nothing");
+    }
+}

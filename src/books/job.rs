@@ -90,7 +90,7 @@ use std::time::{Duration, Instant};
 use cudabudget_spec::job_file as layout;
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 
-use crate::lock::Lock;
+use crate::sys::lock::Lock;
 use crate::sys::{clock::monotonic_ms, futex};
 
 /// Processes a job holds at once.
@@ -1011,7 +1011,8 @@ impl Job {
             .fold(0u64, u64::saturating_add)
     }
 
-    /// What this process holds on `device`, by its own books.
+    /// What this process holds on `device`, by its own books (asked by the tests).
+    #[cfg(test)]
     pub fn own(&self, device: usize) -> u64 {
         self.mine[device].load(Ordering::Acquire)
     }
@@ -1442,7 +1443,8 @@ impl Job {
         top
     }
 
-    /// Processes in the job now (claimed slots), for the tests and `status`.
+    /// Processes in the job now (claimed slots), for the tests.
+    #[cfg(test)]
     pub fn members(&self) -> usize {
         (0..SLOTS)
             .filter(|&i| {

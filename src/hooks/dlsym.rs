@@ -9,7 +9,7 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
-use crate::driver;
+use crate::sys::driver;
 
 /// The answer of [`route`]: `forward` null means "return `answer`"; otherwise jump to
 /// `forward` (glibc's dlsym) as if the caller had called it.
@@ -40,7 +40,7 @@ pub extern "C" fn route(handle: *mut c_void, symbol: *const c_char) -> Route {
     if !(name.starts_with(b"cu") || name.starts_with(b"nvml")) {
         return forward;
     }
-    let Some(hook) = super::hook_named(name) else {
+    let Some(hook) = super::proc_address::hook_named(name) else {
         return forward;
     };
     // Only names the handle really has get our hook; a miss keeps dlsym's own answer

@@ -1,15 +1,10 @@
-//! The allocation and release entry points, one per driver variant, in the order of
-//! DESIGN.md's table. Each is resolve → reserve → real call → commit or roll back, in
-//! [`crate::enforce`].
+//! The allocation and free entry points of device memory, synchronous and
+//! stream-ordered, one per driver variant. Each enters once and hands the call to
+//! [`crate::admit::flow`]: resolve → admit → real call → commit or roll back.
 
 use super::guard;
-use crate::driver::{
-    Array3dDescriptor, ArrayDescriptor, CuResult, DevicePtr, Handle, MEM_ALLOCATION_TYPE_PINNED,
-    MEM_LOCATION_TYPE_DEVICE, MemAllocationProp, MemLocation, MemPoolProps, real,
-};
-use crate::enforce::{self, array_bytes};
-use crate::runtime::{self, Mode};
-use crate::{gate, pools, vmm};
+use crate::admit::flow;
+use crate::sys::driver::{CuResult, DevicePtr, Handle, real};
 
 /// # Safety
 /// As the driver's `cuMemAlloc_v2`.
@@ -17,9 +12,9 @@ use crate::{gate, pools, vmm};
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize) -> CuResult {
     guard("cuMemAlloc", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_direct("cuMemAlloc", bytes as u64, None, dptr, || unsafe {
-            real::cuMemAlloc_v2(dptr, bytes)
-        })
+        let alloc = || unsafe { real::cuMemAlloc_v2(dptr, bytes) };
+        let cx = enter!(alloc);
+        flow::alloc_direct(cx, "cuMemAlloc", bytes as u64, None, dptr, alloc)
     })
 }
 
@@ -35,9 +30,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 ) -> CuResult {
     guard("cuMemAllocPitch", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_pitch(width, height, dptr, pitch, || unsafe {
-            real::cuMemAllocPitch_v2(dptr, pitch, width, height, elem)
-        })
+        let alloc = || unsafe { real::cuMemAllocPitch_v2(dptr, pitch, width, height, elem) };
+        let cx = enter!(alloc);
+        flow::alloc_pitch(cx, width, height, dptr, pitch, alloc)
     })
 }
 
@@ -53,9 +48,9 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> CuResult {
     guard("cuMemAllocManaged", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_direct("cuMemAllocManaged", bytes as u64, None, dptr, || unsafe {
-            real::cuMemAllocManaged(dptr, bytes, flags)
-        })
+        let alloc = || unsafe { real::cuMemAllocManaged(dptr, bytes, flags) };
+        let cx = enter!(alloc);
+        flow::alloc_direct(cx, "cuMemAllocManaged", bytes as u64, None, dptr, alloc)
     })
 }
 
@@ -65,200 +60,10 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
     guard("cuMemFree", || {
         // SAFETY: the caller's argument.
-        enforce::free(dptr, || unsafe { real::cuMemFree_v2(dptr) })
+        let free = || unsafe { real::cuMemFree_v2(dptr) };
+        let cx = enter!(free);
+        flow::free(cx, dptr, free)
     })
-}
-
-/// Device memory from `cuMemCreate` counts from creation until it really goes back
-/// (released and unmapped). Before refusing, the driver is asked whether it would accept
-/// the request at all, with the smallest allocation of the same kind: PyTorch picks its
-/// handle type by the error it gets, and a budget OOM must not hide "not supported".
-///
-/// # Safety
-/// As the driver's `cuMemCreate`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemCreate(
-    handle: *mut u64,
-    size: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-) -> CuResult {
-    guard("cuMemCreate", || {
-        // SAFETY: the caller's arguments.
-        let create = || unsafe { real::cuMemCreate(handle, size, prop, flags) };
-        let mode = runtime::mode();
-        if mode != Mode::Budgeted || prop.is_null() {
-            return runtime::refusal(mode).unwrap_or_else(create);
-        }
-        // SAFETY: checked non-null; the caller passes a valid property struct.
-        let location = unsafe { (*prop).location };
-        if location.kind != MEM_LOCATION_TYPE_DEVICE || location.id < 0 {
-            return create();
-        }
-        let device = location.id as usize;
-        let Some(d) = runtime::budgeted(device) else {
-            return create();
-        };
-        let bytes = size as u64;
-        // The first context's charge, if still pending, comes first (as in `admit`).
-        crate::footprint::settle_before_admission(device);
-        let reservation = match d.reserve(bytes) {
-            Ok(r) => r,
-            Err(_) => {
-                // SAFETY: the caller's property struct.
-                if let Some(rc) = unsafe { driver_rejects(d, size, prop, flags) } {
-                    return rc;
-                }
-                match enforce::admit("cuMemCreate", device, d, bytes) {
-                    Ok(r) => r,
-                    Err(rc) => return rc,
-                }
-            }
-        };
-        let rc = create();
-        if rc.is_ok() {
-            // SAFETY: the driver wrote the handle.
-            vmm::lock().created(unsafe { *handle }, bytes, device);
-            reservation.commit();
-        }
-        rc
-    })
-}
-
-/// The driver's error for this request regardless of its size, if it has one. The probe
-/// is a real allocation, so it is made only within the budget (a reservation of its
-/// size); with no room for it, the budget's answer stands.
-///
-/// # Safety
-/// `prop` must be valid for the driver.
-unsafe fn driver_rejects(
-    d: &crate::ledger::DeviceLedger,
-    size: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-) -> Option<CuResult> {
-    let mut granularity = 0usize;
-    // SAFETY: valid out-pointer and the caller's property struct (option 0 = minimum).
-    let rc = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
-    if !rc.is_ok() {
-        return Some(rc);
-    }
-    if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
-        return Some(CuResult::INVALID_VALUE);
-    }
-    let _room = d.reserve(granularity as u64).ok()?;
-    let mut probe = 0u64;
-    // In relaxed mode: the probe is the library's call, and must not break a capture.
-    // SAFETY: the smallest allocation of the same kind, released at once.
-    let rc = crate::capture::relaxed(|| unsafe {
-        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
-        if rc.is_ok() {
-            let _ = real::cuMemRelease(probe);
-        }
-        rc
-    });
-    // Accepted, or refused for want of memory: the budget's answer stands.
-    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
-}
-
-/// # Safety
-/// As the driver's `cuMemRelease`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
-    guard("cuMemRelease", || {
-        // SAFETY: the caller's argument.
-        let release = || unsafe { real::cuMemRelease(handle) };
-        if runtime::mode() != Mode::Budgeted {
-            return release();
-        }
-        // The books follow the driver's order: the lock is held across the driver's
-        // call (see `vmm_call`).
-        let (rc, returned) = vmm_call(release, |v| v.released(handle));
-        give_back(returned.flatten());
-        rc
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMemMap`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemMap(
-    ptr: DevicePtr,
-    size: usize,
-    offset: usize,
-    handle: u64,
-    flags: u64,
-) -> CuResult {
-    guard("cuMemMap", || {
-        // SAFETY: the caller's arguments.
-        let map = || unsafe { real::cuMemMap(ptr, size, offset, handle, flags) };
-        if runtime::mode() != Mode::Budgeted {
-            return map();
-        }
-        vmm_call(map, |v| v.mapped(ptr, size as u64, handle)).0
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMemUnmap`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemUnmap(ptr: DevicePtr, size: usize) -> CuResult {
-    guard("cuMemUnmap", || {
-        // SAFETY: the caller's arguments.
-        let unmap = || unsafe { real::cuMemUnmap(ptr, size) };
-        if runtime::mode() != Mode::Budgeted {
-            return unmap();
-        }
-        let (rc, returned) = vmm_call(unmap, |v| v.unmapped(ptr, size as u64));
-        for r in returned.into_iter().flatten() {
-            give_back(Some(r));
-        }
-        rc
-    })
-}
-
-/// Each handle it gives out is one more reference, which needs its own `cuMemRelease`.
-///
-/// # Safety
-/// As the driver's `cuMemRetainAllocationHandle`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemRetainAllocationHandle(
-    handle: *mut u64,
-    addr: *mut std::ffi::c_void,
-) -> CuResult {
-    guard("cuMemRetainAllocationHandle", || {
-        // SAFETY: the caller's arguments.
-        let retain = || unsafe { real::cuMemRetainAllocationHandle(handle, addr) };
-        if runtime::mode() != Mode::Budgeted || handle.is_null() {
-            return retain();
-        }
-        // SAFETY: the driver wrote the handle (the closure runs only on success).
-        vmm_call(retain, |v| v.retained(unsafe { *handle })).0
-    })
-}
-
-/// Makes the driver's VMM call `real` and, when it succeeded, the matching change to the
-/// books (`books`), with the books locked across both: another thread's map, unmap,
-/// retain or release of the same handle then comes wholly before or wholly after, in
-/// the driver and in the books alike. (Made in between, a release could see no mapping
-/// the driver already had, or miss a reference it had just given, and give back memory
-/// the driver keeps.) These calls are short and never call back into the library.
-fn vmm_call<R>(
-    real: impl FnOnce() -> CuResult,
-    books: impl FnOnce(&mut vmm::Vmm) -> R,
-) -> (CuResult, Option<R>) {
-    let mut v = vmm::lock();
-    let rc = real();
-    let changed = rc.is_ok().then(|| books(&mut v));
-    (rc, changed)
-}
-
-fn give_back(returned: vmm::Returned) {
-    if let Some((device, bytes)) = returned
-        && let Some(d) = runtime::ledger().device(device)
-    {
-        d.release(bytes);
-    }
 }
 
 /// # Safety
@@ -270,12 +75,15 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     stream: Handle,
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
-        // SAFETY: the caller's arguments.
-        enforce::alloc_async(
+        // SAFETY: the caller's arguments (here and in the driver's call below).
+        let cx = enter!(|| unsafe { real::cuMemAllocAsync(dptr, bytes, stream) });
+        flow::alloc_async(
+            cx,
             bytes as u64,
             stream,
             dptr,
             #[inline(always)]
+            // SAFETY: the caller's arguments.
             || unsafe { real::cuMemAllocAsync(dptr, bytes, stream) },
         )
     })
@@ -290,12 +98,15 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     stream: Handle,
 ) -> CuResult {
     guard("cuMemAllocAsync", || {
-        // SAFETY: the caller's arguments.
-        enforce::alloc_async(
+        // SAFETY: the caller's arguments (here and in the driver's call below).
+        let cx = enter!(|| unsafe { real::cuMemAllocAsync_ptsz(dptr, bytes, stream) });
+        flow::alloc_async(
+            cx,
             bytes as u64,
             stream,
             dptr,
             #[inline(always)]
+            // SAFETY: the caller's arguments.
             || unsafe { real::cuMemAllocAsync_ptsz(dptr, bytes, stream) },
         )
     })
@@ -312,13 +123,17 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 ) -> CuResult {
     guard("cuMemAllocFromPoolAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_pooled(
+        let alloc = || unsafe { real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) };
+        let cx = enter!(alloc);
+        let bytes = bytes as u64;
+        flow::alloc_pooled(
+            cx,
             "cuMemAllocFromPoolAsync",
-            bytes as u64,
+            bytes,
             Some(pool),
             stream,
             dptr,
-            || unsafe { real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) },
+            alloc,
         )
     })
 }
@@ -334,13 +149,17 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ) -> CuResult {
     guard("cuMemAllocFromPoolAsync", || {
         // SAFETY: the caller's arguments.
-        enforce::alloc_pooled(
+        let alloc = || unsafe { real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream) };
+        let cx = enter!(alloc);
+        let bytes = bytes as u64;
+        flow::alloc_pooled(
+            cx,
             "cuMemAllocFromPoolAsync",
-            bytes as u64,
+            bytes,
             Some(pool),
             stream,
             dptr,
-            || unsafe { real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream) },
+            alloc,
         )
     })
 }
@@ -350,11 +169,14 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
-        // SAFETY: the caller's arguments.
-        enforce::free_async(
+        // SAFETY: the caller's arguments (here and in the driver's call below).
+        let cx = enter!(|| unsafe { real::cuMemFreeAsync(dptr, stream) });
+        flow::free_async(
+            cx,
             dptr,
             stream,
             #[inline(always)]
+            // SAFETY: the caller's arguments.
             || unsafe { real::cuMemFreeAsync(dptr, stream) },
         )
     })
@@ -365,228 +187,15 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuRe
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
     guard("cuMemFreeAsync", || {
-        // SAFETY: the caller's arguments.
-        enforce::free_async(
+        // SAFETY: the caller's arguments (here and in the driver's call below).
+        let cx = enter!(|| unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) });
+        flow::free_async(
+            cx,
             dptr,
             stream,
             #[inline(always)]
+            // SAFETY: the caller's arguments.
             || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) },
         )
-    })
-}
-
-/// Remembers the pool and its device, so its reserve is counted and trimmed.
-///
-/// # Safety
-/// As the driver's `cuMemPoolCreate`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemPoolCreate(
-    pool: *mut Handle,
-    props: *const MemPoolProps,
-) -> CuResult {
-    guard("cuMemPoolCreate", || {
-        // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuMemPoolCreate(pool, props) };
-        if rc.is_ok() && !pool.is_null() && !props.is_null() {
-            // SAFETY: the driver accepted `props` and wrote the pool.
-            let (location, handle) = unsafe { ((*props).location, *pool) };
-            if location.kind == MEM_LOCATION_TYPE_DEVICE && location.id >= 0 {
-                pools::register_created(handle, location.id as usize);
-            } else {
-                pools::register_host(handle);
-            }
-        }
-        rc
-    })
-}
-
-/// What the pool gives back is no longer charged.
-///
-/// # Safety
-/// As the driver's `cuMemPoolTrimTo`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult {
-    guard("cuMemPoolTrimTo", || {
-        // SAFETY: the caller's arguments.
-        let trim = || unsafe { real::cuMemPoolTrimTo(pool, keep) };
-        // A created pool's reserve is what its growths are admitted by.
-        let rc = if pools::created(pool).is_some() {
-            enforce::program_trim(trim)
-        } else {
-            trim()
-        };
-        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
-            let device = match pools::place_of(pool) {
-                pools::Place::Device(device) => Some(device),
-                pools::Place::Unknown => runtime::current_device(),
-                pools::Place::Host => None,
-            };
-            if let Some(device) = device {
-                enforce::pool_trimmed(device, pool);
-            }
-        }
-        rc
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMemPoolDestroy`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
-    guard("cuMemPoolDestroy", || {
-        // SAFETY: the caller's argument.
-        let destroy = || unsafe { real::cuMemPoolDestroy(pool) };
-        if pools::created(pool).is_none() {
-            let rc = destroy();
-            if rc.is_ok() {
-                // A host pool (or one never seen): forgotten, its slot free again.
-                let _ = pools::unregister(pool);
-            }
-            return rc;
-        }
-        // A device's current pool, when destroyed, hands the device back to its default
-        // pool: a switch like cuDeviceSetMemPool's (crate::gate).
-        gate::closed(|| enforce::created_pool_destroyed(pool, destroy))
-    })
-}
-
-/// Remembers which pool `cuMemAllocAsync` allocates from on the device.
-///
-/// # Safety
-/// As the driver's `cuDeviceSetMemPool`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuDeviceSetMemPool(
-    device: crate::driver::Device,
-    pool: Handle,
-) -> CuResult {
-    guard("cuDeviceSetMemPool", || {
-        // SAFETY: the caller's arguments.
-        set_device_pool(device, pool, || unsafe {
-            real::cuDeviceSetMemPool(device, pool)
-        })
-    })
-}
-
-/// CUDA 13's form of `cuDeviceSetMemPool`: for a device's pinned memory it is the same
-/// call; host and managed locations are not device memory the budget counts.
-///
-/// # Safety
-/// As the driver's `cuMemSetMemPool`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemSetMemPool(
-    location: *mut MemLocation,
-    kind: std::ffi::c_int,
-    pool: Handle,
-) -> CuResult {
-    guard("cuMemSetMemPool", || {
-        // SAFETY: the caller's arguments.
-        let set = || unsafe { real::cuMemSetMemPool(location, kind, pool) };
-        // SAFETY: read only when non-null; the caller's location.
-        let device = (!location.is_null())
-            .then(|| unsafe { *location })
-            .filter(|l| l.kind == MEM_LOCATION_TYPE_DEVICE && kind == MEM_ALLOCATION_TYPE_PINNED)
-            .map(|l| l.id);
-        match device {
-            Some(device) => set_device_pool(device, pool, set),
-            None => set(),
-        }
-    })
-}
-
-/// Makes `pool` the device's current pool (`real`).
-fn set_device_pool(
-    device: crate::driver::Device,
-    pool: Handle,
-    real: impl FnOnce() -> CuResult,
-) -> CuResult {
-    // No stream-ordered allocation is between its look at the current pool and its
-    // driver call while the pool changes (crate::gate); those after see the new pool.
-    gate::closed(|| {
-        let rc = real();
-        if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
-            pools::made_current(device as usize, pool);
-        }
-        rc
-    })
-}
-
-/// # Safety
-/// As the driver's `cuArrayCreate_v2`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuArrayCreate_v2(
-    array: *mut Handle,
-    desc: *const ArrayDescriptor,
-) -> CuResult {
-    guard("cuArrayCreate", || {
-        // SAFETY: the caller's arguments.
-        let create = || unsafe { real::cuArrayCreate_v2(array, desc) };
-        if desc.is_null() {
-            return create();
-        }
-        // SAFETY: checked non-null.
-        let d = unsafe { &*desc };
-        let bytes = array_bytes(d.width, d.height, 0, d.format, d.num_channels, 1);
-        enforce::alloc_array("cuArrayCreate", bytes, array, create)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuArray3DCreate_v2`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuArray3DCreate_v2(
-    array: *mut Handle,
-    desc: *const Array3dDescriptor,
-) -> CuResult {
-    guard("cuArray3DCreate", || {
-        // SAFETY: the caller's arguments.
-        let create = || unsafe { real::cuArray3DCreate_v2(array, desc) };
-        if desc.is_null() {
-            return create();
-        }
-        // SAFETY: checked non-null.
-        let d = unsafe { &*desc };
-        let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, 1);
-        enforce::alloc_array("cuArray3DCreate", bytes, array, create)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMipmappedArrayCreate`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMipmappedArrayCreate(
-    array: *mut Handle,
-    desc: *const Array3dDescriptor,
-    levels: u32,
-) -> CuResult {
-    guard("cuMipmappedArrayCreate", || {
-        // SAFETY: the caller's arguments.
-        let create = || unsafe { real::cuMipmappedArrayCreate(array, desc, levels) };
-        if desc.is_null() {
-            return create();
-        }
-        // SAFETY: checked non-null.
-        let d = unsafe { &*desc };
-        let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels, levels);
-        enforce::alloc_array("cuMipmappedArrayCreate", bytes, array, create)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuArrayDestroy`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
-    guard("cuArrayDestroy", || {
-        // SAFETY: the caller's argument.
-        enforce::free_array(array, || unsafe { real::cuArrayDestroy(array) })
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMipmappedArrayDestroy`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CuResult {
-    guard("cuMipmappedArrayDestroy", || {
-        // SAFETY: the caller's argument.
-        enforce::free_array(array, || unsafe { real::cuMipmappedArrayDestroy(array) })
     })
 }

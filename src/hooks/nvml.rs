@@ -4,8 +4,8 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::nvml::{self, F, Memory, MemoryV2, NvmlDevice};
-use crate::runtime::{self, Mode};
+use crate::runtime;
+use crate::sys::nvml::{self, F, Memory, MemoryV2, NvmlDevice};
 
 /// Our NVML hook for an exact name.
 pub fn hook_named(name: &[u8]) -> Option<*mut c_void> {
@@ -21,21 +21,20 @@ const NVML_ERROR_UNINITIALIZED: c_int = 1;
 
 /// (total, free, used) as this process should see them on `device`, if it is budgeted.
 fn view(device: NvmlDevice, total: u64, free: u64) -> Option<(u64, u64, u64)> {
-    if runtime::mode() != Mode::Budgeted {
-        return None;
-    }
-    let ordinal = nvml::ordinal_of(device)?;
+    let _cx = crate::lifecycle::enter_books()?;
+    let visible = runtime::config().and_then(|c| c.cuda_visible_devices.as_deref());
+    let ordinal = nvml::ordinal_of(device, visible)?;
     let d = runtime::budgeted_with_total(ordinal, total)?;
-    crate::footprint::settle_before_admission(ordinal);
-    crate::enforce::refresh_pools(ordinal, d);
-    let budget = d.budget().min(total);
+    crate::admit::footprint::settle_before_admission(ordinal);
+    crate::admit::flow::refresh_pools(ordinal, d);
+    let budget = d.limit().min(total);
     let used = d.budget_used().min(budget);
     Some((budget, free.min(budget - used), used))
 }
 
 fn call_guarded(body: impl FnOnce() -> c_int) -> c_int {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or_else(|_| {
-        crate::report::caught_panic("nvmlDeviceGetMemoryInfo");
+        crate::tell::report::caught_panic("nvmlDeviceGetMemoryInfo");
         NVML_ERROR_UNKNOWN
     })
 }

@@ -1,4 +1,10 @@
-//! Thin wrappers over the system: clocks and futexes.
+//! Thin wrappers over the system, below everything else: the driver and NVML (from our
+//! own handles), the one lock kind, futexes, clocks, bounded waits and the log line.
 
 pub mod clock;
+pub mod driver;
 pub mod futex;
+pub mod lock;
+pub mod log;
+pub mod nvml;
+pub mod wait;

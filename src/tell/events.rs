@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use cudabudget_spec::place::{Dir, FileOpen};
 
+use crate::books::ledger::Denial;
 use crate::config::LogLevel;
-use crate::ledger::Denial;
 
 /// Events the queue holds (a power of two). An event is about 150 bytes.
 const CAPACITY: usize = 1024;
@@ -60,13 +60,9 @@ pub fn program_name() -> &'static str {
     unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("?")
 }
 
-/// The job this process belongs to (`CUDABUDGET_SCOPE=job:<name>`), from the
-/// configuration.
+/// The job this process belongs to, from the configuration ([`crate::config::Config::job`]).
 pub fn job() -> Option<&'static str> {
-    match &crate::runtime::config()?.scope {
-        crate::config::Scope::Job(name) => Some(name.as_str()),
-        crate::config::Scope::Process => None,
-    }
+    crate::runtime::config()?.job()
 }
 
 /// One denial, as the queue holds it: what the line is made of.
@@ -341,7 +337,9 @@ pub fn denial(call: &str, device: usize, denial: &Denial) {
     }
     name[..len].copy_from_slice(&call.as_bytes()[..len]);
     let top_holders = match crate::books::job::joined() {
-        Some(ledger) if device < crate::ledger::MAX_DEVICES => Some(ledger.top_holders(device)),
+        Some(ledger) if device < crate::books::ledger::MAX_DEVICES => {
+            Some(ledger.top_holders(device))
+        }
         _ => None,
     };
     let event = Event {
@@ -394,7 +392,7 @@ fn start_writer() {
         });
     if let Err(error) = spawned {
         WRITER.store(OFF, Ordering::Release);
-        crate::report::line(
+        crate::sys::log::line(
             LogLevel::Warn,
             format_args!(
                 "cannot start the thread that writes denial events ({error}); events are not recorded"
@@ -488,7 +486,7 @@ fn writer() {
         if dropped > 0 && last_drop_line.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
             DROPPED.fetch_sub(dropped, Ordering::Relaxed);
             last_drop_line = Some(std::time::Instant::now());
-            crate::report::line(
+            crate::sys::log::line(
                 LogLevel::Warn,
                 format_args!(
                     "{dropped} denial events were not written to {}: they came faster than \
@@ -502,7 +500,7 @@ fn writer() {
 }
 
 fn warn_unusable(path: &Path, why: &str) {
-    crate::report::line(
+    crate::sys::log::line(
         LogLevel::Warn,
         format_args!(
             "cannot append denial events to {} ({why}); events are not recorded",

@@ -6,3 +6,4 @@
 
 pub mod events;
 pub(crate) mod publish;
+pub mod report;

@@ -34,14 +34,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen};
 
+use crate::books::ledger::Budget;
 use crate::config::LogLevel;
-use crate::ledger::UNRESOLVED;
-use crate::report;
 use record::{DeviceFigures, Record};
 
 /// How often the thread looks at the books.
@@ -51,7 +50,6 @@ pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// The mode of our records directory: ours alone (see the module's comment).
 const DIR_MODE: u32 = 0o700;
 
-static STARTED: AtomicBool = AtomicBool::new(false);
 /// The process whose record [`RECORD`] is: a child of `fork()` is not its owner and must
 /// not remove it at its exit.
 static OWNER: AtomicU32 = AtomicU32::new(0);
@@ -66,29 +64,10 @@ fn still_ours(dir: &Dir, identity: (u64, u64)) -> bool {
     place::fstat(dir.fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == identity)
 }
 
-/// Starts publishing this process's figures, once. Called at the end of a successful
-/// initialisation; costs the caller one thread creation and nothing after.
-pub fn start() {
-    if STARTED.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("cudabudget-pub".into())
-        .stack_size(256 << 10)
-        .spawn(|| {
-            // Off the program's threads: in a process that already has threads, the
-            // registration waits for an RCU grace period (milliseconds).
-            crate::gate::prepare();
-            let _ = std::panic::catch_unwind(publish);
-        });
-    if let Err(error) = spawned {
-        report::line(
-            LogLevel::Info,
-            format_args!(
-                "cannot start the thread that publishes this process's figures ({error}); `cudabudget status` will not show it"
-            ),
-        );
-    }
+/// Publishes this process's figures until it ends: the body of the library's background
+/// thread ([`crate::lifecycle`] starts it, once).
+pub fn run() {
+    let _ = std::panic::catch_unwind(publish);
 }
 
 /// What the process is, read once from `/proc/self` (never from `environ`, which the
@@ -114,8 +93,8 @@ struct Labels {
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 impl Labels {
-    /// The job from `CUDABUDGET_SCOPE=job:<name>`; the Kubernetes names from
-    /// `POD_NAME`, `POD_NAMESPACE` and `CONTAINER_NAME` (the usual downward-API
+    /// The job from the configuration ([`crate::config::Config::job`]); the Kubernetes
+    /// names from `POD_NAME`, `POD_NAMESPACE` and `CONTAINER_NAME` (the usual downward-API
     /// variables: Kubernetes sets none of them by itself) and, inside a pod
     /// (`KUBERNETES_SERVICE_HOST` is set), from `HOSTNAME` (the pod's name) and the
     /// service account's namespace file (`namespace_file`).
@@ -123,9 +102,9 @@ impl Labels {
         var: impl Fn(&str) -> Option<&'a str>,
         namespace_file: impl FnOnce() -> Option<String>,
     ) -> Labels {
-        let job = var("CUDABUDGET_SCOPE")
-            .and_then(|scope| scope.trim().strip_prefix("job:"))
-            .and_then(|name| non_empty(Some(name)));
+        let job = crate::runtime::config()
+            .and_then(|c| c.job())
+            .map(str::to_string);
         let in_kubernetes = var("KUBERNETES_SERVICE_HOST").is_some();
         let pod = non_empty(var("POD_NAME"))
             .or_else(|| in_kubernetes.then(|| non_empty(var("HOSTNAME"))).flatten());
@@ -284,11 +263,14 @@ fn now_ms() -> u64 {
 fn snapshot(uuids: &[Option<String>]) -> Vec<DeviceFigures> {
     crate::runtime::ledger()
         .devices()
-        .filter(|(_, d)| d.budget() < UNRESOLVED)
-        .map(|(ordinal, d)| DeviceFigures {
+        .filter_map(|(ordinal, d)| match d.budget() {
+            Budget::Bytes(budget) => Some((ordinal, d, budget)),
+            Budget::Unbudgeted | Budget::Unresolved => None,
+        })
+        .map(|(ordinal, d, budget)| DeviceFigures {
             ordinal: ordinal as u32,
             uuid: uuids.get(ordinal).cloned().flatten(),
-            budget: d.budget(),
+            budget,
             used: d.used(),
             peak: d.peak(),
             denials: d.denials(),
@@ -304,7 +286,7 @@ fn publish() {
         .unwrap_or_default();
     let (dir, in_the_way) = records_dir(&roots);
     let Some(dir) = dir else {
-        report::line(
+        crate::sys::log::line(
             LogLevel::Info,
             format_args!(
                 "cannot publish this process's figures ({}); `cudabudget status` will not show it",
@@ -316,14 +298,14 @@ fn publish() {
     let name = record::file_name(identity.pid, identity.pid_namespace);
     let temporary = temporary_name(identity.pid, identity.pid_namespace);
     match &in_the_way {
-        Some(why) => report::line(
+        Some(why) => crate::sys::log::line(
             LogLevel::Info,
             format_args!(
                 "this process's figures are published in {} ({why})",
                 dir.path().display()
             ),
         ),
-        None => report::line(
+        None => crate::sys::log::line(
             LogLevel::Debug,
             format_args!("publishing figures in {}", dir.path().join(&name).display()),
         ),
@@ -368,7 +350,7 @@ fn publish() {
             // The driver answers once the program has initialised CUDA.
             last_uuid_try = Some(Instant::now());
             for d in devices.iter_mut().filter(|d| d.uuid.is_none()) {
-                let uuid = crate::nvml::cuda_uuid(d.ordinal as usize);
+                let uuid = crate::sys::nvml::cuda_uuid(d.ordinal as usize);
                 uuids[d.ordinal as usize].clone_from(&uuid);
                 d.uuid = uuid;
             }
@@ -380,7 +362,7 @@ fn publish() {
             record.updated_ms = now_ms();
             record.encode(&mut buf);
             if !still_ours(dir, *dir_identity) {
-                report::line(
+                crate::sys::log::line(
                     LogLevel::Info,
                     format_args!(
                         "the program closed the descriptor of {}; this process's figures are no longer published",
@@ -390,7 +372,7 @@ fn publish() {
                 return;
             }
             if let Err(error) = write_record(dir, &temporary, &name, &buf) {
-                report::line(
+                crate::sys::log::line(
                     LogLevel::Info,
                     format_args!(
                         "cannot publish this process's figures in {} any more ({error}); `cudabudget status` will not show it",
@@ -417,15 +399,9 @@ mod tests {
     }
 
     #[test]
-    fn the_job_is_the_scope_s_name() {
-        assert_eq!(
-            labels(&[("CUDABUDGET_SCOPE", "job:train")], None)
-                .job
-                .as_deref(),
-            Some("train")
-        );
-        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "process")], None).job, None);
-        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "job: ")], None).job, None);
+    fn the_scope_variable_is_not_read_again_here() {
+        // The job comes from the configuration (none in the unit tests' process).
+        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "job:train")], None).job, None);
         assert_eq!(labels(&[], None), Labels::default());
     }
 

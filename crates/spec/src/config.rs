@@ -39,6 +39,8 @@ pub const CONTEXT_MEMORY: &str = "CUDABUDGET_CONTEXT_MEMORY";
 pub const HAMI_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// HAMi's shared cache file: the processes that name the same one share a budget.
 pub const HAMI_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// CUDA's own device selection, read (never judged) for the numbering of NVML's devices.
+pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// Where job ledgers and records go unless a variable names another directory.
 pub const DEFAULT_SHARED_DIR: &str = "/dev/shm";
 /// Highest device ordinal a per-device variable may name: the ledger budgets 64 devices
@@ -190,6 +192,9 @@ pub struct Config {
     pub runtime_dirs: Vec<PathBuf>,
     /// `CUDABUDGET_EVENTS` (trimmed): the file that gets one JSON line per event.
     pub events: Option<PathBuf>,
+    /// `CUDA_VISIBLE_DEVICES` as the process had it: how CUDA will number the devices
+    /// NVML lists, for a view asked before CUDA is initialised.
+    pub cuda_visible_devices: Option<String>,
 }
 
 /// A variable whose value cannot be honoured. `Display` renders the single line the
@@ -403,6 +408,16 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 }
 
 impl Config {
+    /// The job this process belongs to, as the events, the report and the published
+    /// record name it: the name of `CUDABUDGET_SCOPE=job:<name>`, or, for the processes
+    /// that share HAMi's budget through its shared cache, that file.
+    pub fn job(&self) -> Option<&str> {
+        match &self.scope {
+            Scope::Job(name) => Some(name),
+            Scope::Process => self.hami_shared_cache.as_deref(),
+        }
+    }
+
     /// Reads the process environment. A non-UTF-8 value of a variable this crate reads
     /// is an error; everything else in the environment is ignored.
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -445,9 +460,14 @@ impl Config {
         let mut ours: BTreeMap<&str, (Variable, &str)> = BTreeMap::new();
         let mut hami_cache: Option<&str> = None;
         let mut places: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut visible: Option<&str> = None;
         for (name, value) in vars {
             if name == HAMI_SHARED_CACHE {
                 hami_cache.get_or_insert(value);
+                continue;
+            }
+            if name == CUDA_VISIBLE_DEVICES {
+                visible.get_or_insert(value);
                 continue;
             }
             if name == "XDG_RUNTIME_DIR" || name == "HOME" {
@@ -479,6 +499,7 @@ impl Config {
             job_dirs: Vec::new(),
             runtime_dirs: Vec::new(),
             events: None,
+            cuda_visible_devices: None,
         };
         let fallbacks = crate::place::fallback_roots(|name| places.get(name).copied());
         let mut job_dir = PathBuf::from(DEFAULT_SHARED_DIR);
@@ -549,6 +570,7 @@ impl Config {
                 .filter(|v| !trim(v).is_empty())
                 .map(str::to_string);
         }
+        config.cuda_visible_devices = visible.map(str::to_string);
         config.source = match (has_ours, has_hami) {
             (false, false) => Source::None,
             (true, false) => Source::Cudabudget,
@@ -982,6 +1004,32 @@ mod tests {
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/x.cache"),
         ]);
         assert_eq!(c.hami_shared_cache, None);
+    }
+
+    #[test]
+    fn the_job_is_the_scope_s_name_or_hamis_shared_cache() {
+        let job = |vars: &[(&str, &str)]| config(vars).job().map(str::to_string);
+        assert_eq!(
+            job(&[("CUDABUDGET_SCOPE", "job:train")]).as_deref(),
+            Some("train")
+        );
+        assert_eq!(job(&[("CUDABUDGET_SCOPE", "process")]), None);
+        assert_eq!(job(&[]), None);
+        let hami = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/x.cache"),
+        ];
+        assert_eq!(job(&hami).as_deref(), Some("/tmp/vgpu/x.cache"));
+    }
+
+    #[test]
+    fn cuda_visible_devices_is_kept_as_found() {
+        let c = config(&[
+            ("CUDA_VISIBLE_DEVICES", "1,GPU-ab"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+        ]);
+        assert_eq!(c.cuda_visible_devices.as_deref(), Some("1,GPU-ab"));
+        assert_eq!(config(&[]).cuda_visible_devices, None);
     }
 
     #[test]

@@ -11,8 +11,8 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 
-use crate::driver::{self, real};
-use crate::ledger::MAX_DEVICES;
+use crate::sys::driver::MAX_DEVICES;
+use crate::sys::driver::{self, real};
 
 pub type NvmlDevice = *mut c_void;
 
@@ -141,13 +141,13 @@ const FAILED: u8 = 2;
 const STARTING: u8 = 3;
 static INITIALISED: AtomicU8 = AtomicU8::new(IDLE);
 
-/// Starts NVML's initialisation on a thread of its own, then hands the thread to the
-/// footprint ([`crate::footprint::nvml_ready`]) for the per-device work. Called by the
+/// Starts NVML's initialisation on a thread of its own, then hands the thread to `ready`
+/// (the footprint's per-device work, [`crate::admit::footprint::nvml_ready`]). Called by the
 /// `cuInit` hook after the real `cuInit`: NVML's own initialisation (about 10 ms on an
 /// H200) then overlaps the program's next steps (the context's creation, about 100 ms),
 /// and nothing on the program's threads waits for it. Started before the real `cuInit`
 /// instead, it made that `cuInit` 9 ms slower (docs/gpu-runs/2026-12-01b at 258b938).
-pub fn prewarm() {
+pub fn prewarm(ready: fn()) {
     if INITIALISED
         .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
@@ -157,12 +157,12 @@ pub fn prewarm() {
     BACKGROUND_BUSY.store(true, Ordering::Release);
     let spawned = std::thread::Builder::new()
         .name("cudabudget-nvml".into())
-        .spawn(|| {
+        .spawn(move || {
             let state = init_now();
             INITIALISED.store(state, Ordering::SeqCst);
             BACKGROUND_BUSY.store(false, Ordering::Release);
             if state == OK {
-                crate::footprint::nvml_ready();
+                ready();
             }
         });
     if spawned.is_err() {
@@ -285,7 +285,7 @@ fn init_now() -> u8 {
         init()
     });
     let state = if rc == Some(NVML_SUCCESS) { OK } else { FAILED };
-    crate::report::line(
+    crate::sys::log::line(
         crate::config::LogLevel::Debug,
         format_args!(
             "NVML {} in {:.1} ms",
@@ -469,9 +469,9 @@ pub fn device_used(device: usize) -> Option<u64> {
 }
 
 /// The CUDA ordinal of an NVML device in this process: by UUID when CUDA is initialised
-/// here, else from `CUDA_VISIBLE_DEVICES` (indices or UUID prefixes), as CUDA would
-/// number the devices.
-pub fn ordinal_of(device: NvmlDevice) -> Option<usize> {
+/// here, else from `visible` (`CUDA_VISIBLE_DEVICES`: indices or UUID prefixes), as CUDA
+/// would number the devices.
+pub fn ordinal_of(device: NvmlDevice, visible: Option<&str>) -> Option<usize> {
     let uuid = nvml_uuid(device)?;
     let mut count = 0;
     // SAFETY: a valid out-pointer; fails harmlessly before cuInit.
@@ -479,8 +479,7 @@ pub fn ordinal_of(device: NvmlDevice) -> Option<usize> {
         return (0..count.max(0) as usize).find(|&d| cuda_uuid(d).as_deref() == Some(&uuid));
     }
     let index = nvml_index(device)?;
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    ordinal_from_visible(visible.as_deref(), index, &uuid)
+    ordinal_from_visible(visible, index, &uuid)
 }
 
 fn nvml_uuid(device: NvmlDevice) -> Option<String> {

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::lock::Lock;
+use crate::sys::lock::Lock;
 
 /// Bumped on every release while someone waits (the futex word).
 static ROOM: AtomicU32 = AtomicU32::new(0);

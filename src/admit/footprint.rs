@@ -13,11 +13,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
+use crate::books::ledger::{DeviceLedger, MAX_DEVICES};
+use crate::books::vmm;
 use crate::config::LogLevel;
-use crate::ledger::{DeviceLedger, MAX_DEVICES};
-use crate::lock::{Guard, Lock};
-use crate::report::{self, Bytes};
-use crate::{nvml, runtime, vmm};
+use crate::runtime;
+use crate::sys::lock::{Guard, Lock};
+use crate::sys::nvml;
+use crate::tell::report::{self, Bytes};
 
 /// Which contexts the process holds that the footprint counts: the primary context of
 /// each device while it is active (retained by us seeing it go from inactive), and every
@@ -99,7 +101,7 @@ pub fn nvml_ready() {
         settle(device);
     }
     nvml::background_busy(false);
-    report::line(
+    crate::sys::log::line(
         LogLevel::Debug,
         format_args!(
             "NVML attached {:.1} ms after initialisation",
@@ -138,7 +140,7 @@ pub fn before_context(device: usize) {
             let waited = runtime::wait_while(std::time::Duration::from_secs(2), || {
                 !NVML_WARM.load(Ordering::Acquire) && nvml::usable()
             });
-            report::line(
+            crate::sys::log::line(
                 LogLevel::Debug,
                 format_args!("device {device}: waited {waited:?} for NVML before the context"),
             );
@@ -229,7 +231,7 @@ fn settle_now(device: usize) {
     let measured = runtime::wait_while(std::time::Duration::from_secs(2), || {
         CHARGE[device].load(Ordering::Acquire) == CHARGING
     });
-    report::line(
+    crate::sys::log::line(
         LogLevel::Debug,
         format_args!(
             "device {device}: waited {:?} for the context's charge",
@@ -269,7 +271,7 @@ fn charge_context(device: usize) {
     };
     if let Some(pids) = before_pids {
         let found = nvml::find_own_pid(device, &pids);
-        report::line(
+        crate::sys::log::line(
             LogLevel::Debug,
             format_args!("device {device}: own entry in NVML's list found: {found}"),
         );
@@ -307,7 +309,7 @@ fn charge_context(device: usize) {
     if let Some(last) = LAST_MS.get(device) {
         last.store(report::monotonic_ms(), Ordering::Relaxed);
     }
-    report::line(
+    crate::sys::log::line(
         LogLevel::Debug,
         format_args!("device {device}: context charged {}", Bytes(charge)),
     );
@@ -327,7 +329,7 @@ fn estimate(device: usize) -> u64 {
         },
     };
     if !SAID.swap(true, Ordering::Relaxed) {
-        report::line(
+        crate::sys::log::line(
             LogLevel::Info,
             format_args!(
                 "NVML cannot measure this process's context on device {device}: charged {} \
@@ -360,9 +362,13 @@ fn device_name(device: usize) -> String {
     // SAFETY: valid out-pointers; the driver writes at most `name.len()` bytes, NUL
     // included.
     let ok = unsafe {
-        crate::driver::real::cuDeviceGet(&mut handle, device as i32).is_ok()
-            && crate::driver::real::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, handle)
-                .is_ok()
+        crate::sys::driver::real::cuDeviceGet(&mut handle, device as i32).is_ok()
+            && crate::sys::driver::real::cuDeviceGetName(
+                name.as_mut_ptr(),
+                name.len() as i32,
+                handle,
+            )
+            .is_ok()
     };
     if !ok {
         return String::new();
@@ -376,9 +382,10 @@ fn device_name(device: usize) -> String {
 
 /// A context on `device` is gone; when it was the last, so is all its memory, and the
 /// books are cleared (memory from `cuMemCreate`, which outlives contexts, stays
-/// charged). Returns whether they were: the pools' and graphs' survivors are charged
-/// again by the caller ([`crate::enforce::context_gone`]).
-pub fn context_gone(device: usize) -> bool {
+/// charged), after `forget` (what else the device's contexts held: modules, limits).
+/// Returns whether they were: the pools' and graphs' survivors are charged again by the
+/// caller ([`crate::admit::flow::context_gone`]).
+pub fn context_gone(device: usize, forget: impl FnOnce()) -> bool {
     let Some(count) = CONTEXTS.get(device) else {
         return false;
     };
@@ -398,7 +405,7 @@ pub fn context_gone(device: usize) -> bool {
     };
     runtime::pointers().purge_device(device);
     runtime::arrays().purge_device(device);
-    crate::loads::context_gone(device);
+    forget();
     // Memory from cuMemCreate belongs to the process, not to a context: it outlives the
     // teardown and stays charged.
     let vmm = vmm::lock();

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::lock::{Guard, Lock};
+use crate::sys::lock::{Guard, Lock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Physical {

@@ -40,6 +40,11 @@ pub struct MemLocation {
     pub kind: c_int,
     pub id: c_int,
 }
+
+/// Devices the library can budget (ordinals 0 to the configuration's highest); higher
+/// ordinals pass through unbudgeted.
+pub const MAX_DEVICES: usize = crate::config::MAX_ORDINAL as usize + 1;
+
 pub const MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 pub const MEM_ALLOCATION_TYPE_PINNED: c_int = 1;

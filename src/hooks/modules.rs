@@ -1,11 +1,11 @@
-//! Modules, libraries and context limits: device memory that arrives with a call that
-//! names no size ([`crate::loads`] measures and charges it).
+//! Modules and libraries: device memory that arrives with a call that names no size
+//! ([`crate::admit::loads`] admits what the image says and charges what it costs).
 
 use std::ffi::{c_char, c_int, c_void};
 
 use super::guard;
-use crate::driver::{CuResult, DevicePtr, Handle, real};
-use crate::loads::{self, Image};
+use crate::admit::loads::{self, Image};
+use crate::sys::driver::{CuResult, DevicePtr, Handle, real};
 
 /// A module load (`real`): admitted for what its image says, then charged by what it
 /// costs, unloaded again if that does not fit.
@@ -16,8 +16,9 @@ fn module_load(
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     guard(call, || {
+        let cx = enter!(real);
         // SAFETY: the module the driver just loaded.
-        loads::load(call, module, false, image, real, |m| unsafe {
+        loads::load(cx, call, module, false, image, real, |m| unsafe {
             real::cuModuleUnload(m)
         })
     })
@@ -31,8 +32,9 @@ fn library_load(
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     guard(call, || {
+        let cx = enter!(real);
         // SAFETY: the library the driver just loaded.
-        loads::load(call, library, true, image, real, |l| unsafe {
+        loads::load(cx, call, library, true, image, real, |l| unsafe {
             real::cuLibraryUnload(l)
         })
     })
@@ -102,7 +104,9 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
 pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CuResult {
     guard("cuModuleUnload", || {
         // SAFETY: the caller's argument.
-        loads::unload(module, || unsafe { real::cuModuleUnload(module) })
+        let unload = || unsafe { real::cuModuleUnload(module) };
+        let _cx = enter!(books, unload);
+        loads::unload(module, unload)
     })
 }
 
@@ -180,7 +184,9 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 pub unsafe extern "C" fn cuLibraryUnload(library: Handle) -> CuResult {
     guard("cuLibraryUnload", || {
         // SAFETY: the caller's argument.
-        loads::unload(library, || unsafe { real::cuLibraryUnload(library) })
+        let unload = || unsafe { real::cuLibraryUnload(library) };
+        let _cx = enter!(books, unload);
+        loads::unload(library, unload)
     })
 }
 
@@ -194,10 +200,10 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetGlobal", || {
-        loads::lookup("cuLibraryGetGlobal", library, || {
-            // SAFETY: the caller's arguments.
-            unsafe { real::cuLibraryGetGlobal(dptr, bytes, library, name) }
-        })
+        // SAFETY: the caller's arguments.
+        let look_up = || unsafe { real::cuLibraryGetGlobal(dptr, bytes, library, name) };
+        let _cx = enter!(books, look_up);
+        loads::lookup("cuLibraryGetGlobal", library, look_up)
     })
 }
 
@@ -211,10 +217,10 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetManaged", || {
-        loads::lookup("cuLibraryGetManaged", library, || {
-            // SAFETY: the caller's arguments.
-            unsafe { real::cuLibraryGetManaged(dptr, bytes, library, name) }
-        })
+        // SAFETY: the caller's arguments.
+        let look_up = || unsafe { real::cuLibraryGetManaged(dptr, bytes, library, name) };
+        let _cx = enter!(books, look_up);
+        loads::lookup("cuLibraryGetManaged", library, look_up)
     })
 }
 
@@ -223,10 +229,10 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CuResult {
     guard("cuLibraryGetModule", || {
-        loads::lookup("cuLibraryGetModule", library, || {
-            // SAFETY: the caller's arguments.
-            unsafe { real::cuLibraryGetModule(module, library) }
-        })
+        // SAFETY: the caller's arguments.
+        let look_up = || unsafe { real::cuLibraryGetModule(module, library) };
+        let _cx = enter!(books, look_up);
+        loads::lookup("cuLibraryGetModule", library, look_up)
     })
 }
 
@@ -239,19 +245,9 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetKernel", || {
-        loads::lookup("cuLibraryGetKernel", library, || {
-            // SAFETY: the caller's arguments.
-            unsafe { real::cuLibraryGetKernel(kernel, library, name) }
-        })
-    })
-}
-
-/// # Safety
-/// As the driver's `cuCtxSetLimit`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CuResult {
-    guard("cuCtxSetLimit", || {
-        // SAFETY: the caller's limit, with the value asked for or the old one back.
-        loads::set_limit(limit, value, |v| unsafe { real::cuCtxSetLimit(limit, v) })
+        // SAFETY: the caller's arguments.
+        let look_up = || unsafe { real::cuLibraryGetKernel(kernel, library, name) };
+        let _cx = enter!(books, look_up);
+        loads::lookup("cuLibraryGetKernel", library, look_up)
     })
 }

@@ -20,14 +20,14 @@ use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::capture;
-use crate::driver::{
+use crate::admit::capture;
+use crate::books::ledger::{DeviceLedger, MAX_DEVICES};
+use crate::sys::driver::{
     DevicePtr, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, GRAPH_MEM_ATTR_USED_MEM_CURRENT,
     GRAPH_NODE_TYPE_GRAPH, GRAPH_NODE_TYPE_MEM_ALLOC, GRAPH_NODE_TYPE_MEM_FREE, Handle,
     MemAllocNodeParams, real,
 };
-use crate::ledger::{DeviceLedger, MAX_DEVICES};
-use crate::lock::Lock;
+use crate::sys::lock::Lock;
 
 /// The granularity a memory node is rounded up to (the driver's 2 MiB pages).
 const NODE_GRANULARITY: u64 = 2 << 20;

@@ -41,13 +41,15 @@
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
+use crate::admit::flow;
 use crate::admit::image::{self, Arch, Footprint, Placed, Source};
+use crate::admit::{Fixed, admit};
+use crate::books::ledger::{DeviceLedger, MAX_DEVICES, Reservation, clamp_i64};
 use crate::config::LogLevel;
-use crate::driver::{CuResult, Handle, real};
-use crate::enforce;
-use crate::ledger::{DeviceLedger, MAX_DEVICES, Reservation};
-use crate::lock::Lock;
-use crate::report::{self, Bytes};
+use crate::runtime::Cx;
+use crate::sys::driver::{CuResult, Handle, real};
+use crate::sys::lock::Lock;
+use crate::tell::report::Bytes;
 
 /// `CU_LIMIT_STACK_SIZE`; `CU_LIMIT_PRINTF_FIFO_SIZE` is 1, `CU_LIMIT_MALLOC_HEAP_SIZE` 2.
 const LIMIT_STACK_SIZE: i32 = 0;
@@ -160,7 +162,7 @@ fn predicted(call: &str, image: Image, device: usize) -> Option<u64> {
     } else {
         placed.data.saturating_add(placed.code)
     };
-    report::line(
+    crate::sys::log::line(
         LogLevel::Debug,
         format_args!(
             "{call}: the image places {} of data and {} of code on the device",
@@ -190,7 +192,7 @@ fn placed(call: &str, image: Image, device: usize) -> Option<Placed> {
     match said {
         Footprint::Placed(placed) => Some(placed),
         Footprint::Unknown(why) => {
-            report::line(
+            crate::sys::log::line(
                 LogLevel::Debug,
                 format_args!(
                     "{call}: the image cannot say what it places on the device ({why:?}): \
@@ -252,7 +254,11 @@ fn admit_predicted<'d>(
     if predicted == 0 {
         return Ok(None);
     }
-    enforce::admit(call, device, d, predicted).map(Some)
+    let ask = &mut Fixed {
+        bytes: predicted,
+        wait: false,
+    };
+    admit(call, device, d, ask)
 }
 /// Libraries whose first look-up is still to come: while 0, look-ups take no lock.
 static LAZY: AtomicUsize = AtomicUsize::new(0);
@@ -291,32 +297,27 @@ fn measure(real: impl FnOnce() -> CuResult) -> (CuResult, i64) {
     let before = free_now();
     let rc = real();
     let change = match (before, rc.is_ok().then(free_now).flatten()) {
-        (Some(before), Some(after)) => clamp(before).saturating_sub(clamp(after)),
+        (Some(before), Some(after)) => clamp_i64(before).saturating_sub(clamp_i64(after)),
         _ => 0,
     };
     (rc, change)
 }
 
-fn clamp(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// Admits `bytes` that the device already holds (the call has happened): true when
-/// they fit and are now charged.
-fn admit_held(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
-    match enforce::admit(call, device, d, bytes) {
-        Ok(r) => {
-            r.commit();
-            true
-        }
-        Err(_) => false,
+/// Admits `bytes` that the device already holds (the call has happened): `Ok` when they
+/// fit and are now charged, else the refusal.
+fn admit_held(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> Result<(), CuResult> {
+    let ask = &mut Fixed { bytes, wait: false };
+    if let Some(r) = admit(call, device, d, ask)? {
+        r.commit();
     }
+    Ok(())
 }
 
 /// A module or library load (`real`), whose handle the driver writes to `out`. `lazy`:
 /// a library, whose globals may come at its first look-up instead. A load whose growth
 /// does not fit is undone with `unload` and refused.
 pub fn load(
+    cx: Cx,
     call: &'static str,
     out: *mut Handle,
     lazy: bool,
@@ -324,15 +325,14 @@ pub fn load(
     real: impl FnOnce() -> CuResult,
     unload: impl FnOnce(Handle) -> CuResult,
 ) -> CuResult {
-    let (device, d) = match enforce::budgeted_device(None) {
-        Ok(found) => found,
-        Err(refusal) => return refusal.unwrap_or_else(real),
+    let Some((device, d)) = flow::budgeted_device(cx, None) else {
+        return real();
     };
-    if crate::capture::any() {
+    if crate::admit::capture::any() {
         // Not the moment for calls of our own; the footprint re-read counts it.
         return real();
     }
-    crate::footprint::settle_before_admission(device);
+    crate::admit::footprint::settle_before_admission(device);
     let predicted = predicted(call, image, device);
     if lazy && lazy_loading() {
         // Nothing arrives at a lazily loaded library's load (cudart makes hundreds of
@@ -358,10 +358,12 @@ pub fn load(
     // SAFETY: the driver just wrote the handle.
     let handle = unsafe { *out };
     let extra = grown.saturating_sub(predicted);
-    if extra > 0 && !admit_held(call, device, d, extra) {
+    if extra > 0
+        && let Err(refused) = admit_held(call, device, d, extra)
+    {
         let _ = unload(handle);
         drop(reservation);
-        return CuResult::OUT_OF_MEMORY;
+        return refused;
     }
     if let Some(r) = reservation {
         r.commit();
@@ -375,7 +377,7 @@ pub fn load(
 /// `…GetKernel`) that may bring a lazily loaded library's globals in: measured the first
 /// time only.
 pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
-    if LAZY.load(Ordering::Acquire) == 0 || crate::capture::any() {
+    if LAZY.load(Ordering::Acquire) == 0 || crate::admit::capture::any() {
         return real();
     }
     let pending = LOADS
@@ -402,8 +404,12 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
     }
     let grown = change.max(0).unsigned_abs();
     let extra = grown.saturating_sub(predicted);
-    let fits = extra == 0 || admit_held(call, device, d, extra);
-    if !fits {
+    let fits = if extra == 0 {
+        Ok(())
+    } else {
+        admit_held(call, device, d, extra)
+    };
+    if fits.is_err() {
         // Held already and nothing to undo: charged all the same, until the unload.
         d.charge(extra);
     }
@@ -427,11 +433,7 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
         // unload.
         d.release(grown);
     }
-    if fits {
-        CuResult::SUCCESS
-    } else {
-        CuResult::OUT_OF_MEMORY
-    }
+    fits.err().unwrap_or(CuResult::SUCCESS)
 }
 
 /// A module's or library's unload, or a context's destruction: what it held is given
@@ -481,8 +483,8 @@ pub fn another_context(
     let Some(d) = crate::runtime::budgeted(device) else {
         return create();
     };
-    if !crate::footprint::has_context(device)
-        || crate::capture::any()
+    if !crate::admit::footprint::has_context(device)
+        || crate::admit::capture::any()
         || crate::runtime::current_device() != Some(device)
     {
         return create();
@@ -494,9 +496,9 @@ pub fn another_context(
     }
     // SAFETY: the driver just wrote the context.
     let handle = unsafe { *out };
-    if !admit_held("cuCtxCreate", device, d, grown) {
+    if let Err(refused) = admit_held("cuCtxCreate", device, d, grown) {
         let _ = destroy(handle);
-        return CuResult::OUT_OF_MEMORY;
+        return refused;
     }
     remember(handle, device, d, grown, true);
     rc
@@ -507,15 +509,14 @@ pub fn another_context(
 static LIMITS: Lock<[[(u64, u64); 3]; MAX_DEVICES]> = Lock::new([[(0, 0); 3]; MAX_DEVICES]);
 
 /// `cuCtxSetLimit(limit, value)` on the current context (`real`).
-pub fn set_limit(limit: i32, value: usize, real: impl Fn(usize) -> CuResult) -> CuResult {
-    let (device, d) = match enforce::budgeted_device(None) {
-        Ok(found) => found,
-        Err(refusal) => return refusal.unwrap_or_else(|| real(value)),
+pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuResult) -> CuResult {
+    let Some((device, d)) = flow::budgeted_device(cx, None) else {
+        return real(value);
     };
     let Ok(slot) = usize::try_from(limit) else {
         return real(value);
     };
-    if slot > 2 || crate::capture::any() {
+    if slot > 2 || crate::admit::capture::any() {
         return real(value);
     }
     let mut old = 0usize;
@@ -531,8 +532,12 @@ pub fn set_limit(limit: i32, value: usize, real: impl Fn(usize) -> CuResult) -> 
         (value as u64).saturating_sub(old as u64)
     };
     let reservation = if predicted > 0 {
-        match enforce::admit(call, device, d, predicted) {
-            Ok(r) => Some(r),
+        let ask = &mut Fixed {
+            bytes: predicted,
+            wait: false,
+        };
+        match admit(call, device, d, ask) {
+            Ok(r) => r,
             Err(rc) => return rc,
         }
     } else {
@@ -544,9 +549,11 @@ pub fn set_limit(limit: i32, value: usize, real: impl Fn(usize) -> CuResult) -> 
     }
     let grown = change.max(0).unsigned_abs();
     let extra = grown.saturating_sub(predicted);
-    if extra > 0 && !admit_held(call, device, d, extra) {
+    if extra > 0
+        && let Err(refused) = admit_held(call, device, d, extra)
+    {
         let _ = real(old);
-        return CuResult::OUT_OF_MEMORY;
+        return refused;
     }
     if let Some(r) = reservation {
         r.commit();

@@ -3,7 +3,7 @@
 //! stream-ordered allocations really cost the device.
 //!
 //! The device's *default* pool is paid for through the pool credit (see
-//! [`crate::ledger::PoolCredit`]): its reserve is [`reserve`]. A pool the program created
+//! [`crate::books::ledger::PoolCredit`]): its reserve is [`reserve`]. A pool the program created
 //! is paid for on its own ([`created`], [`figures`], [`set_charged`]): one pool's free
 //! reserve must never pay for another pool's growth, since the driver would grow the
 //! other pool regardless.
@@ -13,8 +13,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::driver::{Handle, MEMPOOL_ATTR_RESERVED_MEM_CURRENT, real};
-use crate::ledger::{DeviceLedger, MAX_DEVICES};
+use crate::books::ledger::{DeviceLedger, MAX_DEVICES};
+use crate::sys::driver::{Handle, MEMPOOL_ATTR_RESERVED_MEM_CURRENT, real};
 
 const SLOTS: usize = 64;
 
@@ -127,7 +127,7 @@ pub fn unregister(pool: Handle) -> Option<(usize, u64)> {
             .is_ok()
         {
             // It was a device's current pool: the detour `made_current` began ends.
-            crate::capture::detour(false);
+            crate::admit::capture::detour(false);
         }
     }
     (place & CREATED != 0).then(|| (((place & !CREATED) - 1) as usize, charged))
@@ -187,8 +187,8 @@ pub fn made_current(device: usize, pool: Handle) {
     // While any device's current pool is one the program created, stream-ordered calls
     // take the full path (which looks at it).
     match (was != 0, mine) {
-        (false, true) => crate::capture::detour(true),
-        (true, false) => crate::capture::detour(false),
+        (false, true) => crate::admit::capture::detour(true),
+        (true, false) => crate::admit::capture::detour(false),
         _ => {}
     }
 }
@@ -236,7 +236,7 @@ pub fn figures(pool: Handle) -> Option<(u64, u64)> {
             unsafe { real::cuMemPoolGetAttribute(pool, attr, (&mut bytes as *mut u64).cast()) };
         rc.is_ok().then_some(bytes)
     };
-    crate::capture::relaxed(|| {
+    crate::admit::capture::relaxed(|| {
         Some((
             attribute(MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
             attribute(MEMPOOL_ATTR_USED_MEM_CURRENT)?,
@@ -272,7 +272,7 @@ fn credit_pools_of(device: usize) -> Vec<Handle> {
 /// What the device's credit-paid pools hold from the device, by the driver's count;
 /// `None` when the driver cannot say.
 pub fn reserve(device: usize) -> Option<u64> {
-    crate::capture::relaxed(|| {
+    crate::admit::capture::relaxed(|| {
         let mut total = 0u64;
         for pool in credit_pools_of(device) {
             total = total.saturating_add(figures(pool)?.0);
@@ -283,7 +283,7 @@ pub fn reserve(device: usize) -> Option<u64> {
 
 /// What the device's credit-paid pools have in use (blocks not freed), by the driver.
 pub fn in_use(device: usize) -> Option<u64> {
-    crate::capture::relaxed(|| {
+    crate::admit::capture::relaxed(|| {
         let mut total = 0u64;
         for pool in credit_pools_of(device) {
             total = total.saturating_add(figures(pool)?.1);
@@ -295,12 +295,12 @@ pub fn in_use(device: usize) -> Option<u64> {
 /// Asks the pools of `device` paid through the pool credit (the default pool, a current
 /// pool the program did not create) to give back what they hold but do not use.
 pub fn trim_credit_pools(device: usize) {
-    crate::capture::relaxed(|| trim_each(credit_pools_of(device)));
+    crate::admit::capture::relaxed(|| trim_each(credit_pools_of(device)));
 }
 
 /// Asks the pools the program created on `device` to give back what they do not use.
 pub fn trim_created(device: usize) {
-    crate::capture::relaxed(|| trim_each(created_of(device)));
+    crate::admit::capture::relaxed(|| trim_each(created_of(device)));
 }
 
 fn trim_each(pools: Vec<Handle>) {
@@ -473,10 +473,13 @@ mod tests {
         register_created(elsewhere, 41);
         register(default, 40);
         assert_eq!(current_created(40), None);
-        assert!(!crate::capture::any());
+        assert!(!crate::admit::capture::any());
         made_current(40, mine);
         assert_eq!(current_created(40), Some(mine));
-        assert!(crate::capture::any(), "async calls take the full path");
+        assert!(
+            crate::admit::capture::any(),
+            "async calls take the full path"
+        );
         made_current(40, mine);
         made_current(40, default);
         assert_eq!(
@@ -484,12 +487,15 @@ mod tests {
             None,
             "the default pool is current again"
         );
-        assert!(!crate::capture::any(), "the detour is off again (once)");
+        assert!(
+            !crate::admit::capture::any(),
+            "the detour is off again (once)"
+        );
         made_current(40, elsewhere);
         assert_eq!(current_created(40), None, "a pool of another device");
-        assert!(!crate::capture::any());
+        assert!(!crate::admit::capture::any());
         made_current(40, mine);
-        assert!(crate::capture::any());
+        assert!(crate::admit::capture::any());
         assert_eq!(unregister(mine).map(|(d, _)| d), Some(40));
         assert_eq!(
             current_created(40),
@@ -498,7 +504,7 @@ mod tests {
         );
         // `unregister` leaves the detour on (stream-ordered calls keep the full path: a
         // cost, not a hole); this test's own share is taken back here.
-        crate::capture::detour(false);
+        crate::admit::capture::detour(false);
         unregister(elsewhere);
         unregister(default);
     }
@@ -521,6 +527,6 @@ mod tests {
         assert_eq!(created_of(50), Vec::<Handle>::new());
         // The detour the parent's current pool turned on is the capture module's to
         // reset in a child; this test's share is taken back here.
-        crate::capture::detour(false);
+        crate::admit::capture::detour(false);
     }
 }

@@ -1,110 +1,16 @@
-//! `cuInit`, the views (`cuMemGetInfo`, `cuDeviceTotalMem`) and the context calls whose
-//! memory the footprint charges.
+//! Contexts: their creation and end (whose memory the footprint charges) and their
+//! limits (`cuCtxSetLimit`, charged by what the change costs, [`crate::admit::loads`]).
 
 use std::ffi::{c_int, c_void};
 
 use super::guard;
-use crate::driver::{CuResult, Device, Handle, real};
-use crate::runtime::{self, Mode};
-use crate::{footprint, loads};
-
-/// Refused with `CUDA_ERROR_NOT_PERMITTED` when the configuration is malformed: the
-/// process must not run unbudgeted.
-///
-/// # Safety
-/// As the driver's `cuInit`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
-    guard("cuInit", || {
-        let mode = runtime::mode();
-        if let Some(rc) = runtime::refusal(mode) {
-            return rc;
-        }
-        // SAFETY: the caller's argument.
-        let rc = unsafe { real::cuInit(flags) };
-        if mode == Mode::Budgeted {
-            // NVML starts now, on its own thread: after the driver's initialisation, not
-            // alongside it (the two take turns in the kernel driver, and a cuInit
-            // alongside NVML's took 9 ms longer on an H200).
-            crate::nvml::prewarm();
-        }
-        if rc.is_ok() {
-            footprint::driver_ready();
-        }
-        rc
-    })
-}
-
-/// Total = min(budget, physical); free = min(physical free, budget − used).
-///
-/// # Safety
-/// As the driver's `cuMemGetInfo_v2`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
-    guard("cuMemGetInfo", || {
-        if let Some(rc) = runtime::refusal(runtime::mode()) {
-            return rc;
-        }
-        // SAFETY: the caller's out-pointers.
-        let rc = unsafe { real::cuMemGetInfo_v2(free, total) };
-        if rc.is_ok()
-            && !free.is_null()
-            && !total.is_null()
-            && let Some((device, d)) = budgeted_view()
-        {
-            footprint::settle_before_admission(device);
-            crate::enforce::refresh_pools(device, d);
-            footprint::maybe_reconcile(device, d);
-            let budget = d.budget();
-            // SAFETY: the driver just filled both.
-            unsafe {
-                *total = (*total as u64).min(budget) as usize;
-                *free = (*free as u64).min(budget.saturating_sub(d.budget_used())) as usize;
-            }
-        }
-        rc
-    })
-}
-
-fn budgeted_view() -> Option<(usize, &'static crate::ledger::DeviceLedger)> {
-    if runtime::mode() != Mode::Budgeted {
-        return None;
-    }
-    runtime::budgeted_current()
-}
-
-/// min(budget, physical).
-///
-/// # Safety
-/// As the driver's `cuDeviceTotalMem_v2`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: Device) -> CuResult {
-    guard("cuDeviceTotalMem", || {
-        if let Some(rc) = runtime::refusal(runtime::mode()) {
-            return rc;
-        }
-        // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuDeviceTotalMem_v2(bytes, device) };
-        if rc.is_ok()
-            && !bytes.is_null()
-            && device >= 0
-            && runtime::mode() == Mode::Budgeted
-            && let Some(d) = runtime::budgeted(device as usize)
-        {
-            // SAFETY: the driver just filled it.
-            unsafe { *bytes = (*bytes as u64).min(d.budget()) as usize };
-        }
-        rc
-    })
-}
+use crate::admit::{footprint, loads};
+use crate::runtime::Cx;
+use crate::sys::driver::{CuResult, Device, Handle, real};
 
 /// Runs a context creation on `device` and charges the context when it succeeds.
-fn creating_context(device: Device, create: impl FnOnce() -> CuResult) -> CuResult {
-    let mode = runtime::mode();
-    if let Some(rc) = runtime::refusal(mode) {
-        return rc;
-    }
-    if mode != Mode::Budgeted || device < 0 {
+fn creating_context(_cx: Cx, device: Device, create: impl FnOnce() -> CuResult) -> CuResult {
+    if device < 0 {
         return create();
     }
     let device = device as usize;
@@ -117,12 +23,8 @@ fn creating_context(device: Device, create: impl FnOnce() -> CuResult) -> CuResu
 /// Runs a primary-context release (or reset) and tells the footprint when the context
 /// it counted is gone. A reset of a primary context that was never active (what
 /// `cudaDeviceReset` does beside a context from `cuCtxCreate`) ends nothing we counted.
-fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
-    let mode = runtime::mode();
-    if let Some(rc) = runtime::refusal(mode) {
-        return rc;
-    }
-    if mode != Mode::Budgeted || device < 0 {
+fn releasing_primary(_cx: Cx, device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
+    if device < 0 {
         return release();
     }
     let mut books = footprint::context_books();
@@ -130,7 +32,7 @@ fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuRe
     let counted = books.primary.get(device as usize).copied().unwrap_or(false);
     if rc.is_ok() && counted && !primary_active(device) {
         books.primary[device as usize] = false;
-        crate::enforce::context_gone(device as usize);
+        crate::lifecycle::context_gone(device as usize);
     }
     rc
 }
@@ -149,15 +51,16 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Devi
     guard("cuDevicePrimaryCtxRetain", || {
         // SAFETY: the caller's arguments.
         let retain = || unsafe { real::cuDevicePrimaryCtxRetain(ctx, device) };
-        if runtime::mode() != Mode::Budgeted || device < 0 {
-            return creating_context(device, retain);
+        let cx = enter!(retain);
+        if device < 0 {
+            return retain();
         }
         let mut books = footprint::context_books();
         // A retain of an already active primary context creates nothing.
         if primary_active(device) {
             return retain();
         }
-        let rc = creating_context(device, retain);
+        let rc = creating_context(cx, device, retain);
         if rc.is_ok()
             && let Some(counted) = books.primary.get_mut(device as usize)
         {
@@ -172,10 +75,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Devi
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: Device) -> CuResult {
     guard("cuDevicePrimaryCtxRelease", || {
-        releasing_primary(device, || {
-            // SAFETY: the caller's argument.
-            unsafe { real::cuDevicePrimaryCtxRelease_v2(device) }
-        })
+        // SAFETY: the caller's argument.
+        let release = || unsafe { real::cuDevicePrimaryCtxRelease_v2(device) };
+        let cx = enter!(release);
+        releasing_primary(cx, device, release)
     })
 }
 
@@ -184,16 +87,16 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: Device) -> CuResul
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: Device) -> CuResult {
     guard("cuDevicePrimaryCtxReset", || {
-        releasing_primary(device, || {
-            // SAFETY: the caller's argument.
-            unsafe { real::cuDevicePrimaryCtxReset_v2(device) }
-        })
+        // SAFETY: the caller's argument.
+        let release = || unsafe { real::cuDevicePrimaryCtxReset_v2(device) };
+        let cx = enter!(release);
+        releasing_primary(cx, device, release)
     })
 }
 
 /// Remembers a context from `cuCtxCreate` and its device, so its destruction can be told.
-fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
-    if rc.is_ok() && !ctx.is_null() && runtime::mode() == Mode::Budgeted {
+fn remember_created(_cx: Cx, ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
+    if rc.is_ok() && !ctx.is_null() {
         // SAFETY: the driver wrote the new context.
         let handle = unsafe { *ctx } as usize;
         footprint::context_books()
@@ -210,13 +113,14 @@ pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: De
     guard("cuCtxCreate", || {
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuCtxCreate_v2(ctx, flags, device) };
-        let rc = creating_context(device, || {
+        let cx = enter!(create);
+        let rc = creating_context(cx, device, || {
             // SAFETY: the context the driver just created, destroyed when it does not fit.
             loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
                 real::cuCtxDestroy_v2(c)
             })
         });
-        remember_created(ctx, device, rc)
+        remember_created(cx, ctx, device, rc)
     })
 }
 
@@ -233,13 +137,14 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     guard("cuCtxCreate", || {
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuCtxCreate_v3(ctx, params, num, flags, device) };
-        let rc = creating_context(device, || {
+        let cx = enter!(create);
+        let rc = creating_context(cx, device, || {
             // SAFETY: the context the driver just created, destroyed when it does not fit.
             loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
                 real::cuCtxDestroy_v2(c)
             })
         });
-        remember_created(ctx, device, rc)
+        remember_created(cx, ctx, device, rc)
     })
 }
 
@@ -255,13 +160,14 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     guard("cuCtxCreate", || {
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuCtxCreate_v4(ctx, params, flags, device) };
-        let rc = creating_context(device, || {
+        let cx = enter!(create);
+        let rc = creating_context(cx, device, || {
             // SAFETY: the context the driver just created, destroyed when it does not fit.
             loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
                 real::cuCtxDestroy_v2(c)
             })
         });
-        remember_created(ctx, device, rc)
+        remember_created(cx, ctx, device, rc)
     })
 }
 
@@ -271,8 +177,10 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
     guard("cuCtxDestroy", || {
         // SAFETY: the caller's argument.
-        let rc = loads::unload(ctx, || unsafe { real::cuCtxDestroy_v2(ctx) });
-        if rc.is_ok() && runtime::mode() == Mode::Budgeted {
+        let destroy = || unsafe { real::cuCtxDestroy_v2(ctx) };
+        let _cx = enter!(books, destroy);
+        let rc = loads::unload(ctx, destroy);
+        if rc.is_ok() {
             let device = {
                 let created = &mut footprint::context_books().created;
                 created
@@ -281,9 +189,21 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
                     .map(|i| created.swap_remove(i).1)
             };
             if let Some(device) = device {
-                crate::enforce::context_gone(device);
+                crate::lifecycle::context_gone(device);
             }
         }
         rc
+    })
+}
+
+/// # Safety
+/// As the driver's `cuCtxSetLimit`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CuResult {
+    guard("cuCtxSetLimit", || {
+        // SAFETY: the caller's limit, with the value asked for or the old one back.
+        let set = |v| unsafe { real::cuCtxSetLimit(limit, v) };
+        let cx = enter!(|| set(value));
+        loads::set_limit(cx, limit, value, set)
     })
 }

@@ -4,9 +4,9 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::guard;
-use crate::driver::{CuResult, Device, Handle, real};
-use crate::runtime::{self, Mode};
-use crate::{capture, enforce, graphs};
+use crate::admit::{capture, flow, graphs};
+use crate::runtime::Cx;
+use crate::sys::driver::{CuResult, Device, Handle, real};
 
 /// # Safety
 /// As the driver's `cuStreamBeginCapture_v2`.
@@ -14,7 +14,9 @@ use crate::{capture, enforce, graphs};
 pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) -> CuResult {
     guard("cuStreamBeginCapture", || {
         // SAFETY: the caller's arguments.
-        capture::begin(|| unsafe { real::cuStreamBeginCapture_v2(stream, mode) })
+        let real = || unsafe { real::cuStreamBeginCapture_v2(stream, mode) };
+        let _cx = enter!(books, real);
+        capture::begin(real)
     })
 }
 
@@ -24,7 +26,9 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) ->
 pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int) -> CuResult {
     guard("cuStreamBeginCapture", || {
         // SAFETY: the caller's arguments.
-        capture::begin(|| unsafe { real::cuStreamBeginCapture_v2_ptsz(stream, mode) })
+        let real = || unsafe { real::cuStreamBeginCapture_v2_ptsz(stream, mode) };
+        let _cx = enter!(books, real);
+        capture::begin(real)
     })
 }
 
@@ -41,9 +45,10 @@ pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
 ) -> CuResult {
     guard("cuStreamBeginCaptureToGraph", || {
         // SAFETY: the caller's arguments.
-        capture::begin(|| unsafe {
-            real::cuStreamBeginCaptureToGraph(stream, graph, deps, data, n, mode)
-        })
+        let real =
+            || unsafe { real::cuStreamBeginCaptureToGraph(stream, graph, deps, data, n, mode) };
+        let _cx = enter!(books, real);
+        capture::begin(real)
     })
 }
 
@@ -60,9 +65,11 @@ pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
 ) -> CuResult {
     guard("cuStreamBeginCaptureToGraph", || {
         // SAFETY: the caller's arguments.
-        capture::begin(|| unsafe {
+        let real = || unsafe {
             real::cuStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, n, mode)
-        })
+        };
+        let _cx = enter!(books, real);
+        capture::begin(real)
     })
 }
 
@@ -72,7 +79,9 @@ pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
 pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) -> CuResult {
     guard("cuStreamEndCapture", || {
         // SAFETY: the caller's arguments.
-        capture::end(|| unsafe { real::cuStreamEndCapture(stream, graph) })
+        let real = || unsafe { real::cuStreamEndCapture(stream, graph) };
+        let _cx = enter!(books, real);
+        capture::end(real)
     })
 }
 
@@ -82,13 +91,15 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) 
 pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle) -> CuResult {
     guard("cuStreamEndCapture", || {
         // SAFETY: the caller's arguments.
-        capture::end(|| unsafe { real::cuStreamEndCapture_ptsz(stream, graph) })
+        let real = || unsafe { real::cuStreamEndCapture_ptsz(stream, graph) };
+        let _cx = enter!(books, real);
+        capture::end(real)
     })
 }
 
 /// Remembers the memory and free nodes of a graph just instantiated into `exec`.
-fn instantiated(exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
-    if rc.is_ok() && !exec.is_null() && runtime::mode() == Mode::Budgeted {
+fn instantiated(_cx: Cx, exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
+    if rc.is_ok() && !exec.is_null() {
         // SAFETY: the driver wrote the new executable graph.
         graphs::instantiated(unsafe { *exec }, graphs::memory_of(graph));
     }
@@ -105,8 +116,9 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
 ) -> CuResult {
     guard("cuGraphInstantiate", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuGraphInstantiateWithFlags(exec, graph, flags) };
-        instantiated(exec, graph, rc)
+        let instantiate = || unsafe { real::cuGraphInstantiateWithFlags(exec, graph, flags) };
+        let cx = enter!(books, instantiate);
+        instantiated(cx, exec, graph, instantiate())
     })
 }
 
@@ -120,8 +132,9 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
 ) -> CuResult {
     guard("cuGraphInstantiate", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuGraphInstantiateWithParams(exec, graph, params) };
-        instantiated(exec, graph, rc)
+        let instantiate = || unsafe { real::cuGraphInstantiateWithParams(exec, graph, params) };
+        let cx = enter!(books, instantiate);
+        instantiated(cx, exec, graph, instantiate())
     })
 }
 
@@ -135,8 +148,10 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
 ) -> CuResult {
     guard("cuGraphInstantiate", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuGraphInstantiateWithParams_ptsz(exec, graph, params) };
-        instantiated(exec, graph, rc)
+        let instantiate =
+            || unsafe { real::cuGraphInstantiateWithParams_ptsz(exec, graph, params) };
+        let cx = enter!(books, instantiate);
+        instantiated(cx, exec, graph, instantiate())
     })
 }
 
@@ -152,8 +167,10 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
 ) -> CuResult {
     guard("cuGraphInstantiate", || {
         // SAFETY: the caller's arguments.
-        let rc = unsafe { real::cuGraphInstantiate_v2(exec, graph, error_node, log, log_size) };
-        instantiated(exec, graph, rc)
+        let instantiate =
+            || unsafe { real::cuGraphInstantiate_v2(exec, graph, error_node, log, log_size) };
+        let cx = enter!(books, instantiate);
+        instantiated(cx, exec, graph, instantiate())
     })
 }
 
@@ -163,7 +180,9 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CuResult {
     guard("cuGraphExecDestroy", || {
         // SAFETY: the caller's argument.
-        let rc = unsafe { real::cuGraphExecDestroy(exec) };
+        let destroy = || unsafe { real::cuGraphExecDestroy(exec) };
+        let _cx = enter!(books, destroy);
+        let rc = destroy();
         if rc.is_ok() {
             graphs::destroyed(exec);
         }
@@ -177,9 +196,9 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CuResult {
 pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphUpload", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphUpload", false, exec, stream, || unsafe {
-            real::cuGraphUpload(exec, stream)
-        })
+        let launch = || unsafe { real::cuGraphUpload(exec, stream) };
+        let cx = enter!(books, launch);
+        flow::launch_graph(cx, "cuGraphUpload", false, exec, stream, launch)
     })
 }
 
@@ -189,9 +208,9 @@ pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CuResult
 pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphUpload", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphUpload", false, exec, stream, || unsafe {
-            real::cuGraphUpload_ptsz(exec, stream)
-        })
+        let launch = || unsafe { real::cuGraphUpload_ptsz(exec, stream) };
+        let cx = enter!(books, launch);
+        flow::launch_graph(cx, "cuGraphUpload", false, exec, stream, launch)
     })
 }
 
@@ -201,9 +220,9 @@ pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: Handle, stream: Handle) -> CuR
 pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphLaunch", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphLaunch", true, exec, stream, || unsafe {
-            real::cuGraphLaunch(exec, stream)
-        })
+        let launch = || unsafe { real::cuGraphLaunch(exec, stream) };
+        let cx = enter!(books, launch);
+        flow::launch_graph(cx, "cuGraphLaunch", true, exec, stream, launch)
     })
 }
 
@@ -213,9 +232,9 @@ pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CuResult
 pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuResult {
     guard("cuGraphLaunch", || {
         // SAFETY: the caller's arguments.
-        enforce::launch_graph("cuGraphLaunch", true, exec, stream, || unsafe {
-            real::cuGraphLaunch_ptsz(exec, stream)
-        })
+        let launch = || unsafe { real::cuGraphLaunch_ptsz(exec, stream) };
+        let cx = enter!(books, launch);
+        flow::launch_graph(cx, "cuGraphLaunch", true, exec, stream, launch)
     })
 }
 
@@ -227,9 +246,11 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuR
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: Device) -> CuResult {
     guard("cuDeviceGraphMemTrim", || {
         // SAFETY: the caller's argument.
-        let rc = enforce::program_trim(|| unsafe { real::cuDeviceGraphMemTrim(device) });
-        if rc.is_ok() && device >= 0 && runtime::mode() == Mode::Budgeted {
-            enforce::graph_memory_changed(device as usize);
+        let trim = || unsafe { real::cuDeviceGraphMemTrim(device) };
+        let _cx = enter!(books, trim);
+        let rc = crate::admit::program_trim(trim);
+        if rc.is_ok() && device >= 0 {
+            flow::graph_memory_changed(device as usize);
         }
         rc
     })

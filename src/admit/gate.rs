@@ -21,7 +21,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, compiler_fence};
 
-use crate::ledger::LANES;
+use crate::books::ledger::LANES;
 
 /// One counter per lane, each on a cache line of its own: lane 0 is shared by the
 /// threads that have no lane of their own.
@@ -50,10 +50,10 @@ static ASYMMETRIC: &AtomicBool = &SHARED.asymmetric;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 
-/// Registers the process for expedited private memory barriers (once, on a thread of
-/// the library's: see `publish::start`). Until it has, and where a kernel older than
-/// 4.14 or a seccomp profile refuses, the gate fences on the allocation's side; either
-/// way is correct at any moment, since a switch uses `membarrier` only once the
+/// Registers the process for expedited private memory barriers (once, on the library's
+/// background thread: see [`crate::lifecycle`]). Until it has, and where a kernel older
+/// than 4.14 or a seccomp profile refuses, the gate fences on the allocation's side;
+/// either way is correct at any moment, since a switch uses `membarrier` only once the
 /// registration is complete.
 pub fn prepare() {
     // SAFETY: membarrier takes two integer arguments and touches no memory of ours.
@@ -67,7 +67,7 @@ pub fn prepare() {
     if rc == 0 {
         ASYMMETRIC.store(true, Ordering::SeqCst);
     }
-    crate::report::line(
+    crate::sys::log::line(
         crate::config::LogLevel::Debug,
         format_args!(
             "membarrier: {}",

@@ -1,6 +1,10 @@
 //! The ledger: what each device's budget is, what the process holds on it, and which
 //! pointer holds how much.
 //!
+//! A device's budget is a [`Budget`]: bytes, none, or not worked out yet; which one is
+//! the ledger's own encoding and never leaves it. In a job, the device's books are also
+//! the job's ([`crate::books::job`]): a reservation must fit the job's budget too.
+//!
 //! Pure and thread-safe; it never calls the driver. Admission is a reservation taken
 //! atomically *before* the real call ([`DeviceLedger::reserve`]): two threads racing for
 //! the last bytes can never both pass. The reservation is committed when the driver
@@ -17,16 +21,27 @@
 
 use std::collections::BTreeMap;
 
-use crate::lock::{Guard, Lock};
+use crate::sys::lock::{Guard, Lock};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-/// Devices the ledger can budget; higher ordinals pass through unbudgeted.
-pub const MAX_DEVICES: usize = crate::config::MAX_ORDINAL as usize + 1;
+pub use crate::sys::driver::MAX_DEVICES;
 
-/// `budget` of a device that has no budget.
-pub const UNBUDGETED: u64 = u64::MAX;
-/// `budget` of a device whose budget has not been worked out yet.
-pub const UNRESOLVED: u64 = u64::MAX - 1;
+/// A device's budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// Not worked out yet (a percentage waits for the device's size).
+    Unresolved,
+    /// The device has no budget: its calls pass through.
+    Unbudgeted,
+    /// At most this many bytes.
+    Bytes(u64),
+}
+
+/// How [`DeviceLedger`] keeps a [`Budget`] in one atomic: the two values no budget in
+/// bytes takes (a budget is kept below them), each larger than any budget, so that a
+/// reservation against either always fits.
+const UNBUDGETED: u64 = u64::MAX;
+const UNRESOLVED: u64 = u64::MAX - 1;
 
 /// A refused request, with what the device held and allowed at that moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,13 +114,28 @@ impl DeviceLedger {
         }
     }
 
-    /// The budget in bytes, `UNBUDGETED`, or `UNRESOLVED`.
-    pub fn budget(&self) -> u64 {
+    /// The device's budget.
+    pub fn budget(&self) -> Budget {
+        match self.limit() {
+            UNBUDGETED => Budget::Unbudgeted,
+            UNRESOLVED => Budget::Unresolved,
+            bytes => Budget::Bytes(bytes),
+        }
+    }
+
+    /// The budget in bytes a request is measured against: for a device without a budget
+    /// in bytes ([`Budget::Unbudgeted`], [`Budget::Unresolved`]) more than any request.
+    pub fn limit(&self) -> u64 {
         self.budget.load(Ordering::Relaxed)
     }
 
-    pub fn set_budget(&self, bytes: u64) {
-        self.budget.store(bytes, Ordering::Relaxed);
+    pub fn set_budget(&self, budget: Budget) {
+        let raw = match budget {
+            Budget::Unbudgeted => UNBUDGETED,
+            Budget::Unresolved => UNRESOLVED,
+            Budget::Bytes(bytes) => bytes.min(UNRESOLVED - 1),
+        };
+        self.budget.store(raw, Ordering::Relaxed);
     }
 
     pub fn used(&self) -> u64 {
@@ -127,7 +157,7 @@ impl DeviceLedger {
     /// Reserves `bytes` if they fit in the budget. Dropping the reservation without
     /// [`Reservation::commit`] gives the bytes back.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>, Denial> {
-        let budget = self.budget();
+        let budget = self.limit();
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let after = match used.checked_add(bytes) {
@@ -195,7 +225,7 @@ impl DeviceLedger {
         if let Some((job, index)) = self.job() {
             job.release(index, given);
         }
-        crate::wait::freed();
+        crate::sys::wait::freed();
     }
 
     /// Gives back `bytes` of the process's own use, stopping at zero; returns how much.
@@ -327,6 +357,11 @@ pub struct Reservation<'a> {
 }
 
 impl Reservation<'_> {
+    /// The bytes reserved.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// The allocation happened: the bytes stay charged. When the device's books were
     /// cleared meanwhile (its last context went away while the driver allocated), they
     /// were wiped with them and are charged again.
@@ -515,7 +550,8 @@ impl BankGuard<'_> {
     }
 }
 
-fn clamp_i64(v: u64) -> i64 {
+/// `v` as an `i64`, clamped (never wrapped) at `i64::MAX`.
+pub fn clamp_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
@@ -1010,7 +1046,7 @@ mod tests {
 
     fn device(budget: u64) -> DeviceLedger {
         let d = DeviceLedger::new();
-        d.set_budget(budget);
+        d.set_budget(Budget::Bytes(budget));
         d
     }
 
@@ -1055,7 +1091,7 @@ mod tests {
 
     #[test]
     fn a_request_that_overflows_is_refused() {
-        let d = device(UNBUDGETED - 2);
+        let d = device(u64::MAX);
         d.reserve(10).unwrap().commit();
         assert!(d.reserve(u64::MAX).is_err());
     }
@@ -1400,7 +1436,7 @@ mod tests {
     fn a_gathering_never_sees_a_failed_take_as_a_debt() {
         // Nothing is charged and nothing is taken, so every gathering must find the
         // shards empty. A deficit found there is settled as an allocation on its way to
-        // the driver and charged (enforce::settle_charge), with no admission against
+        // the driver and charged (flow::settle_charge), with no admission against
         // the budget: a failed 1020 MiB take that a gathering caught, between its
         // subtraction and its undo, was once charged that way, and its own request then
         // spent the charge (docs/soaks/2026-12-02 at 258b938, 884 MiB over a 1 GiB budget).
@@ -1568,7 +1604,7 @@ mod tests {
         assert_eq!(d.pool.charge(), 0);
         assert!(!d.pool.take(3, 1), "credit lent before the clear is void");
         assert_eq!(d.pool.collect().credit(), 0, "and so is the bank's");
-        assert_eq!(d.budget(), 1000);
+        assert_eq!(d.budget(), Budget::Bytes(1000));
         assert_eq!(d.peak(), 150);
         assert_eq!(d.denials(), 1);
     }
@@ -1578,9 +1614,9 @@ mod tests {
         assert!(PoolCredit::may_hold(0, 0));
         assert!(PoolCredit::may_hold(100, 100));
         assert!(!PoolCredit::may_hold(101, 100));
-        assert!(PoolCredit::may_hold(TAKE_MAX - 1, UNBUDGETED));
-        assert!(!PoolCredit::may_hold(TAKE_MAX, UNBUDGETED));
-        assert!(!PoolCredit::may_hold(u64::MAX, UNBUDGETED));
+        assert!(PoolCredit::may_hold(TAKE_MAX - 1, u64::MAX));
+        assert!(!PoolCredit::may_hold(TAKE_MAX, u64::MAX));
+        assert!(!PoolCredit::may_hold(u64::MAX, u64::MAX));
     }
 
     #[test]

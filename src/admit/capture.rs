@@ -9,7 +9,7 @@
 //!
 //! A stream-ordered allocation on a capturing stream is not memory yet: it becomes a
 //! memory node of the graph, whose memory is charged when the graph's memory is
-//! reserved (at upload or launch, [`crate::graphs`]). A stream-ordered free on a
+//! reserved (at upload or launch, [`crate::admit::graphs`]). A stream-ordered free on a
 //! capturing stream frees nothing until the graph runs, so the block stays charged.
 //!
 //! The library counts the captures it saw begin and not yet end ([`any`]): while there
@@ -18,7 +18,7 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::driver::{
+use crate::sys::driver::{
     CuResult, Handle, STREAM_CAPTURE_MODE_RELAXED, STREAM_CAPTURE_STATUS_NONE, real,
 };
 
@@ -84,14 +84,14 @@ pub fn end(real: impl FnOnce() -> CuResult) -> CuResult {
 /// came between the driver's start and the count would be refused and break it); not
 /// counted when the driver refuses it.
 ///
-/// The driver starts it with the gate closed and nobody inside ([`crate::gate`]): a
+/// The driver starts it with the gate closed and nobody inside ([`crate::admit::gate`]): a
 /// stream-ordered call that found no capture under way reaches the driver before the
 /// capture starts, or waits and looks again. Otherwise a free that found none, made on
 /// the stream just as its capture started, would become a node of the graph (nothing
 /// freed) with the block's charge given back.
 pub fn begin(real: impl FnOnce() -> CuResult) -> CuResult {
     ACTIVE.fetch_add(1, Ordering::AcqRel);
-    let rc = crate::gate::closed(real);
+    let rc = crate::admit::gate::closed(real);
     if !rc.is_ok() {
         let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
             Some(n.saturating_sub(1))
