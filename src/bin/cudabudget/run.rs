@@ -78,13 +78,12 @@ pub struct RunArgs {
 /// The forms of `--on-exceed`: those the library's configuration accepts, no more.
 fn on_exceed_help() -> String {
     let mut help = "What an allocation past the budget does: \"fail\" (the default: \
-                    CUDA_ERROR_OUT_OF_MEMORY) or \"wait:<duration>\" (wait up to e.g. \
-                    wait:30s, 500ms, 2m or 1h for room, then fail)"
+                    CUDA_ERROR_OUT_OF_MEMORY) or \"wait:<duration>\" (wait that long for \
+                    room, then fail; e.g. wait:30s, wait:500ms, wait:2m)"
         .to_string();
     if config::validate_on_exceed("warn").is_ok() {
         help.push_str(", or \"warn\" (admit, but log, count and record the event)");
     }
-    help.push('.');
     help
 }
 
