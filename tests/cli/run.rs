@@ -91,8 +91,12 @@ fn marker(test: &str) -> PathBuf {
     path
 }
 
+/// `run`'s own failures, usage errors included (as `docker run`): the command's own
+/// status is never one of them unless it chose it.
+const RUN_FAILED: i32 = 125;
+
 /// Runs `cudabudget run <options> -- touch <marker>` and asserts it was refused with
-/// exit 2, a one-line explanation, and without running the command.
+/// exit 125, a one-line explanation, and without running the command.
 fn assert_refused_before_running(test: &str, options: &[&str], envs: &[(&str, &str)]) -> String {
     let marker = marker(test);
     let marker_arg = marker.to_str().expect("temp dir is UTF-8");
@@ -101,7 +105,7 @@ fn assert_refused_before_running(test: &str, options: &[&str], envs: &[(&str, &s
     args.extend_from_slice(&["--", "touch", marker_arg]);
     let out = output(cudabudget(&args).envs(envs.iter().copied()));
     let message = stderr(&out);
-    assert_eq!(out.status.code(), Some(2), "stderr: {message}");
+    assert_eq!(out.status.code(), Some(RUN_FAILED), "stderr: {message}");
     assert!(!marker.exists(), "the command ran despite: {message}");
     assert!(message.starts_with("cudabudget: "), "{message}");
     assert_eq!(message.trim_end().lines().count(), 1, "{message}");
@@ -151,7 +155,7 @@ fn without_a_library_beside_the_binary_or_cudabudget_lib_nothing_runs() {
     std::fs::copy(BIN, &bin).unwrap();
     let marker = marker("bare");
     let out = output(cli(&bin, &["run", "--limit", "8Gi", "--", "touch"]).arg(&marker));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(RUN_FAILED), "{}", stderr(&out));
     assert!(!marker.exists());
     assert!(stderr(&out).contains("CUDABUDGET_LIB"), "{}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
@@ -345,7 +349,7 @@ fn cudabudget_lib_names_the_library_to_preload() {
 }
 
 #[test]
-fn a_command_that_cannot_be_executed_exits_127() {
+fn a_command_that_does_not_exist_exits_127() {
     let out = output(cudabudget(&[
         "run",
         "--limit",
@@ -372,6 +376,105 @@ fn version_and_help_are_available() {
 }
 
 #[test]
+fn the_commands_own_exit_status_is_run_s_exit_status() {
+    for status in [0, 1, 2, 3, 124, 125, 126, 127, 200] {
+        let out = output(cudabudget(&[
+            "run",
+            "--limit",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            &format!("exit {status}"),
+        ]));
+        assert_eq!(out.status.code(), Some(status), "{}", stderr(&out));
+        assert_eq!(stderr(&out), "", "run says nothing when the command ran");
+    }
+}
+
+#[test]
+fn run_s_own_usage_errors_exit_125_and_other_commands_keep_2() {
+    let marker = marker("usage-125");
+    let marker = marker.to_str().unwrap();
+    for args in [
+        &["run", "--limit", "1Gi"][..], // no command
+        &["run", "--limit"][..],        // an option without its value
+        &["run", "--limit", "1Gi", "--scope"][..],
+        &["run", "--bogus", "--", "touch", marker][..],
+        &[
+            "run", "--limit", "1Gi", "--limit", "2Gi", "--", "touch", marker,
+        ][..],
+    ] {
+        let out = output(cudabudget(args));
+        let message = stderr(&out);
+        assert_eq!(out.status.code(), Some(RUN_FAILED), "{args:?}: {message}");
+        assert!(message.starts_with("cudabudget: "), "{args:?}: {message}");
+        assert!(!Path::new(marker).exists(), "{args:?} ran the command");
+    }
+    for args in [&["status", "--bogus"][..], &["bogus"][..], &[][..]] {
+        let out = output(cudabudget(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+    // Help is not a failure.
+    assert_eq!(
+        output(cudabudget(&["run", "--help"])).status.code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn run_help_shows_every_form_the_library_accepts_and_the_exit_statuses() {
+    let out = output(cudabudget(&["run", "--help"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let help = stdout(&out);
+    for form in [
+        "\"process\"",
+        "\"job:<name>\"",
+        "\"fail\"",
+        "\"wait:<duration>\"",
+        "--scope job:train",
+        "--on-exceed wait:30s",
+        "125",
+        "126",
+        "127",
+    ] {
+        assert!(help.contains(form), "run --help lacks {form}:\n{help}");
+    }
+    // The forms shown are those the library takes: "warn" when (and only when) a
+    // budget with --on-exceed warn is accepted.
+    let warn = output(cudabudget(&[
+        "run",
+        "--limit",
+        "1Gi",
+        "--on-exceed",
+        "warn",
+        "--",
+        "true",
+    ]));
+    assert_eq!(
+        help.contains("\"warn\""),
+        warn.status.success(),
+        "--on-exceed warn: {}\n{help}",
+        stderr(&warn)
+    );
+    for form in ["\"job:<name>\"", "\"wait:<duration>\""] {
+        let value = form
+            .trim_matches('"')
+            .replace("<name>", "train")
+            .replace("<duration>", "30s");
+        let option = if value.starts_with("job") {
+            "--scope"
+        } else {
+            "--on-exceed"
+        };
+        let out = output(cudabudget(&[
+            "run", "--limit", "1Gi", option, &value, "--", "true",
+        ]));
+        assert!(out.status.success(), "{option} {value}: {}", stderr(&out));
+    }
+}
+
+#[test]
 fn a_mistyped_option_is_a_usage_error_that_names_the_right_one() {
     for (test, options, meant) in [
         (
@@ -387,7 +490,7 @@ fn a_mistyped_option_is_a_usage_error_that_names_the_right_one() {
         args.extend_from_slice(&["--", "touch", marker.to_str().unwrap()]);
         let out = output(cudabudget(&args));
         let message = stderr(&out);
-        assert_eq!(out.status.code(), Some(2), "{message}");
+        assert_eq!(out.status.code(), Some(RUN_FAILED), "{message}");
         assert!(!marker.exists(), "the command ran despite: {message}");
         assert!(
             message.starts_with(&format!("cudabudget: unexpected argument '{}'", options[0])),

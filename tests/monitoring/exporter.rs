@@ -173,6 +173,25 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64>
         .map(|s| s.value)
 }
 
+/// This user's id, as `budget_uid` carries it.
+fn uid() -> String {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }.to_string()
+}
+
+/// The labels of a series by default: the workload's, the budget's owner, the device.
+const SERIES_LABELS: [&str; 7] = [
+    "budget_job",
+    "budget_uid",
+    "container",
+    "device_index",
+    "device_uuid",
+    "namespace",
+    "pod",
+];
+
+const UUID: &str = "GPU-faceb00c-0000-0000-0000-000000000000";
+
 #[test]
 fn live_processes_are_exported_in_the_prometheus_text_format() {
     let trainer = Budgeted::start(
@@ -186,7 +205,7 @@ fn live_processes_are_exported_in_the_prometheus_text_format() {
     );
     let server = Budgeted::start(
         &["alloc:512Mi", "sleep:30000"],
-        &[("CUDABUDGET_LIMIT", "1Gi")],
+        &[("CUDABUDGET_LIMIT", "1Gi"), ("POD_NAME", "server-0")],
     );
     trainer.wait_for(1, |p| p["devices"][0]["denials"] == 1);
     server.wait_for(1, |p| p["devices"][0]["used_bytes"] == 512 * MI);
@@ -196,15 +215,15 @@ fn live_processes_are_exported_in_the_prometheus_text_format() {
     assert_eq!(code, 200);
     let samples = parse(&body);
 
-    let pid = trainer.pid().to_string();
+    let uid = uid();
     let trainer_labels = [
-        ("pid", pid.as_str()),
-        ("job", ""),
-        ("device_index", "0"),
-        ("device_uuid", "GPU-faceb00c-0000-0000-0000-000000000000"),
         ("namespace", "ml"),
         ("pod", "trainer-0"),
         ("container", "main"),
+        ("budget_uid", uid.as_str()),
+        ("budget_job", ""),
+        ("device_index", "0"),
+        ("device_uuid", UUID),
     ];
     let get = |name: &str| value(&samples, name, &trainer_labels);
     assert_eq!(
@@ -216,14 +235,30 @@ fn live_processes_are_exported_in_the_prometheus_text_format() {
     assert_eq!(get("cudabudget_memory_peak_bytes"), Some(GI as f64));
     assert_eq!(get("cudabudget_denials_total"), Some(1.0));
     assert_eq!(get("cudabudget_waits_total"), Some(0.0));
-    assert_eq!(get("cudabudget_process_info"), Some(1.0));
 
-    let server_pid = server.pid().to_string();
+    // Exactly the series labels: no pid, no command, and never `job`, which is
+    // Prometheus' own target label.
+    for sample in samples
+        .iter()
+        .filter(|s| s.name.starts_with("cudabudget_memory_") || s.name.ends_with("_total"))
+    {
+        let names: Vec<&str> = sample.labels.keys().map(String::as_str).collect();
+        assert_eq!(names, SERIES_LABELS, "{}: {:?}", sample.name, sample.labels);
+    }
+    assert!(
+        !samples.iter().any(|s| s.name == "cudabudget_process_info"),
+        "commands only with --per-process: {body}"
+    );
+    assert!(
+        !body.contains("pid=") && !body.contains("command="),
+        "{body}"
+    );
+
     assert_eq!(
         value(
             &samples,
             "cudabudget_memory_used_bytes",
-            &[("pid", &server_pid), ("pod", "")]
+            &[("pod", "server-0"), ("namespace", ""), ("container", "")]
         ),
         Some(512.0 * MI as f64)
     );
@@ -232,7 +267,7 @@ fn live_processes_are_exported_in_the_prometheus_text_format() {
         value(
             &samples,
             "cudabudget_gpu_memory_total_bytes",
-            &[("device_uuid", "GPU-faceb00c-0000-0000-0000-000000000000")]
+            &[("device_uuid", UUID)]
         ),
         Some(80.0 * GI as f64)
     );
@@ -246,6 +281,151 @@ fn live_processes_are_exported_in_the_prometheus_text_format() {
         !samples.iter().any(|s| s.name.starts_with("vGPU_")),
         "HAMi's names only when asked"
     );
+}
+
+/// Two members of a job and two processes with budgets of their own, all in one
+/// container: a series for the job (its budget once) and one for the others (their
+/// budgets summed); HAMi's per-container limit adds the two.
+#[test]
+fn a_container_s_processes_add_up_with_a_job_s_budget_counted_once() {
+    let pod = format!("add-up-{}", std::process::id());
+    let job = format!("add-up-{}", std::process::id());
+    let scope = format!("job:{job}");
+    let names = [
+        ("POD_NAME", pod.as_str()),
+        ("POD_NAMESPACE", "team-a"),
+        ("CONTAINER_NAME", "worker"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&str, &str)> {
+        names.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    let mut member_envs = with(&[("CUDABUDGET_LIMIT", "4Gi")]);
+    member_envs.push(("CUDABUDGET_SCOPE", scope.as_str()));
+    let members = [
+        Budgeted::start(&["alloc:1Gi", "sleep:30000"], &member_envs),
+        Budgeted::start(&["alloc:512Mi", "sleep:30000"], &member_envs),
+    ];
+    let own_envs = with(&[("CUDABUDGET_LIMIT", "1Gi")]);
+    let own = [
+        Budgeted::start(&["alloc:256Mi", "sleep:30000"], &own_envs),
+        Budgeted::start(&["alloc:256Mi", "sleep:30000"], &own_envs),
+    ];
+    for process in members.iter().chain(&own) {
+        process.wait_for(1, |p| p["devices"][0]["used_bytes"].as_u64() > Some(0));
+    }
+
+    let exporter = Exporter::start(&["--hami-names"]);
+    let (code, body) = exporter.get("/metrics");
+    assert_eq!(code, 200);
+    let samples = parse(&body);
+    let uid = uid();
+    let series = |budget_job: &str, name: &str| {
+        let labels = [
+            ("namespace", "team-a"),
+            ("pod", pod.as_str()),
+            ("container", "worker"),
+            ("budget_uid", uid.as_str()),
+            ("budget_job", budget_job),
+            ("device_index", "0"),
+        ];
+        let found: Vec<f64> = samples
+            .iter()
+            .filter(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|s| s.value)
+            .collect();
+        assert_eq!(found.len(), 1, "{name} {labels:?}: {found:?}\n{body}");
+        found[0]
+    };
+    assert_eq!(
+        series(&job, "cudabudget_memory_used_bytes"),
+        1.5 * GI as f64
+    );
+    assert_eq!(
+        series(&job, "cudabudget_memory_limit_bytes"),
+        4.0 * GI as f64
+    );
+    assert_eq!(
+        series("", "cudabudget_memory_used_bytes"),
+        512.0 * MI as f64
+    );
+    assert_eq!(series("", "cudabudget_memory_limit_bytes"), 2.0 * GI as f64);
+    let hami = [("podname", pod.as_str()), ("ctrname", "worker")];
+    assert_eq!(
+        value(&samples, "vGPU_device_memory_usage_in_bytes", &hami),
+        Some(2.0 * GI as f64),
+        "{body}"
+    );
+    assert_eq!(
+        value(&samples, "vGPU_device_memory_limit_in_bytes", &hami),
+        Some(6.0 * GI as f64),
+        "{body}"
+    );
+
+    // With --per-process: a series per process (pid) and each one's command.
+    let exporter = Exporter::start(&["--per-process"]);
+    let samples = parse(&exporter.get("/metrics").1);
+    for process in members.iter().chain(&own) {
+        let pid = process.pid().to_string();
+        let labels = [("pod", pod.as_str()), ("pid", pid.as_str())];
+        let limit = value(&samples, "cudabudget_memory_limit_bytes", &labels);
+        let expected = if members.iter().any(|m| m.pid() == process.pid()) {
+            4.0
+        } else {
+            1.0
+        };
+        assert_eq!(limit, Some(expected * GI as f64), "pid {pid}");
+        let info = samples
+            .iter()
+            .find(|s| s.name == "cudabudget_process_info" && s.labels["pid"] == pid)
+            .unwrap_or_else(|| panic!("no cudabudget_process_info for pid {pid}"));
+        assert!(!info.labels["command"].is_empty(), "{:?}", info.labels);
+        let mut names: Vec<&str> = info.labels.keys().map(String::as_str).collect();
+        names.retain(|n| !["pid", "command"].contains(n));
+        assert_eq!(names, SERIES_LABELS);
+    }
+}
+
+/// A process that exits takes its use and budget out of its container's series, but
+/// not its denials: the counter does not go back (Prometheus would read a reset, and
+/// count the remaining denials again).
+#[test]
+fn a_series_denials_do_not_go_back_when_one_of_its_processes_exits() {
+    let pod = format!("counters-{}", std::process::id());
+    let envs = [("CUDABUDGET_LIMIT", "1Gi"), ("POD_NAME", pod.as_str())];
+    let mut leaving = Budgeted::start(&["alloc:512Mi", "alloc:1Gi", "sleep:30000"], &envs);
+    let staying = Budgeted::start(
+        &["alloc:256Mi", "alloc:1Gi", "alloc:1Gi", "sleep:30000"],
+        &envs,
+    );
+    leaving.wait_for(1, |p| p["devices"][0]["denials"] == 1);
+    staying.wait_for(1, |p| p["devices"][0]["denials"] == 2);
+    let exporter = Exporter::start(&[]);
+    let labels = [("pod", pod.as_str())];
+    let scrape = |name: &str| value(&parse(&exporter.get("/metrics").1), name, &labels);
+    assert_eq!(scrape("cudabudget_denials_total"), Some(3.0));
+    assert_eq!(
+        scrape("cudabudget_memory_limit_bytes"),
+        Some(2.0 * GI as f64)
+    );
+    leaving.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scrape("cudabudget_memory_limit_bytes") != Some(GI as f64) {
+        assert!(
+            Instant::now() < deadline,
+            "the exited process is still counted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        scrape("cudabudget_memory_used_bytes"),
+        Some(256.0 * MI as f64)
+    );
+    assert_eq!(scrape("cudabudget_denials_total"), Some(3.0));
 }
 
 #[test]
@@ -347,6 +527,24 @@ fn the_dashboard_and_alerts_use_only_metrics_the_exporter_serves() {
                 served.contains(&name),
                 "{file} uses {name}, which is not served: {served:?}"
             );
+        }
+        // The series' labels: no pid (not served by default), and the job is budget_job
+        // (`job` is the scrape job's).
+        for label in [
+            "pid",
+            "{{job}}",
+            "$labels.job",
+            "by (job",
+            "on (job",
+            ", job)",
+            ", job,",
+            "{job=",
+            ",job=",
+            " job=",
+            "\"job\"",
+        ] {
+            let found = text.replace("budget_job", "budget_");
+            assert!(!found.contains(label), "{file} uses {label:?}");
         }
     }
 }

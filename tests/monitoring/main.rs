@@ -3,6 +3,7 @@
 //! format (over TLS and with basic authentication when configured), and every denial is
 //! one JSON line in the events file.
 
+mod alerts;
 mod events;
 mod exporter;
 mod status;

@@ -26,7 +26,8 @@ use std::sync::LazyLock;
 
 use clap::{Parser, Subcommand};
 
-/// Usage errors and refusals before anything ran, as clap reports its own.
+/// Usage errors and refusals before anything ran, as clap reports its own (`run`'s are
+/// [`run::EXIT_RUN_FAILED`], so that they are not taken for the command's).
 pub const EXIT_USAGE: u8 = 2;
 /// The command exists but cannot be executed, as shells report it.
 pub const EXIT_CANNOT_EXECUTE: u8 = 126;
@@ -187,7 +188,8 @@ fn without_own_preload() {
 }
 
 /// clap's own messages, in this tool's style: "cudabudget: unexpected argument …" with
-/// clap's tip (the option that was probably meant) and usage below; exit 2.
+/// clap's tip (the option that was probably meant) and usage below; exit 2 (`run`: 125,
+/// its own failures' status).
 fn clap_error(error: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     if matches!(
@@ -202,5 +204,8 @@ fn clap_error(error: clap::Error) -> ExitCode {
     let text = error.render().to_string();
     let text = text.strip_prefix("error: ").unwrap_or(&text);
     eprint!("cudabudget: {text}");
+    if run::asked_for(std::env::args_os()) {
+        return ExitCode::from(run::EXIT_RUN_FAILED);
+    }
     ExitCode::from(EXIT_USAGE)
 }

@@ -1,5 +1,10 @@
 //! `cudabudget run`: validates the budget, checks that the library loads here, puts it in
 //! front of `LD_PRELOAD` and `exec`s the command.
+//!
+//! Exit status, as `docker run` has it, so that the command's own status is never
+//! mistaken for `run`'s: 125 for every failure of `run` itself (usage errors included:
+//! nothing ran), 126 when the command cannot be executed, 127 when it is not found;
+//! otherwise the process became the command and its status is the command's.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -10,6 +15,9 @@ use std::process::Command;
 use clap::Args;
 
 use crate::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, config, library, quantity, say, usage};
+
+/// `run`'s own failures, bad options and usage included: the command did not run.
+pub const EXIT_RUN_FAILED: u8 = 125;
 
 const QUANTITY_EXAMPLES: &str = "examples: 20Gi, 512Mi, 8GB, 40%";
 
@@ -25,12 +33,18 @@ binary carries (written once to a per-user cache directory: $XDG_CACHE_HOME, \
 $HOME/.cache, $XDG_RUNTIME_DIR or $TMPDIR; when another user holds the name there, a \
 directory of yours with an unpredictable name, and one line says what was in the way). \
 CMD is not started when the library would not load here (run `cudabudget doctor` to \
-see why), nor when another user could change it (exit 125).
+see why), nor when another user could change it.
+
+Exit status: 125 when `run` itself fails (a bad or missing option, a budget the library \
+would refuse, no library that can be preloaded here): CMD did not run; 126 when CMD \
+cannot be executed; 127 when CMD is not found; otherwise CMD's own status.
 
 Examples:
   cudabudget run --limit 20Gi -- python train.py
   cudabudget run --limit 8GB --limit-device 0=40% -- ./a.out
-  cudabudget run --limit-device 1=4Gi -- python serve.py";
+  cudabudget run --limit-device 1=4Gi -- python serve.py
+  cudabudget run --limit 40Gi --scope job:train -- torchrun --nproc-per-node 2 train.py
+  cudabudget run --limit 20Gi --on-exceed wait:30s -- python infer.py";
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -42,12 +56,13 @@ pub struct RunArgs {
     #[arg(long = "limit-device", value_name = "N=Q")]
     limit_device: Vec<String>,
 
-    /// Who shares the budget: "process" (the default).
+    /// Who shares the budget: "process" (the default: this process alone) or
+    /// "job:<name>" (every process of yours that names the job shares one budget per
+    /// device; name: 1 to 64 letters, digits, '.', '_' or '-').
     #[arg(long, value_name = "S")]
     scope: Option<String>,
 
-    /// What a refused allocation does: "fail" (the default).
-    #[arg(long = "on-exceed", value_name = "P")]
+    #[arg(long = "on-exceed", value_name = "P", help = on_exceed_help())]
     on_exceed: Option<String>,
 
     /// The command to run, and its arguments.
@@ -60,8 +75,37 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
+/// The forms of `--on-exceed`: those the library's configuration accepts, no more.
+fn on_exceed_help() -> String {
+    let mut help = "What an allocation past the budget does: \"fail\" (the default: \
+                    CUDA_ERROR_OUT_OF_MEMORY) or \"wait:<duration>\" (wait that long for \
+                    room, then fail; e.g. wait:30s, wait:500ms, wait:2m)"
+        .to_string();
+    if config::validate_on_exceed("warn").is_ok() {
+        help.push_str(", or \"warn\" (admit, but log, count and record the event)");
+    }
+    help
+}
+
+/// Whether the command line `args` (this program's, its name first) asks for `run`:
+/// its usage errors exit [`EXIT_RUN_FAILED`], not clap's 2. The top level has no
+/// option that takes a value, so the subcommand is the first argument.
+pub fn asked_for(mut args: impl Iterator<Item = OsString>) -> bool {
+    args.nth(1).is_some_and(|first| first == "run")
+}
+
 /// Only returns when something went wrong: on success the process became CMD.
 pub fn run(args: RunArgs) -> Refusal {
+    let mut refusal = refusal(args);
+    // Whatever stopped `run` before the exec (its own checks, the library's place)
+    // is `run`'s failure; only the exec's own errors say something about CMD.
+    if refusal.status != EXIT_CANNOT_EXECUTE && refusal.status != EXIT_NOT_FOUND {
+        refusal.status = EXIT_RUN_FAILED;
+    }
+    refusal
+}
+
+fn refusal(args: RunArgs) -> Refusal {
     let variables = match budget_variables(&args) {
         Ok(variables) => variables,
         Err(refusal) => return refusal,

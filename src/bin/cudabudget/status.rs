@@ -74,6 +74,12 @@ pub struct ProcessJson {
     pub container: Option<String>,
     /// When the process last rewrote its record (milliseconds since the Unix epoch).
     pub updated_ms: u64,
+    /// With `pid_namespace`, what tells this process from an earlier one of its pid, or
+    /// one of another PID namespace (the exporter's counters follow processes by it).
+    #[serde(skip)]
+    pub start_time: u64,
+    #[serde(skip)]
+    pub pid_namespace: u64,
     pub devices: Vec<DeviceJson>,
 }
 
@@ -132,6 +138,8 @@ pub fn collect(nvml: Option<&Nvml>) -> StatusJson {
             pod: record.pod,
             container: record.container,
             updated_ms: record.updated_ms,
+            start_time: record.start_time,
+            pid_namespace: record.pid_namespace,
             devices: record
                 .devices
                 .into_iter()
