@@ -356,6 +356,7 @@ fn an_invalid_quantity_is_denied_with_a_message_naming_the_annotation() {
         "an example of a valid value: {message}"
     );
     assert_eq!(response["status"]["code"], 422, "{response}");
+    assert_eq!(response["status"]["status"], "Failure", "{response}");
     assert!(
         webhook
             .log()

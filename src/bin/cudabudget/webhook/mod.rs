@@ -341,6 +341,21 @@ async fn answer(
     Ok(reply(StatusCode::OK, "application/json", review))
 }
 
+/// `namespace/name` of the pod under review (its generateName prefix before it has a name).
+fn pod_name(request: &AdmissionRequest<Pod>) -> String {
+    let pod = request.object.as_ref().and_then(|p| {
+        p.metadata
+            .name
+            .clone()
+            .or_else(|| p.metadata.generate_name.clone())
+    });
+    format!(
+        "{}/{}",
+        request.namespace.as_deref().unwrap_or_default(),
+        pod.unwrap_or_default()
+    )
+}
+
 /// The AdmissionReview answering `body`, serialized.
 pub fn review(body: &[u8], places: &Places) -> Result<Vec<u8>, String> {
     let review: AdmissionReview<Pod> = serde_json::from_slice(body).map_err(|e| e.to_string())?;
@@ -363,22 +378,21 @@ pub fn review(body: &[u8], places: &Places) -> Result<Vec<u8>, String> {
         }
         Outcome::Denied(message) => {
             let mut response = response.deny(&message);
+            response.result.status = Some(kube_core::response::StatusSummary::Failure);
             response.result.code = 422;
             response.result.reason = "Invalid".to_string();
-            let pod = request.object.as_ref().and_then(|p| {
-                p.metadata
-                    .name
-                    .clone()
-                    .or_else(|| p.metadata.generate_name.clone())
-            });
             say(format!(
-                "webhook: denied pod {}/{}: {message}",
-                request.namespace.as_deref().unwrap_or_default(),
-                pod.unwrap_or_default()
+                "webhook: denied pod {}: {message}",
+                pod_name(&request)
             ));
             response
         }
         Outcome::Patched(ops) => {
+            say(format!(
+                "webhook: budgeted pod {} ({} changes)",
+                pod_name(&request),
+                ops.len()
+            ));
             let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
                 .map_err(|e| format!("the patch made is not a JSONPatch ({e}): a bug"))?;
             response
