@@ -23,10 +23,14 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A directory of this test's own.
+/// Where [`scratch`] puts `test`'s directory.
+fn scratch_path(test: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("cudabudget-webhook-{}-{test}", std::process::id()))
+}
+
+/// A directory of this test's own, empty.
 fn scratch(test: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("cudabudget-webhook-{}-{test}", std::process::id()));
+    let dir = scratch_path(test);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -93,9 +97,23 @@ impl Webhook {
         }
     }
 
-    /// (status code, head, body) of a request over TLS, trusting only the webhook's
-    /// certificate, as the API server trusts its caBundle.
-    fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    /// The status code of a request without a body, or `None` when the TLS handshake
+    /// fails (the server's certificate is not the one trusted).
+    fn try_request(&self, method: &str, path: &str) -> Option<u16> {
+        let (connection, tcp) = self.connect();
+        let mut stream = rustls::StreamOwned::new(connection, tcp);
+        let head =
+            format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).ok()?;
+        stream.flush().ok()?;
+        let mut response = Vec::new();
+        let _ = stream.read_to_end(&mut response);
+        (!response.is_empty()).then(|| split(&response).0)
+    }
+
+    /// A TLS client trusting only the webhook's certificate, as the API server trusts its
+    /// caBundle, and its connection.
+    fn connect(&self) -> (rustls::ClientConnection, TcpStream) {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, ServerName};
         let mut roots = rustls::RootCertStore::empty();
@@ -116,6 +134,12 @@ impl Webhook {
         .unwrap();
         let tcp = TcpStream::connect(&self.address).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        (connection, tcp)
+    }
+
+    /// (status code, head, body) of a request over TLS.
+    fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+        let (connection, tcp) = self.connect();
         let mut stream = rustls::StreamOwned::new(connection, tcp);
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
@@ -598,4 +622,52 @@ fn bad_options_are_refused_before_serving() {
         assert!(stderr.starts_with("cudabudget: "), "{stderr}");
         assert!(stderr.contains(named), "{named} not in {stderr}");
     }
+}
+
+#[test]
+fn only_the_creation_of_a_pod_is_changed() {
+    let webhook = Webhook::start("update");
+    let mut review = fixture("trainer.json");
+    review["request"]["operation"] = json!("UPDATE");
+    review["request"]["oldObject"] = review["request"]["object"].clone();
+    let response = webhook.review(&review);
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+}
+
+#[test]
+fn a_renewed_certificate_is_served_without_a_restart() {
+    let webhook = Webhook::start("renewal");
+    assert_eq!(webhook.try_request("GET", "/healthz"), Some(200));
+    let dir = scratch("renewal-new");
+    let renewed = self_signed(&dir);
+    // Written over the files in use, as the kubelet updates a mounted Secret.
+    let used = scratch_path("renewal");
+    for file in ["key.pem", "cert.pem"] {
+        let temporary = used.join(format!(".{file}.new"));
+        std::fs::copy(dir.join(file), &temporary).unwrap();
+        std::fs::rename(&temporary, used.join(file)).unwrap();
+    }
+    let mut webhook = webhook;
+    webhook.ca = renewed;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if webhook.try_request("GET", "/healthz").is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the renewed certificate is not served: {:?}",
+            webhook.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        webhook
+            .log()
+            .iter()
+            .any(|l| l.contains("serving the renewed certificate")),
+        "{:?}",
+        webhook.log()
+    );
 }

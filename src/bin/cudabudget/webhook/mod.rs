@@ -227,7 +227,8 @@ async fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| format!("cannot use the listening socket ({e})"))?;
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut reload = tokio::time::interval(RELOAD_EVERY);
+    let mut reload =
+        tokio::time::interval_at(tokio::time::Instant::now() + RELOAD_EVERY, RELOAD_EVERY);
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
