@@ -348,10 +348,15 @@ fn the_default_values_render_the_node_components_and_every_object_validates() {
                 "DaemonSet/cb-cudabudget-exporter",
                 "DaemonSet/cb-cudabudget-installer",
                 "Service/cb-cudabudget-exporter",
+                "Deployment/cb-cudabudget-webhook",
+                "Service/cb-cudabudget-webhook",
+                "Secret/cb-cudabudget-webhook-tls",
+                "PodDisruptionBudget/cb-cudabudget-webhook",
+                "MutatingWebhookConfiguration/cb-cudabudget-webhook",
             ]
             .map(String::from)
         ),
-        "without the monitoring.coreos.com API there is no ServiceMonitor or PrometheusRule, and the webhook is off"
+        "without the monitoring.coreos.com API there is no ServiceMonitor or PrometheusRule"
     );
 
     let objects = render(&tools, &with_monitoring(&[]));
@@ -411,6 +416,32 @@ fn every_switch_turned_still_renders_objects_that_validate() {
         .filter_map(Yaml::as_str)
         .collect();
     assert_eq!(args[..3], ["webhook", "--listen", "0.0.0.0:8443"]);
+    // The paths it writes into pods are those the installer makes on the nodes.
+    let values =
+        YamlLoader::load_from_str(&std::fs::read_to_string(fixture("every_switch.yaml")).unwrap())
+            .unwrap()
+            .remove(0);
+    let node = &values["node"];
+    assert_eq!(
+        option_of(&args, "--library-dir"),
+        Some(format!("{}/current", node["libraryDir"].as_str().unwrap()).as_str())
+    );
+    assert_eq!(
+        option_of(&args, "--runtime-dir"),
+        node["runtimeDir"].as_str()
+    );
+    assert_eq!(option_of(&args, "--job-dir"), node["jobDir"].as_str());
+    // Its own Secret and CA: none made.
+    assert!(!kinds(&objects).iter().any(|k| k.starts_with("Secret/")));
+    assert_eq!(
+        hook["clientConfig"]["caBundle"].as_str(),
+        Some("LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==")
+    );
+    let volumes = list(&pod_spec(deployment)["volumes"]);
+    assert_eq!(
+        volumes[0]["secret"]["secretName"].as_str(),
+        Some("cudabudget-webhook-tls")
+    );
 
     let exporter = find(&objects, "DaemonSet/budgets-exporter");
     let spec = pod_spec(exporter);
@@ -568,9 +599,12 @@ fn the_packaged_chart_renders_what_the_directory_renders() {
     let args = with_monitoring(&[]);
     let from_package: Vec<Value> = render_with(&tools.helm, &packaged, &args)
         .iter()
-        .map(json)
+        .map(without_generated_certificates)
         .collect();
-    let from_directory: Vec<Value> = render(&tools, &args).iter().map(json).collect();
+    let from_directory: Vec<Value> = render(&tools, &args)
+        .iter()
+        .map(without_generated_certificates)
+        .collect();
     assert_eq!(from_package, from_directory);
 }
 
@@ -675,7 +709,7 @@ fn values_that_would_put_files_in_the_wrong_place_or_are_misspelt_are_refused() 
             ("installer.version=../../etc", "installer.version"),
             ("image.repository=", "image.repository"),
             ("webhook.failurePolicy=fail", "webhook.failurePolicy"),
-            ("webhook.enabled=true", "webhook.tls.secretName"),
+            ("webhook.replicas=-1", "webhook.replicas"),
             // values.schema.json: a key the chart does not know is an error, not ignored.
             ("exporter.hamiName=true", "hamiName"),
             ("serviceMonitor.honorLabel=true", "honorLabel"),
@@ -691,6 +725,226 @@ fn values_that_would_put_files_in_the_wrong_place_or_are_misspelt_are_refused() 
             );
         }
     }
+}
+
+/// `object` as JSON, the certificates the chart makes afresh at each render blanked.
+fn without_generated_certificates(object: &Yaml) -> Value {
+    let mut object = json(object);
+    if object["kind"] == "Secret" && object["type"] == "kubernetes.io/tls" {
+        object["data"] = Value::Null;
+    }
+    if let Some(hooks) = object["webhooks"].as_array_mut() {
+        for hook in hooks {
+            hook["clientConfig"]["caBundle"] = Value::Null;
+        }
+    }
+    object
+}
+
+/// The value after `option` in a container's arguments.
+fn option_of<'a>(args: &[&'a str], option: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| *a == option)?;
+    args.get(at + 1).copied()
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let (mut bits, mut count) = (0u32, 0);
+    for c in text
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+    {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {text}"),
+        };
+        bits = (bits << 6) | u32::from(v);
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+            bits &= (1 << count) - 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_the_api_server_trusts()
+ {
+    let Some(tools) = tools("webhook") else {
+        return;
+    };
+    let objects = render(&tools, &[]);
+    let deployment = find(&objects, "Deployment/cb-cudabudget-webhook");
+    let webhook = container(deployment, "containers", "webhook");
+    let args: Vec<&str> = list(&webhook["args"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(
+        list(&webhook["command"])[0].as_str(),
+        Some("/opt/cudabudget/cudabudget")
+    );
+    assert_eq!(args[0], "webhook");
+    assert_eq!(
+        option_of(&args, "--library-dir"),
+        Some("/opt/cudabudget/current")
+    );
+    assert_eq!(
+        option_of(&args, "--runtime-dir"),
+        Some("/run/cudabudget/records")
+    );
+    assert_eq!(option_of(&args, "--job-dir"), Some("/run/cudabudget/jobs"));
+    let configuration = find(
+        &objects,
+        "MutatingWebhookConfiguration/cb-cudabudget-webhook",
+    );
+    let hook = &configuration["webhooks"][0];
+    assert_eq!(hook["failurePolicy"].as_str(), Some("Fail"));
+    assert_eq!(
+        hook["clientConfig"]["service"]["name"].as_str(),
+        Some("cb-cudabudget-webhook")
+    );
+
+    // The Secret the chart made, mounted where the arguments name the files.
+    let secret = find(&objects, "Secret/cb-cudabudget-webhook-tls");
+    assert_eq!(secret["type"].as_str(), Some("kubernetes.io/tls"));
+    let mount = list(&webhook["volumeMounts"])
+        .iter()
+        .find(|m| m["name"].as_str() == Some("tls"))
+        .expect("the TLS mount");
+    let dir = mount["mountPath"].as_str().unwrap();
+    assert_eq!(
+        option_of(&args, "--tls-cert"),
+        Some(format!("{dir}/tls.crt").as_str())
+    );
+    assert_eq!(
+        option_of(&args, "--tls-key"),
+        Some(format!("{dir}/tls.key").as_str())
+    );
+    let scratch = scratch("webhook");
+    for file in ["tls.crt", "tls.key"] {
+        let data = base64_decode(secret["data"][file].as_str().unwrap());
+        std::fs::write(scratch.join(file), data).unwrap();
+    }
+    let ca = base64_decode(
+        hook["clientConfig"]["caBundle"]
+            .as_str()
+            .expect("a caBundle"),
+    );
+    assert_eq!(
+        ca,
+        base64_decode(secret["data"]["ca.crt"].as_str().unwrap())
+    );
+
+    // The subcommand with the chart's arguments (on a free local port) and files answers
+    // a review over TLS, verified as the API server does: the caBundle as the only root,
+    // the Service's DNS name as the server's name.
+    let mut run_args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let listen = run_args.iter().position(|a| a == "--listen").unwrap() + 1;
+    run_args[listen] = "127.0.0.1:0".to_string();
+    for (option, file) in [("--tls-cert", "tls.crt"), ("--tls-key", "tls.key")] {
+        let at = run_args.iter().position(|a| a == option).unwrap() + 1;
+        run_args[at] = scratch.join(file).to_str().unwrap().to_string();
+    }
+    let mut child = Command::new(CLI)
+        .args(&run_args)
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the webhook");
+    let mut first = String::new();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut byte = [0u8; 1];
+    while stderr.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+        first.push(byte[0] as char);
+    }
+    let address = first
+        .strip_prefix("cudabudget: webhook listening on https://")
+        .and_then(|rest| rest.strip_suffix("/mutate"))
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0f4e3c2a-1b6d-4e8f-9a0b-1c2d3e4f5a6b",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ml",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice"},
+            "object": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "train", "namespace": "ml",
+                             "annotations": {"cudabudget.io/limit": "20Gi"}},
+                "spec": {"containers": [{"name": "train", "image": "pytorch",
+                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+            }
+        }
+    });
+    let body = serde_json::to_vec(&review).unwrap();
+    let service = format!("cb-cudabudget-webhook.{NAMESPACE}.svc");
+    let answer = post_tls(&address, &ca, &service, "/mutate", &body);
+    let _ = child.kill();
+    let _ = child.wait();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let answer: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let patch = base64_decode(answer["response"]["patch"].as_str().expect("a patch"));
+    let patch = String::from_utf8(patch).unwrap();
+    for wanted in [
+        "/opt/cudabudget/current",
+        "/run/cudabudget/records",
+        "/opt/cudabudget/libcudabudget.so",
+        "CUDABUDGET_RUNTIME_DIR",
+    ] {
+        assert!(patch.contains(wanted), "{wanted} not in {patch}");
+    }
+}
+
+/// The answer to a POST over TLS to `address`, trusting only `ca_pem` for `server_name`.
+fn post_tls(address: &str, ca_pem: &[u8], server_name: &str, path: &str, body: &[u8]) -> String {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connection = rustls::ClientConnection::new(
+        Arc::new(config),
+        ServerName::try_from(server_name.to_string()).unwrap(),
+    )
+    .unwrap();
+    let tcp = TcpStream::connect(address).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {server_name}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    String::from_utf8_lossy(&response).into_owned()
 }
 
 /// The library cargo built for this run (beside this test executable, in `deps/`).

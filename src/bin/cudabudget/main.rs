@@ -20,6 +20,8 @@ mod probe;
 mod records;
 mod run;
 mod status;
+mod tls;
+mod webhook;
 
 use std::process::ExitCode;
 use std::sync::LazyLock;
@@ -90,6 +92,9 @@ enum Command {
     /// Write the library (and this CLI) into DIR and print the LD_PRELOAD line to use.
     #[command(after_help = install::AFTER_HELP)]
     Install(install::InstallArgs),
+    /// Serve the Kubernetes admission webhook that budgets annotated pods (/mutate).
+    #[command(after_help = webhook::AFTER_HELP)]
+    Webhook(webhook::WebhookArgs),
     #[command(name = "__probe-preload", hide = true)]
     ProbePreload(probe::PreloadArgs),
     #[command(name = "__probe-alloc", hide = true)]
@@ -132,6 +137,7 @@ fn main() -> ExitCode {
         Command::Exporter(args) => exporter::exporter(args),
         Command::Doctor(args) => doctor::doctor(args),
         Command::Install(args) => install::install(args),
+        Command::Webhook(args) => webhook::webhook(args),
         Command::ProbePreload(args) => probe::preload(args),
         Command::ProbeAlloc(args) => probe::alloc(args),
     };

@@ -28,7 +28,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
@@ -239,18 +239,8 @@ async fn connection(
         )
         .await;
     };
-    // Plain HTTP on the TLS port: say so, as Go's servers do, and close.
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(limits.read_timeout, stream.peek(&mut first)).await {
-        Ok(Ok(1)) => {}
-        _ => return,
-    }
-    if first[0] != 0x16 {
-        refuse_plain(stream).await;
-        return;
-    }
-    let Ok(Ok(stream)) = tokio::time::timeout(limits.read_timeout, acceptor.accept(stream)).await
-    else {
+    // Plain HTTP on the TLS port is answered with a 400 there.
+    let Some(stream) = crate::tls::accept(&acceptor, stream, limits.read_timeout).await else {
         return;
     };
     http(
@@ -260,25 +250,6 @@ async fn connection(
         started,
         progress,
     )
-    .await;
-}
-
-/// Answers plain HTTP on the TLS port with a 400 that says why, then closes. What the
-/// client sent so far is read first (a bounded amount), so that the close does not reset
-/// the connection before the client reads the answer.
-async fn refuse_plain(mut stream: TcpStream) {
-    use tokio::io::AsyncReadExt;
-    let mut sent = [0u8; 4096];
-    let _ = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut sent)).await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        stream
-            .write_all(
-                b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
-                  Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n",
-            )
-            .await?;
-        stream.shutdown().await
-    })
     .await;
 }
 

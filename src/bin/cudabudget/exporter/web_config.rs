@@ -23,8 +23,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hyper::header::{HeaderName, HeaderValue};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls;
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -181,19 +179,7 @@ fn tls(yaml: &Yaml, base: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
             .map(|(_, p)| p)
             .collect();
 
-    let certs = CertificateDer::pem_file_iter(&cert_file)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("cert_file {}: {e}", cert_file.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "cert_file {}: no PEM certificate in it",
-            cert_file.display()
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_file(&key_file)
-        .map_err(|e| format!("key_file {}: {e}", key_file.display()))?;
-
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = crate::tls::provider();
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)
         .map_err(|e| format!("tls_server_config: {e}"))?;
@@ -231,10 +217,7 @@ fn tls(yaml: &Yaml, base: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
         }
         (Some(optional), Some(ca_file)) => {
             let mut roots = rustls::RootCertStore::empty();
-            let cas = CertificateDer::pem_file_iter(&ca_file)
-                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("client_ca_file {}: {e}", ca_file.display()))?;
-            for ca in cas {
+            for ca in crate::tls::certificates(&ca_file, "client_ca_file")? {
                 roots
                     .add(ca)
                     .map_err(|e| format!("client_ca_file {}: {e}", ca_file.display()))?;
@@ -258,15 +241,7 @@ fn tls(yaml: &Yaml, base: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
-        format!(
-            "cert_file {} and key_file {}: {e}",
-            cert_file.display(),
-            key_file.display()
-        )
-    })?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    crate::tls::server_config(builder, ("cert_file", &cert_file), ("key_file", &key_file))
 }
 
 /// 12 or 13 for exporter-toolkit's version names; TLS 1.0 and 1.1 are refused.

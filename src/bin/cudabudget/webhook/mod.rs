@@ -1,0 +1,414 @@
+//! `cudabudget webhook`: the Kubernetes mutating admission webhook. It serves
+//! AdmissionReview v1 at `/mutate` over HTTPS and answers each pod with the JSONPatch of
+//! [`mutate`] (its rules are there), a denial, or nothing. `/healthz` answers 200 for
+//! probes.
+//!
+//! The server is hyper (HTTP/1.1) on a single-threaded tokio runtime with the exporter's
+//! TLS ([`crate::tls`]); what a client may cost is bounded: the request's head must come
+//! within the read timeout (also how long an idle keep-alive connection is kept), its
+//! body within the same time and at most [`MAX_BODY`] bytes, at most
+//! [`MAX_CONNECTIONS`] connections at once, each for at most [`LIFETIME`]. The serving
+//! certificate is read again when its files change (a renewed Secret), without a restart.
+
+pub mod mutate;
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use clap::Args;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use k8s_openapi::api::core::v1::Pod;
+use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use tokio_rustls::TlsAcceptor;
+
+use crate::{Refusal, say, usage};
+use mutate::{Outcome, Places};
+
+pub const AFTER_HELP: &str =
+    "A pod annotated cudabudget.io/limit: 20Gi gets, in each container that uses a
+GPU (resources nvidia.com/gpu, nvidia.com/gpu.*, nvidia.com/mig-*, or an
+NVIDIA_VISIBLE_DEVICES that names devices; init containers alike):
+  LD_PRELOAD=<library mount>/libcudabudget.so (first, before what was there)
+  CUDABUDGET_LIMIT, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED (from the annotations)
+  CUDABUDGET_RUNTIME_DIR=<runtime dir> (and CUDABUDGET_JOB_DIR=<job dir> for job:)
+  POD_NAME, POD_NAMESPACE, CONTAINER_NAME (unless set: the exporter's labels)
+  the node's library directory read-only at the library mount, the runtime
+  (and job) directory at the same path as on the node (hostPath volumes).
+Annotations: cudabudget.io/limit, cudabudget.io/limit.<container> (that
+container, GPU or not), cudabudget.io/scope (process, job:<name>),
+cudabudget.io/on-exceed (as CUDABUDGET_ON_EXCEED). A value the library would
+refuse, an unknown cudabudget.io/ annotation, or a container whose own
+variables or mounts contradict these is denied, naming it. Pods without a
+cudabudget.io/ annotation are admitted untouched.
+
+Examples:
+  cudabudget webhook --listen 0.0.0.0:8443 --tls-cert /etc/tls/tls.crt \\
+    --tls-key /etc/tls/tls.key";
+
+/// The largest request body read (a pod's AdmissionReview is a few KiB; the API server
+/// refuses objects over 3 MiB).
+pub const MAX_BODY: usize = 4 << 20;
+/// The most bytes of a request's head.
+const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Connections served at once; beyond, a new one is closed at once.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// The longest a connection lives.
+pub const LIFETIME: Duration = Duration::from_secs(600);
+/// How often the certificate's files are looked at for a renewal.
+const RELOAD_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Args)]
+pub struct WebhookArgs {
+    /// Address and port to serve HTTPS on (port 0: any free port, printed at start).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: String,
+
+    /// The serving certificate (PEM, the chain after it), e.g. a kubernetes.io/tls
+    /// Secret's tls.crt.
+    #[arg(long = "tls-cert", value_name = "FILE")]
+    tls_cert: PathBuf,
+
+    /// The certificate's private key (PEM).
+    #[arg(long = "tls-key", value_name = "FILE")]
+    tls_key: PathBuf,
+
+    /// The node's library directory (the installer's <libraryDir>/current), mounted
+    /// read-only into budgeted containers.
+    #[arg(
+        long = "library-dir",
+        value_name = "DIR",
+        default_value = "/opt/cudabudget/current"
+    )]
+    library_dir: String,
+
+    /// Where containers see the library directory; LD_PRELOAD names
+    /// libcudabudget.so there.
+    #[arg(
+        long = "library-mount",
+        value_name = "DIR",
+        default_value = "/opt/cudabudget"
+    )]
+    library_mount: String,
+
+    /// The node-wide runtime directory (CUDABUDGET_RUNTIME_DIR) the exporter reads,
+    /// mounted at the same path.
+    #[arg(
+        long = "runtime-dir",
+        value_name = "DIR",
+        default_value = "/run/cudabudget/records"
+    )]
+    runtime_dir: String,
+
+    /// The node-wide job directory (CUDABUDGET_JOB_DIR) for cudabudget.io/scope: job:...,
+    /// mounted at the same path.
+    #[arg(
+        long = "job-dir",
+        value_name = "DIR",
+        default_value = "/run/cudabudget/jobs"
+    )]
+    job_dir: String,
+
+    /// Seconds a client has to send a request (head and body); also how long an idle
+    /// keep-alive connection is kept.
+    #[arg(long = "read-timeout", value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    read_timeout: u64,
+}
+
+/// An absolute directory without a trailing '/', or a usage error naming the option.
+fn directory(option: &str, value: &str) -> Result<String, Refusal> {
+    let trimmed = value.trim_end_matches('/');
+    let plain = trimmed.starts_with('/')
+        && !trimmed
+            .split('/')
+            .skip(1)
+            .any(|part| part.is_empty() || part == "." || part == "..");
+    if !plain {
+        return Err(usage(format!(
+            "{option} {value:?}: use an absolute directory of plain names, e.g. /opt/cudabudget"
+        )));
+    }
+    Ok(trimmed.to_string())
+}
+
+pub fn webhook(args: WebhookArgs) -> Result<ExitCode, Refusal> {
+    let places = Places {
+        library_dir: directory("--library-dir", &args.library_dir)?,
+        library_mount: directory("--library-mount", &args.library_mount)?,
+        runtime_dir: directory("--runtime-dir", &args.runtime_dir)?,
+        job_dir: directory("--job-dir", &args.job_dir)?,
+    };
+    let certificate = Certificate::load(args.tls_cert, args.tls_key).map_err(usage)?;
+    let listener = std::net::TcpListener::bind(args.listen.as_str()).map_err(|e| {
+        usage(format!(
+            "--listen {:?}: cannot listen there ({e}); give ADDR:PORT, e.g. 0.0.0.0:8443",
+            args.listen
+        ))
+    })?;
+    let address = listener
+        .local_addr()
+        .map_or_else(|_| args.listen.clone(), |a| a.to_string());
+    say(format!("webhook listening on https://{address}/mutate"));
+    let read_timeout = Duration::from_secs(args.read_timeout);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Refusal {
+            message: format!("cannot start the server's runtime ({e})"),
+            status: 1,
+        })?;
+    runtime
+        .block_on(serve(listener, certificate, Arc::new(places), read_timeout))
+        .map_err(|message| Refusal { message, status: 1 })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The serving certificate, read again when its files change.
+struct Certificate {
+    cert: PathBuf,
+    key: PathBuf,
+    seen: (Option<SystemTime>, Option<SystemTime>),
+    acceptor: Arc<RwLock<TlsAcceptor>>,
+}
+
+impl Certificate {
+    fn load(cert: PathBuf, key: PathBuf) -> Result<Certificate, String> {
+        let seen = (modified(&cert), modified(&key));
+        let config = crate::tls::plain_server_config(("--tls-cert", &cert), ("--tls-key", &key))?;
+        Ok(Certificate {
+            cert,
+            key,
+            seen,
+            acceptor: Arc::new(RwLock::new(TlsAcceptor::from(config))),
+        })
+    }
+
+    /// Reads the files again if they changed; a renewal that cannot be read keeps the
+    /// certificate in use (and says so).
+    fn refresh(&mut self) {
+        let now = (modified(&self.cert), modified(&self.key));
+        if now == self.seen {
+            return;
+        }
+        self.seen = now;
+        match crate::tls::plain_server_config(("--tls-cert", &self.cert), ("--tls-key", &self.key))
+        {
+            Ok(config) => {
+                if let Ok(mut acceptor) = self.acceptor.write() {
+                    *acceptor = TlsAcceptor::from(config);
+                }
+                say("webhook: serving the renewed certificate");
+            }
+            Err(e) => say(format!("webhook: keeping the certificate in use: {e}")),
+        }
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    mut certificate: Certificate,
+    places: Arc<Places>,
+    read_timeout: Duration,
+) -> Result<(), String> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot use the listening socket ({e})"))?;
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| format!("cannot use the listening socket ({e})"))?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut reload =
+        tokio::time::interval_at(tokio::time::Instant::now() + RELOAD_EVERY, RELOAD_EVERY);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    // Out of descriptors, or a connection reset before it was taken.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = reload.tick() => {
+                certificate.refresh();
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue; // over the cap: closed at once
+        };
+        let _ = stream.set_nodelay(true);
+        let acceptor = match certificate.acceptor.read() {
+            Ok(acceptor) => acceptor.clone(),
+            Err(_) => continue,
+        };
+        let places = places.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _ = tokio::time::timeout(LIFETIME, async {
+                let Some(stream) = crate::tls::accept(&acceptor, stream, read_timeout).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |request| {
+                    answer(places.clone(), request, read_timeout)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(read_timeout)
+                    .max_buf_size(MAX_HEADER_BYTES)
+                    .keep_alive(true)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            })
+            .await;
+        });
+    }
+}
+
+type Answer = Response<Full<Bytes>>;
+
+fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+async fn answer(
+    places: Arc<Places>,
+    request: Request<Incoming>,
+    read_timeout: Duration,
+) -> Result<Answer, Infallible> {
+    match (request.method(), request.uri().path()) {
+        (&Method::POST, "/mutate") => {}
+        (&Method::GET, "/healthz") => return Ok(reply(StatusCode::OK, TEXT, "ok\n")),
+        (_, "/mutate") => {
+            return Ok(reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                TEXT,
+                "POST an AdmissionReview to /mutate\n",
+            ));
+        }
+        _ => {
+            return Ok(reply(
+                StatusCode::NOT_FOUND,
+                TEXT,
+                "not found; AdmissionReviews go to /mutate\n",
+            ));
+        }
+    }
+    let body = Limited::new(request.into_body(), MAX_BODY);
+    let body = match tokio::time::timeout(read_timeout, body.collect()).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(_)) => {
+            return Ok(reply(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                TEXT,
+                format!("the body is larger than {MAX_BODY} bytes or was cut\n"),
+            ));
+        }
+        Err(_) => {
+            return Ok(reply(
+                StatusCode::REQUEST_TIMEOUT,
+                TEXT,
+                "the body did not arrive in time\n",
+            ));
+        }
+    };
+    let review = match review(&body, &places) {
+        Ok(review) => review,
+        Err(why) => {
+            return Ok(reply(
+                StatusCode::BAD_REQUEST,
+                TEXT,
+                format!("not an AdmissionReview v1 of a pod: {why}\n"),
+            ));
+        }
+    };
+    Ok(reply(StatusCode::OK, "application/json", review))
+}
+
+/// `namespace/name` of the pod under review (its generateName prefix before it has a name).
+fn pod_name(request: &AdmissionRequest<Pod>) -> String {
+    let pod = request.object.as_ref().and_then(|p| {
+        p.metadata
+            .name
+            .clone()
+            .or_else(|| p.metadata.generate_name.clone())
+    });
+    format!(
+        "{}/{}",
+        request.namespace.as_deref().unwrap_or_default(),
+        pod.unwrap_or_default()
+    )
+}
+
+/// The AdmissionReview answering `body`, serialized.
+pub fn review(body: &[u8], places: &Places) -> Result<Vec<u8>, String> {
+    let review: AdmissionReview<Pod> = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let request: AdmissionRequest<Pod> = review
+        .try_into()
+        .map_err(|_| "it carries no request".to_string())?;
+    let response = AdmissionResponse::from(&request);
+    let is_pod = request.kind.group.is_empty() && request.kind.kind == "Pod";
+    let outcome = match (&request.object, &request.operation) {
+        (Some(pod), Operation::Create) if is_pod => mutate::mutate(pod, places),
+        _ => Outcome::Untouched(Vec::new()),
+    };
+    let response = match outcome {
+        Outcome::Untouched(warnings) => {
+            let mut response = response;
+            if !warnings.is_empty() {
+                response.warnings = Some(warnings);
+            }
+            response
+        }
+        Outcome::Denied(message) => {
+            let mut response = response.deny(&message);
+            response.result.status = Some(kube_core::response::StatusSummary::Failure);
+            response.result.code = 422;
+            response.result.reason = "Invalid".to_string();
+            say(format!(
+                "webhook: denied pod {}: {message}",
+                pod_name(&request)
+            ));
+            response
+        }
+        Outcome::Patched(ops) => {
+            say(format!(
+                "webhook: budgeted pod {} ({} changes)",
+                pod_name(&request),
+                ops.len()
+            ));
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+                .map_err(|e| format!("the patch made is not a JSONPatch ({e}): a bug"))?;
+            response
+                .with_patch(patch)
+                .map_err(|e| format!("cannot write the patch ({e})"))?
+        }
+    };
+    // The API's JSON has the patch in base64 (Go's []byte); kube-core writes it as an
+    // array of numbers, which the API server happens to read too: written as documented.
+    let mut response = response;
+    let patch = response.patch.take();
+    let mut review = serde_json::to_value(response.into_review()).map_err(|e| e.to_string())?;
+    if let Some(patch) = patch {
+        review["response"]["patch"] =
+            serde_json::to_value(k8s_openapi::ByteString(patch)).map_err(|e| e.to_string())?;
+    }
+    serde_json::to_vec(&review).map_err(|e| e.to_string())
+}
