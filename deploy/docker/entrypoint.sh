@@ -10,7 +10,9 @@
 # `cudabudget run` validates every value before anything starts; this script adds
 # what only the container knows: the files are there and the library loads in this
 # image. It never runs a command unbudgeted: every failure exits non-zero before the
-# command starts (2: no budget or no command; 127: cudabudget cannot work here).
+# command starts with 125, as `cudabudget run` and `docker run` do for their own failures
+# (no budget, no command, a value the library refuses, cudabudget cannot work here);
+# a command that cannot be executed exits 126, one not found 127.
 #
 # The library and the CLI are looked up next to this script (/opt/cudabudget in the
 # image); CUDABUDGET_LIB names another library, as for `cudabudget run`.
@@ -28,10 +30,10 @@ refuse() {
 }
 
 if [ ! -f "$lib" ]; then
-    refuse 127 "the library $lib is missing, so the command cannot be budgeted; nothing was run (install it there, or set CUDABUDGET_LIB to its path)"
+    refuse 125 "the library $lib is missing, so the command cannot be budgeted; nothing was run (install it there, or set CUDABUDGET_LIB to its path)"
 fi
 if [ ! -x "$cli" ]; then
-    refuse 127 "the cudabudget CLI $cli is missing or not executable; nothing was run"
+    refuse 125 "the cudabudget CLI $cli is missing or not executable; nothing was run"
 fi
 
 # A library the dynamic loader cannot preload (a glibc older than the one it was built
@@ -45,31 +47,31 @@ for candidate in /usr/bin/true /bin/true; do
     fi
 done
 if [ -z "$probe" ]; then
-    refuse 127 "no /usr/bin/true or /bin/true to check that $lib loads in this image; nothing was run"
+    refuse 125 "no /usr/bin/true or /bin/true to check that $lib loads in this image; nothing was run"
 fi
 if ! loader=$(LD_PRELOAD="$lib" "$probe" 2>&1) || [ -n "$loader" ]; then
-    refuse 127 "$lib cannot be preloaded in this image, so the command would run unbudgeted; nothing was run. The loader said: $loader"
+    refuse 125 "$lib cannot be preloaded in this image, so the command would run unbudgeted; nothing was run. The loader said: $loader"
 fi
 if ! version=$("$cli" --version 2>&1); then
-    refuse 127 "$cli does not run in this image: $version; nothing was run"
+    refuse 125 "$cli does not run in this image: $version; nothing was run"
 fi
 
 if [ "${1-}" = "--check" ]; then
     if [ "$#" -ne 1 ]; then
-        refuse 2 "--check takes no arguments"
+        refuse 125 "--check takes no arguments"
     fi
     printf 'cudabudget entrypoint: %s works here; %s preloads\n' "$version" "$lib"
     exit 0
 fi
 
 if [ "$#" -eq 0 ]; then
-    refuse 2 "no command given; usage: entrypoint.sh CMD [ARG...]"
+    refuse 125 "no command given; usage: entrypoint.sh CMD [ARG...]"
 fi
 
 # A budget variable must be present; `cudabudget run` then checks its value (and
 # refuses HAMi's "0", which means no limit).
 if ! env | grep -Eq '^(CUDABUDGET_LIMIT|CUDA_DEVICE_MEMORY_LIMIT)(_[0-9]+)?='; then
-    refuse 2 "no budget in the environment: set CUDABUDGET_LIMIT (e.g. -e CUDABUDGET_LIMIT=20Gi), CUDABUDGET_LIMIT_<N> for device N, or HAMi's CUDA_DEVICE_MEMORY_LIMIT; nothing was run"
+    refuse 125 "no budget in the environment: set CUDABUDGET_LIMIT (e.g. -e CUDABUDGET_LIMIT=20Gi), CUDABUDGET_LIMIT_<N> for device N, or HAMi's CUDA_DEVICE_MEMORY_LIMIT; nothing was run"
 fi
 
 exec "$cli" run -- "$@"

@@ -473,26 +473,26 @@ fn the_entrypoint_runs_the_command_with_the_library_and_the_budget() {
 #[test]
 fn the_entrypoint_refuses_without_a_valid_budget_or_a_command() {
     let dir = install_dir("refusals", true);
-    let message = assert_entrypoint_refuses(&dir, &[], true, 2);
+    let message = assert_entrypoint_refuses(&dir, &[], true, 125);
     assert!(
         message.contains("no budget in the environment"),
         "{message}"
     );
-    let message = assert_entrypoint_refuses(&dir, &[("CUDA_DEVICE_MEMORY_LIMIT", "0")], true, 2);
+    let message = assert_entrypoint_refuses(&dir, &[("CUDA_DEVICE_MEMORY_LIMIT", "0")], true, 125);
     assert!(message.contains("no budget given"), "{message}");
-    let message = assert_entrypoint_refuses(&dir, &[("CUDABUDGET_LIMIT", "10XB")], true, 2);
+    let message = assert_entrypoint_refuses(&dir, &[("CUDABUDGET_LIMIT", "10XB")], true, 125);
     assert!(message.contains("CUDABUDGET_LIMIT=\"10XB\""), "{message}");
-    let message = assert_entrypoint_refuses(&dir, &[("CUDABUDGET_LIMIT", "8Gi")], false, 2);
+    let message = assert_entrypoint_refuses(&dir, &[("CUDABUDGET_LIMIT", "8Gi")], false, 125);
     assert!(message.contains("no command given"), "{message}");
 }
 
 #[test]
 fn the_entrypoint_refuses_when_the_library_is_missing_or_cannot_be_loaded() {
     let dir = install_dir("no-library", false);
-    let message = assert_entrypoint_refuses(&dir, &[("CUDABUDGET_LIMIT", "8Gi")], true, 127);
+    let message = assert_entrypoint_refuses(&dir, &[("CUDABUDGET_LIMIT", "8Gi")], true, 125);
     assert!(message.contains("is missing"), "{message}");
     let out = sh(&dir.join("entrypoint.sh"), &["--check"], &[]);
-    assert_eq!(out.status.code(), Some(127), "--check: {}", stderr(&out));
+    assert_eq!(out.status.code(), Some(125), "--check: {}", stderr(&out));
 
     let junk = dir.join("libjunk.so");
     std::fs::write(&junk, b"not an ELF file").unwrap();
@@ -503,7 +503,7 @@ fn the_entrypoint_refuses_when_the_library_is_missing_or_cannot_be_loaded() {
             ("CUDABUDGET_LIB", junk.to_str().unwrap()),
         ],
         true,
-        127,
+        125,
     );
     assert!(message.contains("cannot be preloaded"), "{message}");
 }
