@@ -92,6 +92,28 @@ fn a_request_larger_than_the_budget_or_made_during_a_capture_never_waits() {
 }
 
 #[test]
+fn a_vmm_creation_or_a_pool_growth_that_does_not_fit_is_refused_at_once_even_when_waiting_is_allowed()
+ {
+    // Their callers may hold the lock a freeing thread needs (PyTorch's allocator holds
+    // its mutex around cuMemCreate and stream-ordered growth): waiting there would only
+    // delay the refusal by the whole patience.
+    let e = [
+        ("CUDABUDGET_LIMIT", "1Gi"),
+        ("CUDABUDGET_ON_EXCEED", "wait:5s"),
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+    ];
+    let t = Instant::now();
+    let run = crate::util::budget_run("gpa", &["alloc:700Mi", "create:512Mi"], &e);
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert_eq!(run.rc("create", 0), 2, "{run:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let t = Instant::now();
+    let run = crate::util::budget_run("gpa", &["alloc:700Mi", "async:512Mi"], &e);
+    assert_eq!(run.rc("async", 0), 2, "{run:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
+#[test]
 fn a_waiting_allocation_goes_through_soon_after_its_holder_is_killed() {
     // A killed holder frees nothing and wakes nobody: the waiter finds it dead (it
     // looks every 100 ms while it waits, at most once a second per job) and goes
