@@ -54,7 +54,7 @@ sleep 3
 "$CLI" status --json >"$OUT/status.json" 2>"$OUT/status.err"
 "$CLI" status >"$OUT/status.txt" 2>&1
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits >"$OUT/smi.csv" 2>&1
-"$CLI" exporter --listen 127.0.0.1:0 2>"$OUT/exporter.err" &
+"$CLI" exporter --per-process --listen 127.0.0.1:0 2>"$OUT/exporter.err" &
 EXPORTER=$!
 PIDS+=("$EXPORTER")
 for _ in $(seq 1 50); do grep -q listening "$OUT/exporter.err" && break; sleep 0.1; done
