@@ -70,6 +70,53 @@ print(rc, round(time.time() - t, 2))
 }
 
 #[test]
+fn two_threads_waiting_for_one_freed_block_both_go_through_in_turn() {
+    // One free makes room for one of them: the other, woken too or beaten to it, waits
+    // on until the first gives its block back, well within its patience.
+    let script = r#"
+import ctypes, threading, time
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+held = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(held), ctypes.c_size_t(700 << 20)) == 0
+results = {}
+def waiter(name):
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    p = ctypes.c_uint64()
+    t = time.time()
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(700 << 20))
+    results[name] = (rc, time.time() - t)
+    if rc == 0:
+        time.sleep(0.4)
+        assert cuda.cuMemFree_v2(p) == 0
+threads = [threading.Thread(target=waiter, args=(n,)) for n in ("a", "b")]
+for th in threads:
+    th.start()
+time.sleep(0.3)
+assert cuda.cuMemFree_v2(held) == 0
+for th in threads:
+    th.join()
+print(results["a"][0], results["b"][0], round(max(r[1] for r in results.values()), 2))
+"#;
+    let (ok, out, err) = crate::util::python_under_library(
+        script,
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_ON_EXCEED", "wait:5s"),
+            ("FAKE_NVML_PID_OFFSET", "100000"),
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields[..2], ["0", "0"], "{out}\n{err}");
+    let waited: f64 = fields[2].parse().unwrap();
+    assert!((0.5..4.0).contains(&waited), "{out}");
+}
+
+#[test]
 fn a_request_larger_than_the_budget_or_made_during_a_capture_never_waits() {
     let e = [
         ("CUDABUDGET_LIMIT", "1Gi"),
