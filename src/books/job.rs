@@ -21,6 +21,14 @@
 //! with `renameat2(RENAME_NOREPLACE)`: a file at the name is always whole, and is never
 //! made again. Two processes creating at once: one name wins, the other joins it.
 //!
+//! # Removal
+//! Each member holds a shared `flock` on its own open of the file for as long as it is a
+//! member. The member that leaves last (at exit) takes the exclusive lock, cleans the
+//! dead, and removes the name if every slot is free and the name is still this file; a
+//! process that opened the file meanwhile gets its shared lock only after that, sees
+//! the file unlinked and makes a new ledger. A ledger whose last member was killed
+//! stays until the job's next process leaves it; a damaged one stays for its operator.
+//!
 //! # The books
 //! Each member owns a slot (its claim: pid and a per-claim generation; its start time; the
 //! descriptor it keeps the file open with) and writes only its own shares: per device what
@@ -377,6 +385,10 @@ pub struct Job {
     /// Our thread-independent lock tag base (slot + 1 and generation).
     lock_id: u64,
     path: String,
+    /// The directory that names the ledger, and the name (to remove it when the last
+    /// member leaves).
+    dir: Dir,
+    name: String,
     dev: u64,
     ino: u64,
     fd: OwnedFd,
@@ -619,7 +631,30 @@ fn open_in(dir: &Dir, name: &str) -> Result<Job, Failed> {
     loop {
         tries += 1;
         match dir.open_file(name, RW) {
-            Ok(file) => return attach(file.into(), path),
+            Ok(file) => {
+                let fd = OwnedFd::from(file);
+                if !hold_shared(&fd) {
+                    return Err(Failed::Refused(
+                        path,
+                        format!(
+                            "its last member began removing it and has not finished for \
+                             {} ms (stopped?)",
+                            REMOVAL_PATIENCE_MS
+                        ),
+                    ));
+                }
+                // Removed by its last member after we opened it: make a new one.
+                if place::fstat(std::os::fd::AsFd::as_fd(&fd)).is_ok_and(|st| st.st_nlink == 0) {
+                    continue;
+                }
+                let dir = dir.try_clone().map_err(|error| {
+                    Failed::Place(PlaceError::Io {
+                        path: dir.path().to_path_buf(),
+                        error,
+                    })
+                })?;
+                return attach(fd, dir, name, path);
+            }
             Err(PlaceError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
                 match create(dir, name) {
                     Ok(()) => continue,
@@ -744,8 +779,35 @@ fn map(fd: libc::c_int) -> std::io::Result<*mut u8> {
     Ok(p.cast())
 }
 
+/// How long a joiner waits for a last member that is removing the ledger.
+const REMOVAL_PATIENCE_MS: u64 = 2000;
+
+/// Takes the shared lock every member holds on the ledger for as long as it is a member
+/// (on its own open of the file: a child of `fork()` shares its parent's until it joins
+/// with its own). A last member removes the ledger only under the exclusive lock, so
+/// never under a member ([`Job::leave`]). False only while a remover holds the file for
+/// [`REMOVAL_PATIENCE_MS`]; a file system without locks lets everyone in (and the
+/// ledger is then never removed while a slot is claimed).
+fn hold_shared(fd: &OwnedFd) -> bool {
+    let since = monotonic_ms();
+    loop {
+        // SAFETY: flock on a live descriptor of ours.
+        if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EWOULDBLOCK) | Some(libc::EINTR) => {}
+            _ => return true,
+        }
+        if monotonic_ms().saturating_sub(since) >= REMOVAL_PATIENCE_MS {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Maps an opened ledger, checks it and takes a slot.
-fn attach(fd: OwnedFd, path: String) -> Result<Job, Failed> {
+fn attach(fd: OwnedFd, dir: Dir, name: &str, path: String) -> Result<Job, Failed> {
     let named = path.clone();
     let refused = move |why: String| Failed::Refused(named.clone(), why);
     let st = place::fstat(std::os::fd::AsFd::as_fd(&fd))
@@ -766,6 +828,8 @@ fn attach(fd: OwnedFd, path: String) -> Result<Job, Failed> {
         fdno: 0,
         lock_id: 0,
         path,
+        dir,
+        name: name.to_string(),
         dev: st.st_dev,
         ino: st.st_ino,
         fd,
@@ -1425,6 +1489,42 @@ impl Job {
         if let Some(i) = self.mapping {
             MAPPED[i].slot.store(0, Ordering::Release);
         }
+        self.remove_if_last();
+    }
+
+    /// Removes the ledger when this process was its last member: under the exclusive
+    /// lock (no other open of the file holds the members' shared lock), with every slot
+    /// free once the dead are cleaned, and only while the name is still this file. A
+    /// joiner that opened the file meanwhile waits for the lock, sees the file unlinked
+    /// and makes a new one ([`open_in`]). A damaged ledger stays for its operator.
+    fn remove_if_last(&self) {
+        if self.damaged.load(Ordering::Acquire) || !self.is_still_the_ledger() {
+            return;
+        }
+        // SAFETY: flock on our own descriptor, checked above to be the ledger. A failed
+        // conversion may drop our shared lock: we are leaving anyway.
+        if unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return;
+        }
+        self.reclaim_dead();
+        let empty = (0..SLOTS).all(|i| self.holder(i) == Holder::Free);
+        if empty
+            && self
+                .dir
+                .stat_at(&self.name)
+                .is_ok_and(|st| (st.st_dev, st.st_ino) == (self.dev, self.ino))
+        {
+            let _ = self.dir.remove_file(&self.name);
+        }
+        // SAFETY: as above; back to shared (a process may call leave twice).
+        unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    }
+
+    /// Whether our descriptor is still the ledger (a program may close it and reuse the
+    /// number).
+    fn is_still_the_ledger(&self) -> bool {
+        place::fstat(std::os::fd::AsFd::as_fd(&self.fd))
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == (self.dev, self.ino))
     }
 
     /// The job's largest holders on `device`: up to five `(pid, bytes)`, largest first

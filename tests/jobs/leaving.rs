@@ -325,3 +325,24 @@ fn a_member_whose_name_is_not_utf8_keeps_its_share_counted() {
         "admitted past the job's budget\n{second:?}"
     );
 }
+
+#[test]
+fn the_jobs_ledger_is_removed_when_its_last_member_exits_and_kept_while_one_remains() {
+    let dir = job_dir("removed");
+    let e = envs(&dir, "job:gone", "1Gi");
+    let ledger = std::path::Path::new(&dir)
+        .join(format!("cudabudget-{}", unsafe_uid()))
+        .join("job-gone");
+    let holder = spawn(&["alloc:100Mi", "sleep:1500"], &e);
+    settle();
+    assert!(ledger.exists(), "made by the first member");
+    let other = client(&["alloc:100Mi"], &e);
+    assert_eq!(other.rc("alloc", 0), 0, "{other:?}");
+    assert!(ledger.exists(), "a member remains");
+    let holder = finish(holder);
+    assert_eq!(holder.rc("alloc", 0), 0, "{holder:?}");
+    assert!(!ledger.exists(), "the last member removed it");
+    // The job's next process starts a fresh ledger with the whole budget.
+    let next = client(&["info"], &e);
+    assert_eq!(next.num("info", 0, "free"), GI, "{next:?}");
+}

@@ -36,10 +36,10 @@ fn a_damaged_or_foreign_ledger_refuses_cuda_with_one_line() {
     }
     // A ledger of a valid size whose header is damaged.
     let good = job_dir("corrupt-good");
-    let ok = client(&["info"], &envs(&good, "job:bad", "1Gi"));
-    assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
+    let member = Member::start(&envs(&good, "job:bad", "1Gi"));
     let good_path = ledger_file(&good, "bad");
     let mut bytes = std::fs::read(&good_path).unwrap();
+    drop(member);
     bytes[8] ^= 0xff; // the version
     std::fs::write(&path, &bytes).unwrap();
     set_mode(&path, 0o600);
@@ -54,8 +54,7 @@ fn a_ledger_others_may_write_or_another_user_owns_is_passed_over_with_one_line()
     // job has no other place) and says which file is in the way.
     let dir = job_dir("perm");
     let e = envs(&dir, "job:p", "1Gi");
-    let ok = client(&["info"], &e);
-    assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
+    let _member = Member::start(&e);
     let path = ledger_file(&dir, "p");
     set_mode(&path, 0o666);
     let run1 = client(&["alloc:700Mi", "alloc:500Mi"], &e);
@@ -151,8 +150,7 @@ fn a_stray_write_of_where_the_jobs_total_was_kept_neither_denies_nor_admits_past
 fn doctor_names_a_damaged_job_ledger() {
     let dir = job_dir("doctor");
     let e = envs(&dir, "job:doc", "1Gi");
-    let ok = client(&["info"], &e);
-    assert_eq!(ok.rc("init", 0), 0, "{ok:?}");
+    let _member = Member::start(&e);
     let path = ledger_file(&dir, "doc");
     let doctor = |envs: &[(&str, &str)]| -> serde_json::Value {
         let mut cmd = crate::util::cli::cudabudget(&["doctor", "--json"]);

@@ -65,6 +65,25 @@ fn client(ops: &[&str], envs: &[(&str, &str)]) -> Run {
     util::run(command(ops, envs))
 }
 
+/// A member of the job that holds nothing and stays until dropped: the job's ledger
+/// exists while it lives (its last member removes it on exit).
+struct Member(Child);
+
+impl Member {
+    fn start(envs: &[(&str, &str)]) -> Member {
+        let member = Member(spawn(&["info", "sleep:30000"], envs));
+        settle();
+        member
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Waits until the job's file shows the process's first allocation (the holder is in).
 fn settle() {
     std::thread::sleep(Duration::from_millis(300));

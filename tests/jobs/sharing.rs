@@ -112,10 +112,15 @@ fn processes_naming_one_hami_shared_cache_share_one_budget() {
     let holder = spawn(&["alloc:700Mi", "sleep:1200"], &e);
     settle();
     let run = client(&["alloc:500Mi", "alloc:300Mi"], &e);
+    let ledger = format!("{cache}.cudabudget");
+    assert!(std::path::Path::new(&ledger).exists(), "beside the cache");
     finish(holder);
     assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
     assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
-    assert!(std::path::Path::new(&format!("{cache}.cudabudget")).exists());
+    assert!(
+        !std::path::Path::new(&ledger).exists(),
+        "removed by its last member"
+    );
 }
 
 #[test]

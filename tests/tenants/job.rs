@@ -131,6 +131,10 @@ fn another_users_directory_at_the_users_own_name_moves_the_job_to_a_place_of_its
             &["alloc:500Mi", "alloc:300Mi"],
             &[],
         ));
+        let ours = cache
+            .join(format!("cudabudget-{}", t.alice.uid))
+            .join("job-train")
+            .exists();
         let out = holder.wait_with_output().unwrap();
         let holder_err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "link={link}: {holder_err}");
@@ -147,11 +151,8 @@ fn another_users_directory_at_the_users_own_name_moves_the_job_to_a_place_of_its
             "link={link}: no line names {named}:\n{holder_err}"
         );
         assert!(
-            cache
-                .join(format!("cudabudget-{}", t.alice.uid))
-                .join("job-train")
-                .exists(),
-            "link={link}: the ledger is not in alice's own place"
+            ours,
+            "link={link}: while the job ran, its ledger was not in alice's own place"
         );
     }
 }

@@ -443,6 +443,15 @@ impl Dir {
         &self.path
     }
 
+    /// The same directory on a second descriptor (for a holder that outlives this one).
+    pub fn try_clone(&self) -> io::Result<Dir> {
+        Ok(Dir {
+            fd: self.fd.try_clone()?,
+            path: self.path.clone(),
+            owner: self.owner,
+        })
+    }
+
     /// Who owns the directory.
     pub fn owner(&self) -> u32 {
         self.owner

@@ -840,3 +840,84 @@ fn a_sigbus_sent_by_kill_still_kills_when_nothing_handled_it_before() {
         "status {status:#x}"
     );
 }
+
+/// Whether `dir` names a ledger now, and which file.
+fn named(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(dir.join("ledger"))
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+#[test]
+fn the_last_member_to_leave_removes_the_ledger_and_an_earlier_one_does_not() {
+    let dir = scratch("removed");
+    let first = member_of(&dir);
+    let second = member_of(&dir);
+    assert_eq!(
+        (first.dev, first.ino),
+        (second.dev, second.ino),
+        "one ledger"
+    );
+    first.leave();
+    assert!(named(&dir).is_some(), "a member remains");
+    second.leave();
+    assert_eq!(named(&dir), None, "the last member removed it");
+    // The next member of the job makes a fresh one, with nothing held.
+    let next = member_of(&dir);
+    assert_eq!(named(&dir), Some((next.dev, next.ino)));
+    assert_eq!(next.used(0), 0);
+}
+
+#[test]
+fn a_ledger_with_a_claimed_slot_but_no_other_open_is_not_removed() {
+    // A live member of a library that takes no lock (an older release) holds a slot:
+    // the last locked member leaves the ledger in place.
+    let dir = scratch("unlocked-member");
+    let job = member_of(&dir);
+    let me = std::process::id();
+    plant_fd(
+        &job,
+        9,
+        me,
+        start_time(me).unwrap(),
+        job.fd.as_raw_fd() as u32,
+    );
+    job.leave();
+    assert!(named(&dir).is_some(), "the slot's member is alive");
+}
+
+#[test]
+fn a_damaged_ledger_stays_when_its_last_member_leaves() {
+    let dir = scratch("damaged-stays");
+    let job = member_of(&dir);
+    job.mark_damaged("a test".to_string());
+    job.leave();
+    assert!(named(&dir).is_some(), "left for its operator");
+}
+
+#[test]
+fn a_process_joining_while_the_last_member_leaves_is_in_the_ledger_that_the_name_keeps() {
+    // Joins racing the last member's leave end either in the ledger that stays named or
+    // in a new one: never in a removed file that a later member could not find.
+    let dir = scratch("join-leave-race");
+    for round in 0..300 {
+        let leaver = member_of(&dir);
+        let joiner = std::thread::scope(|s| {
+            let joining = s.spawn(|| member_of(&dir));
+            leaver.leave();
+            joining.join().unwrap()
+        });
+        assert_eq!(
+            named(&dir),
+            Some((joiner.dev, joiner.ino)),
+            "round {round}: the joiner's ledger is the one named"
+        );
+        joiner.leave();
+        assert_eq!(
+            named(&dir),
+            None,
+            "round {round}: removed by its last member"
+        );
+    }
+}
