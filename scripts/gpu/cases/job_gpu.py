@@ -12,6 +12,8 @@ Prints one PASS/FAIL line per check (and the facts behind it); exit status 0 iff
 3. A JAX process of the job holds 6 GiB; a PyTorch process of the job with
    CUDABUDGET_ON_EXCEED=wait:30s asks for 8 GiB: it waits, and proceeds when the JAX
    process exits (told to 2 s after the request).
+4. Two PyTorch processes of a job, each holding 1 GiB, exit normally one after the
+   other: the job's ledger stays while one remains and is gone after the last.
 """
 
 import argparse
@@ -183,6 +185,26 @@ def main():
           {"attempt": a, "jax_exit_after_s": round(jax_exit - t0, 2)})
     waiter.kill()
     waiter.wait()
+
+    # 4. the last member to exit removes the job's ledger
+    env3 = env_for(args, {"CUDABUDGET_SCOPE": "job:gpugone", "CUDABUDGET_JOB_DIR": tmp})
+    ledger = os.path.join(tmp, "cudabudget-%d" % os.geteuid(), "job-gpugone")
+    members = []
+    for i, seconds in enumerate(("3", "8")):
+        ready = os.path.join(tmp, "gone%d" % i)
+        proc = subprocess.Popen([py, "-c", HOLD, "1", ready, seconds], env=env3,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        members.append((proc, ready))
+    up = [wait_file(r, pr) for pr, r in members]
+    during = os.path.exists(ledger)
+    members[0][0].wait()
+    after_first = os.path.exists(ledger)
+    members[1][0].wait()
+    after_last = os.path.exists(ledger)
+    check("ledger_kept_while_a_member_remains_and_removed_by_the_last",
+          all(up) and during and after_first and not after_last,
+          {"up": up, "during": during, "after_first": after_first, "after_last": after_last,
+           "rcs": [pr.returncode for pr, _ in members]})
     print("job_gpu: %d passed, %d failed" % (sum(results), len(results) - sum(results)))
     return 0 if all(results) else 1
 
