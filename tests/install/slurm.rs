@@ -14,9 +14,10 @@
 //! files start: it is placed where they are, so the sbatch files are submitted unchanged,
 //! as an unprivileged user (Slurm runs the prolog and the tasks as that user).
 //!
-//! Skipped (with a printed reason) without root or without `slurmctld`, `slurmd`,
-//! `munged` and the Slurm client commands; with CB_REQUIRE_SLURM=1 (CI, which installs
-//! them: `.ci/run`) their absence fails the test instead.
+//! Skipped (with a printed reason) without root, without `slurmctld`, `slurmd`, `munged`
+//! and the Slurm client commands, without a `python3` the jobs' user can run (in
+//! `/usr/bin`), or where a device file cannot be made; with CB_REQUIRE_SLURM=1 (CI, which
+//! installs them: `.ci/run`) any of these fails the test instead.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -372,10 +373,14 @@ fn boot(programs: Programs) -> Result<Cluster, String> {
         slurmctld: None,
         slurmd: None,
     };
-    for (name, mode) in [("etc", 0o755), ("log", 0o755), ("state", 0o700)] {
+    for (name, mode) in [
+        ("etc", 0o755),
+        ("log", 0o755),
+        ("state", 0o700),
+        ("spool", 0o755),
+    ] {
         mkdir(&dir.join(name), mode);
     }
-    mkdir(&dir.join("spool"), 0o755);
 
     // The GPU: a character device numbered as the first NVIDIA card's.
     let device = mkdir(&dir.join("dev"), 0o755).join("nvidia0");
