@@ -6,5 +6,6 @@
 mod deploy;
 mod glibc_versions;
 mod install_command;
+mod slurm;
 #[path = "../util/mod.rs"]
 mod util;
