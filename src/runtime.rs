@@ -7,7 +7,7 @@
 //! keeps the answer: it never calls up into the decision.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::books::ledger::{AddrTable, Budget, DeviceLedger, Ledger, PointerMap};
 use crate::config::Config;
@@ -247,9 +247,28 @@ fn resolve_budget(
         // A percentage needs the device's size; until it is known, stay unresolved.
         None => limit.resolve(physical_total(device).or(known_total)?),
     };
-    d.set_budget(Budget::Bytes(bytes));
-    if crate::books::job::joined().is_some() {
-        d.join_job(device);
+    match crate::books::job::joined() {
+        Some(job) => {
+            // The job's budget is its ledger's: the first member's, or an operator's.
+            let in_force = job.adopt_budget(device, bytes);
+            // Said once per device (the budget may be worked out again after a reset).
+            static SAID: AtomicU64 = AtomicU64::new(0);
+            let bit = 1u64 << (device % 64);
+            if in_force != bytes && SAID.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+                crate::sys::log::line(
+                    crate::config::LogLevel::Warn,
+                    format_args!(
+                        "job ledger {}: device {device}'s budget is the job's {}, not this process's {}",
+                        job.path(),
+                        cudabudget_spec::quantity::format_bytes(in_force),
+                        cudabudget_spec::quantity::format_bytes(bytes)
+                    ),
+                );
+            }
+            d.set_budget(Budget::Bytes(in_force));
+            d.join_job(device);
+        }
+        None => d.set_budget(Budget::Bytes(bytes)),
     }
     Some(d)
 }

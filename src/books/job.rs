@@ -135,6 +135,8 @@ struct DeviceWord {
     _pad: u64,
 }
 
+const _: () = assert!(std::mem::offset_of!(DeviceWord, wake) == layout::WAKE_IN_DEVICE_WORD);
+
 #[repr(C)]
 struct Waiter {
     /// 0: a free entry.
@@ -1210,6 +1212,7 @@ impl Job {
         if self.update(device, |own| own.checked_add(bytes)).is_none() {
             return Err(self.used(device));
         }
+        let budget = self.budget(device).unwrap_or(budget);
         let sum = self.used(device);
         if sum <= budget && !self.damaged.load(Ordering::Acquire) {
             drop(guard);
@@ -1219,6 +1222,42 @@ impl Job {
         drop(guard);
         self.wake(device);
         Err(sum.saturating_sub(bytes))
+    }
+
+    /// The job's budget on `device`, once a member or an operator set it: what every
+    /// admission of the job is measured against (`cudabudget limit --job`).
+    pub fn budget(&self, device: usize) -> Option<u64> {
+        let at = layout::BUDGETS_AT + device * layout::BUDGET_BYTES;
+        layout::decode_budget(
+            self.word64(at).load(Ordering::Acquire),
+            self.word64(at + 8).load(Ordering::Acquire),
+        )
+    }
+
+    /// Makes `mine` the job's budget on `device` unless one is set: the first member's
+    /// variables set it. Returns the budget in force.
+    pub fn adopt_budget(&self, device: usize, mine: u64) -> u64 {
+        let at = layout::BUDGETS_AT + device * layout::BUDGET_BYTES;
+        let word = layout::encode_budget(mine);
+        if self.budget(device).is_none()
+            && self
+                .word64(at)
+                .compare_exchange(0, word, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.word64(at + 8).store(!word, Ordering::Release);
+        }
+        // Another member may be writing its word's complement: a moment later it agrees.
+        for _ in 0..100 {
+            if let Some(budget) = self.budget(device) {
+                return budget;
+            }
+            if self.word64(at).load(Ordering::Acquire) == 0 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        mine
     }
 
     /// Charges `bytes` whatever the budget says (memory the driver already handed out).
@@ -1672,6 +1711,7 @@ impl Turn<'_> {
             if let Some(i) = self.entry {
                 job.waiter(i).beat.store(now_ms, Ordering::Release);
             }
+            let budget = job.budget(self.device).unwrap_or(budget);
             if self.first(now_ms) && job.used(self.device).saturating_add(bytes) <= budget {
                 return true;
             }

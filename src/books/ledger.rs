@@ -157,7 +157,11 @@ impl DeviceLedger {
     /// Reserves `bytes` if they fit in the budget. Dropping the reservation without
     /// [`Reservation::commit`] gives the bytes back.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>, Denial> {
-        let budget = self.limit();
+        // In a job, the job's budget as it is now (it may change while the job runs).
+        let budget = match self.job() {
+            Some((job, index)) => job.budget(index).unwrap_or_else(|| self.limit()),
+            None => self.limit(),
+        };
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let after = match used.checked_add(bytes) {

@@ -203,3 +203,31 @@ fn each_members_context_counts_against_the_jobs_budget() {
     assert_eq!(view.num("info", 0, "free"), GI - 600 * MI, "{view:?}");
     assert_eq!(view.rc("alloc", 0), 2, "{view:?}");
 }
+
+#[test]
+fn a_member_whose_limit_differs_uses_the_jobs_budget_and_says_so_in_one_line() {
+    // The first member's variables set the job's budget; a later member started with
+    // another value is held to the job's, and told.
+    let dir = job_dir("disagree");
+    let holder = spawn(&["alloc:100Mi", "sleep:1500"], &envs(&dir, "job:d", "1Gi"));
+    settle();
+    let other = client(&["info", "alloc:1200Mi"], &envs(&dir, "job:d", "4Gi"));
+    finish(holder);
+    assert_eq!(other.num("info", 0, "total"), GI, "{other:?}");
+    assert_eq!(
+        other.rc("alloc", 0),
+        2,
+        "held to the job's 1 GiB: {other:?}"
+    );
+    let said: Vec<&str> = other
+        .stderr
+        .lines()
+        .filter(|l| l.contains("budget is the job's"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", other.stderr);
+    assert!(
+        said[0].contains("1.00 GiB") && said[0].contains("4.00 GiB"),
+        "{}",
+        said[0]
+    );
+}

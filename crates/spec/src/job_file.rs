@@ -5,7 +5,10 @@
 //! |---|---|
 //! | 0 | header: magic, version, slot / device / waiter counts, size, checksum |
 //! | 64 | when a member last looked for dead ones (ms, CLOCK_MONOTONIC) |
+//! | 72 | [`BUDGET_GENERATION_AT`]: bumped at each change of the job's budget |
+//! | 80 | [`BUDGET_BY_AT`]: who made the last change: uid (high 32 bits), pid (low 32) |
 //! | 128 | per device: admission lock word, next ticket, wake word, waiter count |
+//! | [`BUDGETS_AT`] | per device: the job's budget ([`encode_budget`]) and its complement |
 //! | [`WAITERS_AT`] | [`WAITERS`] waiting threads: ticket, claim of their slot, device, heartbeat |
 //! | [`CLAIMS_AT`] | per slot: claim (pid and generation), start time, descriptor |
 //! | [`SHARES_AT`] | per device, per slot: what the slot holds, and its complement |
@@ -36,7 +39,34 @@ pub const SHARES_AT: usize = CLAIMS_AT + SLOTS * CLAIM_BYTES;
 pub const SHARE_BYTES: usize = 16;
 pub const FILE_BYTES: usize = SHARES_AT + DEVICES * SLOTS * SHARE_BYTES;
 
-const _: () = assert!(DEVICE_WORDS_AT + DEVICES * DEVICE_WORD_BYTES <= WAITERS_AT);
+/// Bumped (by one) at each change of the job's budget on any device.
+pub const BUDGET_GENERATION_AT: usize = 72;
+/// Who made the last change: uid in the high 32 bits, pid in the low 32.
+pub const BUDGET_BY_AT: usize = 80;
+/// Offset of a device's wake word in its [`DEVICE_WORD_BYTES`] (a futex word: waiters
+/// sleep on it, every free bumps it).
+pub const WAKE_IN_DEVICE_WORD: usize = 16;
+/// Per device, the job's budget: [`encode_budget`]'s word, then its bitwise complement
+/// (a stray write sets or raises it only by writing both consistently: [`decode_budget`]).
+pub const BUDGETS_AT: usize = DEVICE_WORDS_AT + DEVICES * DEVICE_WORD_BYTES;
+pub const BUDGET_BYTES: usize = 16;
+
+const _: () = assert!(BUDGETS_AT + DEVICES * BUDGET_BYTES <= WAITERS_AT);
+
+/// The word that says "the job's budget is `bytes`" (0 says none is set).
+pub fn encode_budget(bytes: u64) -> u64 {
+    bytes.min(u64::MAX - 2) + 1
+}
+
+/// The job's budget from a device's two budget words: `None` while none is set, and
+/// while the two disagree (mid-write, or after a stray write): then each member's own
+/// budget counts, so that a stray write never sets or raises the job's.
+pub fn decode_budget(word: u64, complement: u64) -> Option<u64> {
+    if word != !complement {
+        return None;
+    }
+    word.checked_sub(1)
+}
 
 /// FNV-1a (64-bit) over the little-endian magic, version, slot, device and waiter
 /// counts and size: what tells a foreign or damaged file from ours.
@@ -123,6 +153,21 @@ pub fn problem(head: &[u8], len: u64) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_job_budget_reads_back_only_when_both_words_agree() {
+        assert_eq!(decode_budget(0, 0), None, "a new file");
+        let w = encode_budget(20 << 30);
+        assert_eq!(decode_budget(w, !w), Some(20 << 30));
+        assert_eq!(decode_budget(w, 0), None, "mid-write");
+        assert_eq!(decode_budget(0, !w), None, "the word wiped");
+        assert_eq!(
+            decode_budget(encode_budget(40 << 30), !w),
+            None,
+            "a stray raise"
+        );
+        assert_eq!(decode_budget(encode_budget(0), !encode_budget(0)), Some(0));
+    }
+
     use super::*;
 
     #[test]

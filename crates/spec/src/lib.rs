@@ -5,6 +5,7 @@
 //! - [`config`]: the environment turned into one validated [`config::Config`].
 //! - [`record`]: the layout of the per-process record `status` and the exporter read.
 //! - [`job_file`]: the layout of a job's ledger file (library and `doctor`).
+//! - [`control`]: a request to change a running process's budget (`cudabudget limit`).
 //! - [`place`]: directories and files in places other users can reach (`/tmp`,
 //!   `/dev/shm`, a configured directory), opened without trusting a name.
 //!
@@ -12,6 +13,7 @@
 //! no threads, no global state.
 
 pub mod config;
+pub mod control;
 pub mod job_file;
 pub mod place;
 pub mod quantity;
