@@ -95,6 +95,14 @@ impl fmt::Display for Bytes {
     }
 }
 
+/// Once, when the process is budgeted: the `CUDABUDGET_*` variables this release does
+/// not know, which it ignores (beside a budget; alone they refuse CUDA instead).
+pub fn unknown_variables() {
+    if let Some(warning) = crate::runtime::config().and_then(|c| c.unknown_warning()) {
+        line(LogLevel::Warn, format_args!("{}: {warning}", Process));
+    }
+}
+
 /// A panic caught at the FFI boundary.
 #[cold]
 #[inline(never)]

@@ -314,6 +314,35 @@ fn a_bad_inherited_variable_is_refused_before_anything_runs() {
 }
 
 #[test]
+fn an_unknown_inherited_variable_runs_beside_a_budget_and_is_refused_alone() {
+    // As the library: a newer release's variable beside a budget does not stop the job.
+    let out = output(
+        cudabudget(&[
+            "run",
+            "--limit",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDABUDGET_LIMIT $CUDABUDGET_NEW_KNOB",
+        ])
+        .env("CUDABUDGET_NEW_KNOB", "1"),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "1Gi 1\n");
+    // A typo of the limit, alone, is never run unbudgeted.
+    let message = assert_refused_before_running("typo", &[], &[("CUDABUDGET_LIMT", "8Gi")]);
+    assert!(
+        message.starts_with("cudabudget: CUDABUDGET_LIMT=\"8Gi\" is not a known variable"),
+        "{message}"
+    );
+    assert!(
+        message.contains("known variables: CUDABUDGET_LIMIT"),
+        "{message}"
+    );
+}
+
+#[test]
 fn no_budget_at_all_is_refused() {
     let message = assert_refused_before_running("no-budget", &[], &[]);
     assert!(message.contains("--limit"), "{message}");

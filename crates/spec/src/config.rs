@@ -195,6 +195,10 @@ pub struct Config {
     /// `CUDA_VISIBLE_DEVICES` as the process had it: how CUDA will number the devices
     /// NVML lists, for a view asked before CUDA is initialised.
     pub cuda_visible_devices: Option<String>,
+    /// `CUDABUDGET_*` names this release does not know (a newer release's, or a typo),
+    /// sorted, beside a valid budget: they are ignored, and [`Config::unknown_warning`]
+    /// says so. Without a budget they are an error instead.
+    pub unknown: Vec<String>,
 }
 
 /// A variable whose value cannot be honoured. `Display` renders the single line the
@@ -221,12 +225,15 @@ enum Variable {
     ContextMemory,
     HamiLimit,
     HamiDeviceLimit(u32),
+    /// Has our prefix but is not a variable this release knows: ignored beside a valid
+    /// budget (a newer release may know it), refused alone (a typo, `CUDABUDGET_LIMT`,
+    /// would otherwise leave the job silently unbudgeted).
+    Unknown,
 }
 
 impl Variable {
-    /// `Ok(None)`: not ours. `Err(reason)`: has our prefix but is not a variable we know,
-    /// which is refused because a typo (`CUDABUDGET_LIMT`) would otherwise leave the job
-    /// silently unbudgeted.
+    /// `Ok(None)`: not ours. `Err(reason)`: one of ours that cannot be honoured whatever
+    /// else is set (a per-device budget for an ordinal that cannot be budgeted).
     fn classify(name: &str) -> Result<Option<Variable>, String> {
         if let Some(rest) = name.strip_prefix(PREFIX) {
             return match rest {
@@ -248,7 +255,7 @@ impl Variable {
                                  0..={MAX_ORDINAL} without leading zeros, e.g. {LIMIT}_1"
                             )
                         }),
-                    None => Err("unknown variable".to_string()),
+                    None => Ok(Some(Variable::Unknown)),
                 },
             };
         }
@@ -354,8 +361,8 @@ pub fn validate_scope(value: &str) -> Result<(), String> {
     parse_scope(value).map(|_| ())
 }
 
-/// Reads `CUDABUDGET_ON_EXCEED`: `fail` or `wait:<duration>` (`30s`, `500ms`, `2m`,
-/// `1h`, or plain seconds; at most a day).
+/// Reads `CUDABUDGET_ON_EXCEED`: `fail`, `warn` or `wait:<duration>` (`30s`, `500ms`,
+/// `2m`, `1h`, or plain seconds; at most a day).
 pub fn parse_on_exceed(value: &str) -> Result<OnExceed, String> {
     let value = trim(value);
     if value == "fail" {
@@ -461,6 +468,7 @@ impl Config {
         let mut hami_cache: Option<&str> = None;
         let mut places: BTreeMap<&str, &str> = BTreeMap::new();
         let mut visible: Option<&str> = None;
+        let mut unknown: BTreeMap<&str, &str> = BTreeMap::new();
         for (name, value) in vars {
             if name == HAMI_SHARED_CACHE {
                 hami_cache.get_or_insert(value);
@@ -478,6 +486,9 @@ impl Config {
                 continue;
             }
             match Variable::classify(name) {
+                Ok(Some(Variable::Unknown)) => {
+                    unknown.entry(name).or_insert(value);
+                }
                 Ok(Some(variable)) => {
                     ours.insert(name, (variable, value));
                 }
@@ -500,6 +511,7 @@ impl Config {
             runtime_dirs: Vec::new(),
             events: None,
             cuda_visible_devices: None,
+            unknown: Vec::new(),
         };
         let fallbacks = crate::place::fallback_roots(|name| places.get(name).copied());
         let mut job_dir = PathBuf::from(DEFAULT_SHARED_DIR);
@@ -518,7 +530,7 @@ impl Config {
                 Variable::Log => config.log = value.parse().map_err(fail)?,
                 Variable::Scope => config.scope = parse_scope(value).map_err(fail)?,
                 Variable::OnExceed => config.on_exceed = parse_on_exceed(value).map_err(fail)?,
-                Variable::Lib => {}
+                Variable::Lib | Variable::Unknown => {}
                 Variable::JobDir | Variable::RuntimeDir => {
                     if !trim(value).starts_with('/') {
                         return Err(fail("use an absolute directory, e.g. /dev/shm".to_string()));
@@ -577,6 +589,15 @@ impl Config {
             (false, true) => Source::Hami,
             (true, true) => Source::Both,
         };
+        // A name this release does not know is a newer release's, or a typo. Beside a
+        // valid budget the process is budgeted whatever it meant, and runs; alone it may
+        // be the budget itself misspelt, and a budget must never be silently dropped.
+        if let Some((&name, &value)) = unknown.iter().next()
+            && config.is_unbudgeted()
+        {
+            return Err(error(name, value, "no budget is set beside it".to_string()));
+        }
+        config.unknown = unknown.into_keys().map(str::to_string).collect();
         Ok(config)
     }
 
@@ -606,6 +627,28 @@ impl Config {
         (ours.is_some() || hami.is_some()).then_some(DeviceLimit { ours, hami })
     }
 
+    /// The one line that names the `CUDABUDGET_*` variables this release does not know
+    /// and ignored (beside a valid budget), with the known ones; `None` when there are
+    /// none. Without the `cudabudget: ` that starts every line (the caller's to add);
+    /// control characters escaped.
+    pub fn unknown_warning(&self) -> Option<String> {
+        let (first, rest) = self.unknown.split_first()?;
+        let mut names = first.escape_debug().to_string();
+        for name in rest {
+            names.push_str(", ");
+            names.push_str(&name.escape_debug().to_string());
+        }
+        let (what, ignored) = if rest.is_empty() {
+            ("is not a known variable", "is ignored")
+        } else {
+            ("are not known variables", "are ignored")
+        };
+        Some(format!(
+            "{names} {what} (a newer release's, or a typo) and {ignored}; the \
+             budget set here applies; known variables: {KNOWN_VARIABLES}"
+        ))
+    }
+
     /// True when no budget at all is configured: the library then passes everything
     /// through.
     pub fn is_unbudgeted(&self) -> bool {
@@ -632,7 +675,7 @@ impl ConfigError {
         let value = &self.value;
         let reason = &self.reason;
         let (what, remedy) = match Variable::classify(&self.variable) {
-            Err(_) | Ok(None) => (
+            Err(_) | Ok(None) | Ok(Some(Variable::Unknown)) => (
                 "is not a known variable",
                 format!("known variables: {KNOWN_VARIABLES}"),
             ),
@@ -981,7 +1024,8 @@ mod tests {
         for bad in [
             "retry", " ", "wait:", "wait:-1s", "wait:10d", "wait:25h", "wait:x", "wait:.5",
         ] {
-            refused(&[("CUDABUDGET_ON_EXCEED", bad)]);
+            let e = refused(&[("CUDABUDGET_ON_EXCEED", bad)]);
+            assert!(e.to_string().contains("use fail or wait:<duration>"), "{e}");
         }
     }
 
@@ -1033,14 +1077,84 @@ mod tests {
     }
 
     #[test]
-    fn unknown_cudabudget_variables_are_refused_listing_the_known_ones() {
+    fn an_unknown_cudabudget_variable_without_a_budget_is_refused_listing_the_known_ones() {
+        // A typo of the limit, alone: the job must not run unbudgeted.
         let e = refused(&[("CUDABUDGET_LIMT", "8Gi")]);
         assert_eq!(e.variable, "CUDABUDGET_LIMT");
         let line = e.to_string();
+        assert!(line.contains("is not a known variable"), "{line}");
         assert!(line.contains("CUDABUDGET_LIMIT_<N>"), "{line}");
         assert!(line.contains("CUDABUDGET_ON_EXCEED"), "{line}");
+        assert!(
+            line.ends_with("CUDA is disabled for this process"),
+            "{line}"
+        );
         refused(&[("CUDABUDGET_FOO", "1")]);
         refused(&[("CUDABUDGET_", "1")]);
+        // Other variables set are not a budget.
+        refused(&[("CUDABUDGET_LIMT", "8Gi"), ("CUDABUDGET_LOG", "info")]);
+        refused(&[("CUDABUDGET_LIMT", "8Gi"), ("CUDABUDGET_ON_EXCEED", "fail")]);
+        // Nor is HAMi's 0, which means no limit.
+        refused(&[
+            ("CUDABUDGET_LIMT", "8Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "0"),
+        ]);
+    }
+
+    #[test]
+    fn an_unknown_cudabudget_variable_beside_a_valid_budget_is_a_warning_and_the_budget_holds() {
+        let c = config(&[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("CUDABUDGET_PRIORITY", "high"),
+            ("CUDABUDGET_LIMT", "4Gi"),
+        ]);
+        assert_eq!(c.limit_for(0), ours(Limit::Bytes(8 * GI)));
+        assert_eq!(c.unknown, ["CUDABUDGET_LIMT", "CUDABUDGET_PRIORITY"]);
+        let line = c.unknown_warning().expect("a warning");
+        assert!(
+            line.starts_with("CUDABUDGET_LIMT, CUDABUDGET_PRIORITY are not known variables"),
+            "{line}"
+        );
+        assert!(line.contains("are ignored"), "{line}");
+        assert!(
+            line.contains("known variables: CUDABUDGET_LIMIT,"),
+            "{line}"
+        );
+        // One name, and any budget: a per-device one, HAMi's.
+        for budget in [
+            ("CUDABUDGET_LIMIT_1", "2Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+        ] {
+            let c = config(&[("CUDABUDGET_NEW_KNOB", "1"), budget]);
+            let line = c.unknown_warning().expect("a warning");
+            assert!(
+                line.starts_with("CUDABUDGET_NEW_KNOB is not a known variable"),
+                "{line}"
+            );
+            assert!(line.contains("is ignored"), "{line}");
+        }
+        // The line stays one line whatever the name.
+        let c = config(&[("CUDABUDGET_X\nY", "1"), ("CUDABUDGET_LIMIT", "1Gi")]);
+        let line = c.unknown_warning().unwrap();
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        // Known variables only: no warning.
+        assert_eq!(
+            config(&[("CUDABUDGET_LIMIT", "1Gi")]).unknown_warning(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_bad_value_is_refused_even_beside_an_unknown_variable_and_a_budget() {
+        let e = refused(&[
+            ("CUDABUDGET_FOO", "1"),
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "loud"),
+        ]);
+        assert_eq!(e.variable, "CUDABUDGET_LOG");
+        // A per-device budget for a device that cannot be budgeted is never ignored.
+        let e = refused(&[("CUDABUDGET_LIMIT_01", "1Gi"), ("CUDABUDGET_LIMIT", "1Gi")]);
+        assert_eq!(e.variable, "CUDABUDGET_LIMIT_01");
     }
 
     #[test]
