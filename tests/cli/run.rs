@@ -343,6 +343,23 @@ fn an_unknown_inherited_variable_runs_beside_a_budget_and_is_refused_alone() {
 }
 
 #[test]
+fn warn_is_passed_as_the_policy() {
+    let out = output(cudabudget(&[
+        "run",
+        "--limit",
+        "1Gi",
+        "--on-exceed",
+        "warn",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDABUDGET_ON_EXCEED",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "warn\n");
+}
+
+#[test]
 fn no_budget_at_all_is_refused() {
     let message = assert_refused_before_running("no-budget", &[], &[]);
     assert!(message.contains("--limit"), "{message}");
@@ -461,8 +478,10 @@ fn run_help_shows_every_form_the_library_accepts_and_the_exit_statuses() {
         "\"job:<name>\"",
         "\"fail\"",
         "\"wait:<duration>\"",
+        "\"warn\"",
         "--scope job:train",
         "--on-exceed wait:30s",
+        "--on-exceed warn",
         "125",
         "126",
         "127",

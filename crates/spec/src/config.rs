@@ -22,7 +22,7 @@ pub const LIMIT: &str = "CUDABUDGET_LIMIT";
 pub const LOG: &str = "CUDABUDGET_LOG";
 /// Who shares the budget: `process`, later `job:<name>`.
 pub const SCOPE: &str = "CUDABUDGET_SCOPE";
-/// What a denied allocation does: `fail`, later `wait:<duration>`.
+/// What an allocation past the budget does: `fail`, `wait:<duration>` or `warn`.
 pub const ON_EXCEED: &str = "CUDABUDGET_ON_EXCEED";
 /// The library the CLI preloads; the library itself ignores it.
 pub const LIB: &str = "CUDABUDGET_LIB";
@@ -324,6 +324,9 @@ pub enum OnExceed {
     Fail,
     /// Wait up to this long for room, then fail.
     Wait(std::time::Duration),
+    /// Admit it anyway, and tell (a line, a counted overrun, an event): observe mode, to
+    /// measure what budgets would refuse before enforcing them.
+    Warn,
 }
 
 /// Reads `CUDABUDGET_SCOPE`: `process` or `job:<name>` (1 to 64 of `A-Z a-z 0-9 . _ -`,
@@ -365,15 +368,17 @@ pub fn validate_scope(value: &str) -> Result<(), String> {
 /// `2m`, `1h`, or plain seconds; at most a day).
 pub fn parse_on_exceed(value: &str) -> Result<OnExceed, String> {
     let value = trim(value);
-    if value == "fail" {
-        return Ok(OnExceed::Fail);
+    match value {
+        "fail" => return Ok(OnExceed::Fail),
+        "warn" => return Ok(OnExceed::Warn),
+        _ => {}
     }
     if value.is_empty() {
         return Err("empty value".to_string());
     }
     let Some(duration) = value.strip_prefix("wait:") else {
         return Err(format!(
-            "unknown policy {value:?}; expected \"fail\" or \"wait:<duration>\""
+            "unknown policy {value:?}; expected \"fail\", \"warn\" or \"wait:<duration>\""
         ));
     };
     parse_duration(duration).map(OnExceed::Wait)
@@ -698,7 +703,7 @@ impl ConfigError {
             ),
             Ok(Some(Variable::OnExceed)) => (
                 "is not a valid policy",
-                "use fail or wait:<duration>, e.g. wait:30s".to_string(),
+                "use fail, warn or wait:<duration>, e.g. wait:30s".to_string(),
             ),
             Ok(Some(_)) => ("cannot be used", format!("unset {variable}")),
         };
@@ -1023,10 +1028,23 @@ mod tests {
         );
         for bad in [
             "retry", " ", "wait:", "wait:-1s", "wait:10d", "wait:25h", "wait:x", "wait:.5",
+            "warn:1s", "Warn",
         ] {
             let e = refused(&[("CUDABUDGET_ON_EXCEED", bad)]);
-            assert!(e.to_string().contains("use fail or wait:<duration>"), "{e}");
+            assert!(
+                e.to_string().contains("use fail, warn or wait:<duration>"),
+                "{e}"
+            );
         }
+    }
+
+    #[test]
+    fn the_warn_policy_admits_past_the_budget() {
+        assert_eq!(
+            config(&[("CUDABUDGET_ON_EXCEED", " warn\n")]).on_exceed,
+            OnExceed::Warn
+        );
+        assert_eq!(parse_on_exceed("warn"), Ok(OnExceed::Warn));
     }
 
     #[test]
@@ -1093,7 +1111,7 @@ mod tests {
         refused(&[("CUDABUDGET_", "1")]);
         // Other variables set are not a budget.
         refused(&[("CUDABUDGET_LIMT", "8Gi"), ("CUDABUDGET_LOG", "info")]);
-        refused(&[("CUDABUDGET_LIMT", "8Gi"), ("CUDABUDGET_ON_EXCEED", "fail")]);
+        refused(&[("CUDABUDGET_LIMT", "8Gi"), ("CUDABUDGET_ON_EXCEED", "warn")]);
         // Nor is HAMi's 0, which means no limit.
         refused(&[
             ("CUDABUDGET_LIMT", "8Gi"),
