@@ -33,6 +33,7 @@ fn in_warn_mode_every_allocation_path_is_admitted_past_the_budget() {
             &["graph", "memnode:0:2Gi", "instantiate:0", "launch:0:null"],
         ),
         ("modload", &["modload"]),
+        ("setlimit", &["setlimit:2:2147483648", "kernel"]),
     ];
     for (path, ops) in paths {
         let mut all = ops.to_vec();
@@ -49,8 +50,8 @@ fn in_warn_mode_every_allocation_path_is_admitted_past_the_budget() {
         );
         assert_eq!(run.rc(path, 0), 0, "{path}: admitted\n{run:?}");
         assert!(
-            run.num("phys", 0, "used") >= 2 * GI,
-            "{path}: the driver was called\n{run:?}"
+            run.num("phys", 0, "used") > GI,
+            "{path}: the driver was called, and the device holds more than the budget\n{run:?}"
         );
         let lines = overrun_lines(&run.stderr);
         assert_eq!(lines.len(), 1, "{path}: one line\n{}", run.stderr);
