@@ -399,6 +399,29 @@ fn trainer_with(change: impl FnOnce(&mut Value)) -> Value {
 }
 
 #[test]
+fn the_warn_policy_annotation_is_passed_to_each_budgeted_container() {
+    let webhook = Webhook::start("warn");
+    let review = trainer_with(|pod| {
+        pod["metadata"]["annotations"]["cudabudget.io/on-exceed"] = json!("warn");
+    });
+    let response = webhook.review(&review);
+    assert_eq!(response["allowed"], true, "{response}");
+    let pod = patched(&review, &patch_of(&response));
+    let policy = json!({"name": "CUDABUDGET_ON_EXCEED", "value": "warn"});
+    for (index, name) in [(0, "trainer"), (2, "server")] {
+        let env = pod["spec"]["containers"][index]["env"].as_array().unwrap();
+        assert!(env.contains(&policy), "{name}: {env:?}");
+        assert_eq!(
+            env.iter()
+                .filter(|e| e["name"] == "CUDABUDGET_ON_EXCEED")
+                .count(),
+            1,
+            "{name}: {env:?}"
+        );
+    }
+}
+
+#[test]
 fn invalid_or_unknown_annotations_and_contradicting_containers_are_denied_naming_them() {
     let webhook = Webhook::start("denials");
     let annotate = |key: &'static str, value: &'static str| {

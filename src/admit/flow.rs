@@ -664,9 +664,12 @@ pub fn alloc_pooled(
     if let Some(pool) = created {
         return alloc_from_created(call, device, d, pool, bytes, real);
     }
-    if !ledger::PoolCredit::may_hold(bytes, d.limit()) {
+    let may_hold = ledger::PoolCredit::may_hold(bytes, d.limit())
+        || super::warns() && ledger::PoolCredit::may_hold(bytes, u64::MAX);
+    if !may_hold {
         // No pool growth could ever admit it: refused before any credit moves, so a
-        // failure cannot give back credit that was never taken.
+        // failure cannot give back credit that was never taken. (In observe mode it goes
+        // on, and its growth is admitted past the budget.)
         let denial = Denial {
             requested: bytes,
             used: d.budget_used(),

@@ -2,7 +2,9 @@
 //! for; when it does not fit, makes room (the process's pools and graph memory give back
 //! what they hold but do not use, the footprint is read again) and reserves once more;
 //! what still does not fit takes the one refusal path, [`refuse`]: the denial is noted
-//! and reported, and the call gets `CUDA_ERROR_OUT_OF_MEMORY`. Every kind of allocation
+//! and reported, and the call gets `CUDA_ERROR_OUT_OF_MEMORY` — or, with
+//! `CUDABUDGET_ON_EXCEED=warn`, the one overrun path instead, [`overrun`]: it is reserved
+//! past the budget, and counted and reported. Every kind of allocation
 //! asks through it, by what it asks for ([`Ask`]): a synchronous allocation, a module
 //! load or a context limit ([`Fixed`], which may wait for room with
 //! `CUDABUDGET_ON_EXCEED=wait:…`), `cuMemCreate` (whose driver is asked first whether it
@@ -109,8 +111,9 @@ impl<F: Fn() -> u64> Ask for Growth<F> {
 }
 
 /// Decides an allocation on `device` for `call`: reserves what `ask` asks for; if it
-/// does not fit, makes room and tries once more; then, for a request that may wait,
-/// waits for room; else refuses ([`refuse`]). `Ok(None)`: nothing to admit.
+/// does not fit, makes room and tries once more; then, in observe mode, admits it past
+/// the budget ([`overrun`]); for a request that may wait, waits for room; else refuses
+/// ([`refuse`]). `Ok(None)`: nothing to admit.
 pub fn admit<'d>(
     call: &str,
     device: usize,
@@ -122,6 +125,9 @@ pub fn admit<'d>(
         Err(Missed::Rejected(rc)) => return Err(rc),
         Err(Missed::Denied(denial)) => denial,
     };
+    if warns() {
+        return Ok(Some(overrun(call, device, d, &denial)));
+    }
     match ask.waits_for() {
         Some(bytes) => wait_for_room(call, device, d, ask, bytes, denial),
         None => Err(refuse(call, device, d, &denial)),
@@ -197,6 +203,24 @@ fn wait_for_room<'d>(
             Err(Missed::Denied(_)) => {}
         }
     }
+}
+
+/// Whether a request that does not fit is admitted anyway (`CUDABUDGET_ON_EXCEED=warn`).
+/// Asked only once a request did not fit: the allocations that fit never read it.
+#[cold]
+pub fn warns() -> bool {
+    runtime::config().is_some_and(|c| c.on_exceed == OnExceed::Warn)
+}
+
+/// The one overrun (`CUDABUDGET_ON_EXCEED=warn`): what `denial` asked for is reserved
+/// past the budget, the overrun is counted, and reported (a line, rate-limited, and the
+/// event).
+#[cold]
+fn overrun<'d>(call: &str, device: usize, d: &'d DeviceLedger, denial: &Denial) -> Reservation<'d> {
+    let admitted = d.reserve_past_budget(denial.requested);
+    d.note_overrun();
+    report::overrun(call, device, denial);
+    admitted
 }
 
 /// The one refusal: the denial is noted and reported, and the call gets

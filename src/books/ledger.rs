@@ -59,6 +59,8 @@ pub struct DeviceLedger {
     denials: AtomicU64,
     /// Allocations that waited for room (`CUDABUDGET_ON_EXCEED=wait:…`).
     waits: AtomicU64,
+    /// Allocations admitted past the budget (`CUDABUDGET_ON_EXCEED=warn`).
+    overruns: AtomicU64,
     /// The part of `used` that no hook saw: the context, modules, and whatever the
     /// footprint reconciliation found beyond the tracked allocations.
     overhead: AtomicU64,
@@ -84,6 +86,7 @@ impl DeviceLedger {
             peak: AtomicU64::new(0),
             denials: AtomicU64::new(0),
             waits: AtomicU64::new(0),
+            overruns: AtomicU64::new(0),
             overhead: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             job_device: AtomicU64::new(NO_JOB),
@@ -203,6 +206,19 @@ impl DeviceLedger {
         }
     }
 
+    /// Reserves `bytes` whatever the budget says (`CUDABUDGET_ON_EXCEED=warn`: a request
+    /// that did not fit is admitted anyway): the books, the job's too, then hold more
+    /// than the budget. Rolled back on drop unless committed, as [`Self::reserve`].
+    pub fn reserve_past_budget(&self, bytes: u64) -> Reservation<'_> {
+        self.charge(bytes);
+        Reservation {
+            device: self,
+            bytes,
+            committed: false,
+            epoch: self.epoch(),
+        }
+    }
+
     /// Charges `bytes` whatever the budget says: memory the driver already handed out.
     pub fn charge(&self, bytes: u64) {
         let after = self
@@ -291,6 +307,14 @@ impl DeviceLedger {
 
     pub fn note_denial(&self) -> u64 {
         self.denials.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn overruns(&self) -> u64 {
+        self.overruns.load(Ordering::Relaxed)
+    }
+
+    pub fn note_overrun(&self) {
+        self.overruns.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Forgets everything the device held (its last context is gone, and its memory
@@ -1071,6 +1095,22 @@ mod tests {
         d.reserve(40).unwrap().commit();
         assert_eq!(d.used(), 100);
         assert_eq!(d.peak(), 100);
+    }
+
+    #[test]
+    fn a_reservation_past_the_budget_is_charged_and_rolled_back_like_any_other() {
+        let d = device(100);
+        d.reserve(60).unwrap().commit();
+        d.reserve_past_budget(70).commit();
+        assert_eq!((d.used(), d.peak()), (130, 130));
+        assert!(
+            d.reserve(1).is_err(),
+            "above the budget, what fits is still decided"
+        );
+        drop(d.reserve_past_budget(50));
+        assert_eq!(d.used(), 130, "not committed: given back");
+        d.note_overrun();
+        assert_eq!(d.overruns(), 1);
     }
 
     #[test]

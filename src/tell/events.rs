@@ -1,14 +1,15 @@
-//! Denial events: with `CUDABUDGET_EVENTS=<path>`, every refused allocation appends one
-//! JSON line to that file:
+//! Budget events: with `CUDABUDGET_EVENTS=<path>`, every refused allocation (`"outcome":
+//! "denied"`) and, with `CUDABUDGET_ON_EXCEED=warn`, every allocation admitted past the
+//! budget (`"outcome":"overrun"`) appends one JSON line to that file:
 //!
 //! ```json
-//! {"time":"2026-12-01T09:30:00.123Z","pid":1234,"command":"python3","job":null,"device":0,"call":"cuMemAlloc","request_bytes":4294967296,"used_bytes":5368709120,"limit_bytes":8589934592}
+//! {"time":"2026-12-01T09:30:00.123Z","pid":1234,"command":"python3","job":null,"device":0,"call":"cuMemAlloc","outcome":"denied","request_bytes":4294967296,"used_bytes":5368709120,"limit_bytes":8589934592}
 //! ```
 //!
-//! The allocating thread never touches the file. A denial is put, as a few numbers, in
+//! The allocating thread never touches the file. An event is put, as a few numbers, in
 //! a bounded lock-free queue (no allocation, no lock, no system call but one futex wake);
 //! when the queue is full the event is dropped and counted. A writer thread of the
-//! library's own, started at the first denial, opens the file once and writes the lines:
+//! library's own, started at the first event, opens the file once and writes the lines:
 //! - opened safely: its directory through [`Dir::open_trusted`] (every directory from
 //!   `/` root's or ours, none writable by others unless sticky), the file through
 //!   [`Dir::open_file`] with [`FileOpen::APPEND`] (no link followed, no FIFO or device
@@ -65,7 +66,25 @@ pub fn job() -> Option<&'static str> {
     crate::runtime::config()?.job()
 }
 
-/// One denial, as the queue holds it: what the line is made of.
+/// What became of the allocation an event is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Refused: the call got `CUDA_ERROR_OUT_OF_MEMORY`.
+    Denied,
+    /// Admitted past the budget (`CUDABUDGET_ON_EXCEED=warn`).
+    Overrun,
+}
+
+impl Outcome {
+    fn name(self) -> &'static str {
+        match self {
+            Outcome::Denied => "denied",
+            Outcome::Overrun => "overrun",
+        }
+    }
+}
+
+/// One event, as the queue holds it: what the line is made of.
 #[derive(Clone, Copy)]
 struct Event {
     time_ms: u64,
@@ -73,6 +92,8 @@ struct Event {
     call: [u8; 32],
     call_len: u8,
     device: usize,
+    outcome: Outcome,
+    /// The request, and what the device held and allowed before it.
     denial: Denial,
     /// In a job: who holds the most of the device, when it was refused.
     top_holders: Option<[(u32, u64); 5]>,
@@ -298,9 +319,10 @@ fn line(buffer: &mut Buffer, event: &Event, job: Option<&str>) -> Option<usize> 
     .and_then(|()| {
         write!(
             buffer,
-            ",\"device\":{},\"call\":{},\"request_bytes\":{},\"used_bytes\":{},\"limit_bytes\":{}",
+            ",\"device\":{},\"call\":{},\"outcome\":\"{}\",\"request_bytes\":{},\"used_bytes\":{},\"limit_bytes\":{}",
             event.device,
             JsonString(event.call()),
+            event.outcome.name(),
             event.denial.requested,
             event.denial.used,
             event.denial.budget
@@ -324,8 +346,18 @@ fn line(buffer: &mut Buffer, event: &Event, job: Option<&str>) -> Option<usize> 
 }
 
 /// Queues the event of one denial, if `CUDABUDGET_EVENTS` asks for it. Never waits:
-/// atomics, and a futex wake (the first denial of a process also starts the writer).
+/// atomics, and a futex wake (the first event of a process also starts the writer).
 pub fn denial(call: &str, device: usize, denial: &Denial) {
+    queue(Outcome::Denied, call, device, denial);
+}
+
+/// Queues the event of one allocation admitted past the budget
+/// (`CUDABUDGET_ON_EXCEED=warn`), if `CUDABUDGET_EVENTS` asks for it; as [`denial`].
+pub fn overrun(call: &str, device: usize, request: &Denial) {
+    queue(Outcome::Overrun, call, device, request);
+}
+
+fn queue(outcome: Outcome, call: &str, device: usize, denial: &Denial) {
     let state = WRITER.load(Ordering::Acquire);
     if state == OFF || crate::runtime::config().is_none_or(|c| c.events.is_none()) {
         return;
@@ -349,6 +381,7 @@ pub fn denial(call: &str, device: usize, denial: &Denial) {
         call: name,
         call_len: len as u8,
         device,
+        outcome,
         denial: *denial,
         top_holders,
     };
@@ -402,7 +435,7 @@ fn start_writer() {
 }
 
 /// In the child of `fork()`: the writer did not come along. The child starts its own
-/// at its first denial, with an empty queue.
+/// at its first event, with an empty queue.
 extern "C" fn after_fork_child() {
     let fd = FD.swap(-1, Ordering::Relaxed);
     if fd >= 0 {
@@ -583,6 +616,7 @@ mod tests {
             call: [0; 32],
             call_len: 0,
             device: 0,
+            outcome: Outcome::Denied,
             denial: Denial {
                 requested: n,
                 used: 0,
@@ -690,6 +724,7 @@ mod tests {
             call,
             call_len: 10,
             device: 1,
+            outcome: Outcome::Denied,
             denial,
             top_holders: None,
         };
@@ -703,8 +738,21 @@ mod tests {
             text.starts_with("{\"time\":\"1970-01-01T00:00:00.000Z\",\"pid\":42,\"command\":\"")
         );
         assert!(text.contains(
-            ",\"device\":1,\"call\":\"cuMemAlloc\",\"request_bytes\":4294967296,\
-             \"used_bytes\":5368709120,\"limit_bytes\":8589934592}"
+            ",\"device\":1,\"call\":\"cuMemAlloc\",\"outcome\":\"denied\",\
+             \"request_bytes\":4294967296,\"used_bytes\":5368709120,\"limit_bytes\":8589934592}"
         ));
+        let overrun = Event {
+            outcome: Outcome::Overrun,
+            ..event
+        };
+        (buffer.len, buffer.overflow) = (0, false);
+        let len = line(&mut buffer, &overrun, Some("train")).unwrap();
+        let text = std::str::from_utf8(&buffer.buf[..len]).unwrap();
+        assert!(
+            text.contains(
+                "\"job\":\"train\",\"device\":1,\"call\":\"cuMemAlloc\",\"outcome\":\"overrun\","
+            ),
+            "{text}"
+        );
     }
 }

@@ -275,6 +275,7 @@ fn snapshot(uuids: &[Option<String>]) -> Vec<DeviceFigures> {
             peak: d.peak(),
             denials: d.denials(),
             waits: d.waits(),
+            overruns: d.overruns(),
         })
         .collect()
 }

@@ -1,5 +1,6 @@
-//! What the library tells the user: denials (rate-limited) and the summary at exit;
-//! and, when `CUDABUDGET_EVENTS` names a file, one JSON line per denial appended to it
+//! What the library tells the user: denials and overruns (rate-limited) and the summary
+//! at exit; and, when `CUDABUDGET_EVENTS` names a file, one JSON line per denial or
+//! overrun appended to it
 //! ([`crate::tell::events`]). The lines themselves are [`crate::sys::log`]'s.
 //!
 //! Denial lines and the exit summary name the process (`pid 1234 (python3, job train)`)
@@ -14,39 +15,90 @@ use crate::sys::log::{emit, enabled, line};
 
 pub use crate::sys::clock::monotonic_ms;
 
-static LAST_DENIAL_MS: AtomicU64 = AtomicU64::new(0);
-static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+/// At most one line a second of a kind, the others counted.
+struct Throttle {
+    last_ms: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl Throttle {
+    const fn new() -> Throttle {
+        Throttle {
+            last_ms: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines left out since the last one)` when a line may be written now.
+    fn pass(&self) -> Option<u64> {
+        let now = monotonic_ms().max(1);
+        let last = self.last_ms.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < 1000
+            || self
+                .last_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+}
+
+static DENIALS: Throttle = Throttle::new();
+static OVERRUNS: Throttle = Throttle::new();
 
 /// A refused allocation: one event (when `CUDABUDGET_EVENTS` is set), and at most one
 /// line a second, with a count of those left out.
 pub fn denial(call: &str, device: usize, denial: &Denial) {
-    // A job whose ledger was found damaged says so once, naming the file.
-    if let Some(news) = crate::books::job::joined().and_then(|job| job.damage_news()) {
-        line(LogLevel::Error, format_args!("{news}"));
-    }
+    damage_news();
     crate::tell::events::denial(call, device, denial);
     if !enabled(LogLevel::Warn) {
         return;
     }
-    let now = monotonic_ms().max(1);
-    let last = LAST_DENIAL_MS.load(Ordering::Relaxed);
-    if last != 0 && now.saturating_sub(last) < 1000
-        || LAST_DENIAL_MS
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-    {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+    let Some(suppressed) = DENIALS.pass() else {
         return;
-    }
-    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+    };
     emit(format_args!(
         "{}: denied {call} of {} on device {device}: {} in use, budget {}{}",
         Process,
         Bytes(denial.requested),
         Bytes(denial.used),
         Bytes(denial.budget),
-        Suppressed(suppressed),
+        Suppressed(suppressed, "denials"),
     ));
+}
+
+/// An allocation admitted past the budget (`CUDABUDGET_ON_EXCEED=warn`; `request` is
+/// what it asked for, and what the device held and allowed before it): as a denial, one
+/// event, and at most one line a second (its own second: overruns never hide denials),
+/// with a count of those left out.
+pub fn overrun(call: &str, device: usize, request: &Denial) {
+    damage_news();
+    crate::tell::events::overrun(call, device, request);
+    if !enabled(LogLevel::Warn) {
+        return;
+    }
+    let Some(suppressed) = OVERRUNS.pass() else {
+        return;
+    };
+    emit(format_args!(
+        "{}: {call} of {} on device {device} admitted past the budget \
+         (CUDABUDGET_ON_EXCEED=warn): {} in use, budget {}{}",
+        Process,
+        Bytes(request.requested),
+        Bytes(request.used),
+        Bytes(request.budget),
+        Suppressed(suppressed, "overruns"),
+    ));
+}
+
+/// A job whose ledger was found damaged says so once, naming the file.
+fn damage_news() {
+    if let Some(news) = crate::books::job::joined().and_then(|job| job.damage_news()) {
+        line(LogLevel::Error, format_args!("{news}"));
+    }
 }
 
 /// This process as the lines name it: `pid 1234 (python3)`, or `pid 1234 (python3, job
@@ -65,12 +117,24 @@ impl fmt::Display for Process {
     }
 }
 
-struct Suppressed(u64);
+/// ` (N more <what> not shown)`, or nothing when none was left out.
+struct Suppressed(u64, &'static str);
 impl fmt::Display for Suppressed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             0 => Ok(()),
-            n => write!(f, " ({n} more denials not shown)"),
+            n => write!(f, " ({n} more {} not shown)", self.1),
+        }
+    }
+}
+
+/// `, N admitted past the budget` in observe mode, or nothing when none was.
+struct Overruns(u64);
+impl fmt::Display for Overruns {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => Ok(()),
+            n => write!(f, ", {n} admitted past the budget"),
         }
     }
 }
@@ -92,6 +156,14 @@ impl fmt::Display for Bytes {
         let whole = self.0 / scale;
         let hundredths = (self.0 % scale) as u128 * 100 / scale as u128;
         write!(f, "{whole}.{hundredths:02} {}", UNITS[unit])
+    }
+}
+
+/// Once, when the process is budgeted: the `CUDABUDGET_*` variables this release does
+/// not know, which it ignores (beside a budget; alone they refuse CUDA instead).
+pub fn unknown_variables() {
+    if let Some(warning) = crate::runtime::config().and_then(|c| c.unknown_warning()) {
+        line(LogLevel::Warn, format_args!("{}: {warning}", Process));
     }
 }
 
@@ -123,12 +195,13 @@ extern "C" fn exit_summary() {
             continue;
         };
         emit(format_args!(
-            "{}: device {device}: peak {} of budget {}, {} in use at exit, {} denied",
+            "{}: device {device}: peak {} of budget {}, {} in use at exit, {} denied{}",
             Process,
             Bytes(d.peak()),
             Bytes(budget),
             Bytes(d.used()),
-            d.denials()
+            d.denials(),
+            Overruns(d.overruns()),
         ));
     }
 }

@@ -35,6 +35,10 @@ const MALFORMED: &[(&str, &str)] = &[
     ("CUDABUDGET_LOG", "loud"),
     ("CUDABUDGET_SCOPE", "job:a/b"),
     ("CUDABUDGET_ON_EXCEED", "wait:forever"),
+    // A variable this release does not know, with no budget beside it: a typo of the
+    // limit must never run unbudgeted.
+    ("CUDABUDGET_LIMT", "8Gi"),
+    ("CUDABUDGET_FOO", "1"),
     ("CUDA_DEVICE_MEMORY_LIMIT", "8Gi"),
     ("CUDA_DEVICE_MEMORY_LIMIT", "-1"),
 ];
@@ -63,6 +67,47 @@ fn every_malformed_value_refuses_cuinit_with_one_line_naming_variable_and_value(
             "{line} quotes {value:?}"
         );
     }
+}
+
+#[test]
+fn an_unknown_variable_beside_a_budget_is_one_warning_and_the_budget_holds() {
+    let run = budget_run(
+        "gpa",
+        &["alloc:1Gi", "alloc:2Gi"],
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_NEW_KNOB", "on"),
+            ("CUDABUDGET_LOG", "error"),
+        ],
+    );
+    assert_eq!(run.rc("init", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 2, "the budget holds\n{run:?}");
+    // At `error` the warning is not shown, and nothing else is either.
+    assert_eq!(run.stderr, "", "{run:?}");
+
+    let run = budget_run(
+        "gpa",
+        &["alloc:1Gi", "alloc:2Gi", "alloc:2Gi"],
+        &[("CUDABUDGET_LIMIT", "2Gi"), ("CUDABUDGET_NEW_KNOB", "on")],
+    );
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+    let warnings: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("CUDABUDGET_NEW_KNOB"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one line, once:\n{}", run.stderr);
+    let line = warnings[0];
+    assert!(line.starts_with("cudabudget: pid "), "{line}");
+    assert!(
+        line.contains("CUDABUDGET_NEW_KNOB is not a known variable"),
+        "{line}"
+    );
+    assert!(
+        line.contains("known variables: CUDABUDGET_LIMIT, "),
+        "{line}"
+    );
 }
 
 #[test]

@@ -6,6 +6,7 @@
 
 mod bad_config;
 mod enforced;
+mod observe;
 mod sources;
 #[path = "../util/mod.rs"]
 mod util;

@@ -199,6 +199,40 @@ fn the_configuration_check_gives_each_device_its_budget_or_says_what_is_wrong() 
 }
 
 #[test]
+fn doctor_agrees_with_the_library_on_unknown_variables() {
+    // Beside a budget: a warning naming it, and the budget stands.
+    let (code, checks) = doctor("unknown-beside", &[("CUDABUDGET_NEW_KNOB", "1")]);
+    assert_status(&checks, "configuration", "warn");
+    let summary = checks["configuration"]["summary"].as_str().unwrap();
+    assert!(summary.contains("device 0: 1.00 GiB"), "{summary}");
+    assert!(
+        summary.contains("CUDABUDGET_NEW_KNOB is not a known variable"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("known variables: CUDABUDGET_LIMIT"),
+        "{summary}"
+    );
+    assert_eq!(
+        checks["configuration"]["details"]["unknown_variables"][0],
+        "CUDABUDGET_NEW_KNOB"
+    );
+    assert_eq!(code, 0);
+
+    // A typo of the limit alone: a process here would get no CUDA.
+    let (code, checks) = doctor_with("unknown-alone", &[("CUDABUDGET_LIMT", "8Gi")], |c| {
+        c.env_remove("CUDABUDGET_LIMIT");
+    });
+    assert_status(&checks, "configuration", "fail");
+    let summary = checks["configuration"]["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("CUDABUDGET_LIMT=\"8Gi\" is not a known variable"),
+        "{summary}"
+    );
+    assert_eq!(code, 1);
+}
+
+#[test]
 fn a_preloaded_library_is_noticed_and_does_not_budget_the_doctor_itself() {
     let library = crate::util::cli::fresh_library();
     let (code, checks) = doctor("preloaded", &[("LD_PRELOAD", library.to_str().unwrap())]);

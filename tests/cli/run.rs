@@ -314,6 +314,52 @@ fn a_bad_inherited_variable_is_refused_before_anything_runs() {
 }
 
 #[test]
+fn an_unknown_inherited_variable_runs_beside_a_budget_and_is_refused_alone() {
+    // As the library: a newer release's variable beside a budget does not stop the job.
+    let out = output(
+        cudabudget(&[
+            "run",
+            "--limit",
+            "1Gi",
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDABUDGET_LIMIT $CUDABUDGET_NEW_KNOB",
+        ])
+        .env("CUDABUDGET_NEW_KNOB", "1"),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "1Gi 1\n");
+    // A typo of the limit, alone, is never run unbudgeted.
+    let message = assert_refused_before_running("typo", &[], &[("CUDABUDGET_LIMT", "8Gi")]);
+    assert!(
+        message.starts_with("cudabudget: CUDABUDGET_LIMT=\"8Gi\" is not a known variable"),
+        "{message}"
+    );
+    assert!(
+        message.contains("known variables: CUDABUDGET_LIMIT"),
+        "{message}"
+    );
+}
+
+#[test]
+fn warn_is_passed_as_the_policy() {
+    let out = output(cudabudget(&[
+        "run",
+        "--limit",
+        "1Gi",
+        "--on-exceed",
+        "warn",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDABUDGET_ON_EXCEED",
+    ]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "warn\n");
+}
+
+#[test]
 fn no_budget_at_all_is_refused() {
     let message = assert_refused_before_running("no-budget", &[], &[]);
     assert!(message.contains("--limit"), "{message}");
@@ -432,8 +478,10 @@ fn run_help_shows_every_form_the_library_accepts_and_the_exit_statuses() {
         "\"job:<name>\"",
         "\"fail\"",
         "\"wait:<duration>\"",
+        "\"warn\"",
         "--scope job:train",
         "--on-exceed wait:30s",
+        "--on-exceed warn",
         "125",
         "126",
         "127",

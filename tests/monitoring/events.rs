@@ -109,11 +109,108 @@ fn every_denial_of_every_process_is_one_json_line_in_the_events_file() {
     assert_eq!(event["job"], Value::Null);
     assert_eq!(event["device"], 0);
     assert_eq!(event["call"], "cuMemAlloc");
+    assert_eq!(event["outcome"], "denied");
     assert_eq!(event["request_bytes"], 2u64 << 30);
     assert_eq!(event["used_bytes"], 1u64 << 30);
     assert_eq!(event["limit_bytes"], 2u64 << 30);
     assert!(event["time"].as_str().unwrap().ends_with('Z'));
     assert_eq!(lines.len(), race_denied + 2, "nothing else, nothing torn");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn in_warn_mode_every_overrun_is_one_json_line_in_the_events_file_process_and_job_alike() {
+    let dir = scratch("events-overrun");
+    let events = dir.join("overruns.jsonl");
+    let events_arg = events.to_str().unwrap();
+    let job = format!("overrun-{}", std::process::id());
+    let scope = format!("job:{job}");
+    let warn = ("CUDABUDGET_ON_EXCEED", "warn");
+    // On its own: 1 GiB fits, 2 GiB more do not and are admitted, 512 MiB more too.
+    let (own_pid, own_out, own_err) = run(
+        &["alloc:1Gi", "alloc:2Gi", "alloc:512Mi"],
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_EVENTS", events_arg),
+            warn,
+        ],
+    );
+    assert_eq!(
+        own_out
+            .lines()
+            .filter(|l| l.starts_with("alloc rc=0 "))
+            .count(),
+        3,
+        "{own_out}"
+    );
+    let told = format!(
+        "cudabudget: pid {own_pid} (client): cuMemAlloc of 2.00 GiB on device 0 admitted past \
+         the budget (CUDABUDGET_ON_EXCEED=warn): 1.00 GiB in use, budget 2.00 GiB"
+    );
+    assert!(
+        own_err.lines().any(|l| l == told),
+        "no {told:?} in\n{own_err}"
+    );
+    // In a job: the job's budget is what is crossed.
+    let (job_pid, _, job_err) = run(
+        &["alloc:3Gi"],
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_SCOPE", &scope),
+            ("CUDABUDGET_EVENTS", events_arg),
+            warn,
+        ],
+    );
+    let told = format!("cudabudget: pid {job_pid} (client, job {job}): cuMemAlloc of 3.00 GiB");
+    assert!(
+        job_err.lines().any(|l| l.starts_with(&told)),
+        "no {told:?} in\n{job_err}"
+    );
+
+    let text = std::fs::read_to_string(&events).expect("the events file exists");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "one line per overrun, nothing else:\n{text}"
+    );
+    for event in &lines {
+        assert_eq!(event["outcome"], "overrun", "{event}");
+        assert_eq!(event["call"], "cuMemAlloc");
+        assert_eq!(event["limit_bytes"], 2u64 << 30);
+        assert!(event["time"].as_str().unwrap().ends_with('Z'));
+    }
+    let own: Vec<&Value> = lines
+        .iter()
+        .filter(|e| e["pid"].as_u64() == Some(u64::from(own_pid)))
+        .collect();
+    assert_eq!(own.len(), 2);
+    assert_eq!(own[0]["job"], Value::Null);
+    assert_eq!(
+        (
+            own[0]["request_bytes"].as_u64(),
+            own[0]["used_bytes"].as_u64()
+        ),
+        (Some(2 << 30), Some(1 << 30))
+    );
+    assert_eq!(
+        (
+            own[1]["request_bytes"].as_u64(),
+            own[1]["used_bytes"].as_u64()
+        ),
+        (Some(512 << 20), Some(3 << 30)),
+        "the books hold the first overrun"
+    );
+    let in_job = lines
+        .iter()
+        .find(|e| e["pid"].as_u64() == Some(u64::from(job_pid)))
+        .expect("the job's overrun");
+    assert_eq!(in_job["job"], job.as_str());
+    assert_eq!(in_job["request_bytes"], 3u64 << 30);
+    assert!(in_job["top_holders"].is_array(), "{in_job}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -283,6 +283,49 @@ fn live_processes_are_exported_in_the_prometheus_text_format() {
     );
 }
 
+#[test]
+fn overruns_in_warn_mode_are_a_counter_and_the_series_shows_use_above_the_budget() {
+    let pod = format!("observe-{}", std::process::id());
+    let client = Budgeted::start(
+        &["alloc:1Gi", "alloc:2Gi", "alloc:1Mi", "sleep:30000"],
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_ON_EXCEED", "warn"),
+            ("POD_NAME", pod.as_str()),
+        ],
+    );
+    client.wait_for(1, |p| p["devices"][0]["overruns"] == 2);
+    let exporter = Exporter::start(&[]);
+    let (code, body) = exporter.get("/metrics");
+    assert_eq!(code, 200);
+    let samples = parse(&body);
+    let labels = [("pod", pod.as_str()), ("device_index", "0")];
+    assert_eq!(
+        value(&samples, "cudabudget_overruns_total", &labels),
+        Some(2.0),
+        "{body}"
+    );
+    assert_eq!(
+        value(&samples, "cudabudget_denials_total", &labels),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&samples, "cudabudget_memory_used_bytes", &labels),
+        Some((3 * GI + MI) as f64)
+    );
+    assert_eq!(
+        value(&samples, "cudabudget_memory_limit_bytes", &labels),
+        Some(2.0 * GI as f64)
+    );
+    let overruns = samples
+        .iter()
+        .find(|s| s.name == "cudabudget_overruns_total")
+        .unwrap();
+    assert_eq!(overruns.family_type, "counter");
+    let names: Vec<&str> = overruns.labels.keys().map(String::as_str).collect();
+    assert_eq!(names, SERIES_LABELS, "{:?}", overruns.labels);
+}
+
 /// Two members of a job and two processes with budgets of their own, all in one
 /// container: a series for the job (its budget once) and one for the others (their
 /// budgets summed); HAMi's per-container limit adds the two.

@@ -1,10 +1,10 @@
 //! `cudabudget status`: live budgeted processes publish their figures, and status reads
 //! them — and only trustworthy records of live processes.
 
-use crate::util::GI;
 use crate::util::cli::{
     Budgeted, cudabudget, find_process, output, record_of, scratch, status_json, stderr, stdout,
 };
+use crate::util::{GI, MI};
 use cudabudget_spec::record;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
@@ -373,6 +373,51 @@ fn status_counts_the_allocations_that_waited() {
     );
     let process = client.wait_for(1, |p| p["devices"][0]["denials"] == 1);
     assert_eq!(process["devices"][0]["waits"], 1, "{process}");
+}
+
+#[test]
+fn in_warn_mode_status_shows_a_process_and_a_job_above_their_budgets_with_their_overruns() {
+    let warn = ("CUDABUDGET_ON_EXCEED", "warn");
+    let client = Budgeted::start(
+        &["alloc:1Gi", "alloc:2Gi", "sleep:20000"],
+        &[("CUDABUDGET_LIMIT", "2Gi"), warn],
+    );
+    let process = client.wait_for(1, |p| p["devices"][0]["overruns"] == 1);
+    let device = &process["devices"][0];
+    assert_eq!(device["used_bytes"], 3 * GI, "{process}");
+    assert_eq!(device["limit_bytes"], 2 * GI, "{process}");
+    assert_eq!(device["denials"], 0, "{process}");
+
+    let job = format!("over-{}", std::process::id());
+    let scope = format!("job:{job}");
+    let envs = [
+        ("CUDABUDGET_LIMIT", "2Gi"),
+        ("CUDABUDGET_SCOPE", scope.as_str()),
+        warn,
+    ];
+    let first = Budgeted::start(&["alloc:1536Mi", "sleep:20000"], &envs);
+    first.wait_for(1, |p| p["devices"][0]["used_bytes"] == 1536 * MI);
+    let second = Budgeted::start(&["alloc:1Gi", "sleep:20000"], &envs);
+    let b = second.wait_for(1, |p| p["devices"][0]["overruns"] == 1);
+    assert_eq!(b["devices"][0]["used_bytes"], GI, "{b}");
+    let status = status_json(&[]);
+    let total = status["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["name"] == job.as_str())
+        .unwrap_or_else(|| panic!("no job {job}: {status:#}"));
+    assert_eq!(
+        total["used_bytes"],
+        2560 * MI,
+        "above the job's 2 GiB: {total}"
+    );
+    let out = output(&mut cudabudget(&["status"]));
+    let table = stdout(&out);
+    assert!(
+        table.contains(&format!("job {job}: 2 processes, 2.50 GiB in use")),
+        "{table}"
+    );
 }
 
 /// A record of this test's own process (root's directory: it may claim any pid), with

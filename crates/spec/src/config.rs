@@ -22,7 +22,7 @@ pub const LIMIT: &str = "CUDABUDGET_LIMIT";
 pub const LOG: &str = "CUDABUDGET_LOG";
 /// Who shares the budget: `process`, later `job:<name>`.
 pub const SCOPE: &str = "CUDABUDGET_SCOPE";
-/// What a denied allocation does: `fail`, later `wait:<duration>`.
+/// What an allocation past the budget does: `fail`, `wait:<duration>` or `warn`.
 pub const ON_EXCEED: &str = "CUDABUDGET_ON_EXCEED";
 /// The library the CLI preloads; the library itself ignores it.
 pub const LIB: &str = "CUDABUDGET_LIB";
@@ -195,6 +195,10 @@ pub struct Config {
     /// `CUDA_VISIBLE_DEVICES` as the process had it: how CUDA will number the devices
     /// NVML lists, for a view asked before CUDA is initialised.
     pub cuda_visible_devices: Option<String>,
+    /// `CUDABUDGET_*` names this release does not know (a newer release's, or a typo),
+    /// sorted, beside a valid budget: they are ignored, and [`Config::unknown_warning`]
+    /// says so. Without a budget they are an error instead.
+    pub unknown: Vec<String>,
 }
 
 /// A variable whose value cannot be honoured. `Display` renders the single line the
@@ -221,12 +225,15 @@ enum Variable {
     ContextMemory,
     HamiLimit,
     HamiDeviceLimit(u32),
+    /// Has our prefix but is not a variable this release knows: ignored beside a valid
+    /// budget (a newer release may know it), refused alone (a typo, `CUDABUDGET_LIMT`,
+    /// would otherwise leave the job silently unbudgeted).
+    Unknown,
 }
 
 impl Variable {
-    /// `Ok(None)`: not ours. `Err(reason)`: has our prefix but is not a variable we know,
-    /// which is refused because a typo (`CUDABUDGET_LIMT`) would otherwise leave the job
-    /// silently unbudgeted.
+    /// `Ok(None)`: not ours. `Err(reason)`: one of ours that cannot be honoured whatever
+    /// else is set (a per-device budget for an ordinal that cannot be budgeted).
     fn classify(name: &str) -> Result<Option<Variable>, String> {
         if let Some(rest) = name.strip_prefix(PREFIX) {
             return match rest {
@@ -248,7 +255,7 @@ impl Variable {
                                  0..={MAX_ORDINAL} without leading zeros, e.g. {LIMIT}_1"
                             )
                         }),
-                    None => Err("unknown variable".to_string()),
+                    None => Ok(Some(Variable::Unknown)),
                 },
             };
         }
@@ -317,6 +324,9 @@ pub enum OnExceed {
     Fail,
     /// Wait up to this long for room, then fail.
     Wait(std::time::Duration),
+    /// Admit it anyway, and tell (a line, a counted overrun, an event): observe mode, to
+    /// measure what budgets would refuse before enforcing them.
+    Warn,
 }
 
 /// Reads `CUDABUDGET_SCOPE`: `process` or `job:<name>` (1 to 64 of `A-Z a-z 0-9 . _ -`,
@@ -354,19 +364,21 @@ pub fn validate_scope(value: &str) -> Result<(), String> {
     parse_scope(value).map(|_| ())
 }
 
-/// Reads `CUDABUDGET_ON_EXCEED`: `fail` or `wait:<duration>` (`30s`, `500ms`, `2m`,
-/// `1h`, or plain seconds; at most a day).
+/// Reads `CUDABUDGET_ON_EXCEED`: `fail`, `warn` or `wait:<duration>` (`30s`, `500ms`,
+/// `2m`, `1h`, or plain seconds; at most a day).
 pub fn parse_on_exceed(value: &str) -> Result<OnExceed, String> {
     let value = trim(value);
-    if value == "fail" {
-        return Ok(OnExceed::Fail);
+    match value {
+        "fail" => return Ok(OnExceed::Fail),
+        "warn" => return Ok(OnExceed::Warn),
+        _ => {}
     }
     if value.is_empty() {
         return Err("empty value".to_string());
     }
     let Some(duration) = value.strip_prefix("wait:") else {
         return Err(format!(
-            "unknown policy {value:?}; expected \"fail\" or \"wait:<duration>\""
+            "unknown policy {value:?}; expected \"fail\", \"warn\" or \"wait:<duration>\""
         ));
     };
     parse_duration(duration).map(OnExceed::Wait)
@@ -461,6 +473,7 @@ impl Config {
         let mut hami_cache: Option<&str> = None;
         let mut places: BTreeMap<&str, &str> = BTreeMap::new();
         let mut visible: Option<&str> = None;
+        let mut unknown: BTreeMap<&str, &str> = BTreeMap::new();
         for (name, value) in vars {
             if name == HAMI_SHARED_CACHE {
                 hami_cache.get_or_insert(value);
@@ -478,6 +491,9 @@ impl Config {
                 continue;
             }
             match Variable::classify(name) {
+                Ok(Some(Variable::Unknown)) => {
+                    unknown.entry(name).or_insert(value);
+                }
                 Ok(Some(variable)) => {
                     ours.insert(name, (variable, value));
                 }
@@ -500,6 +516,7 @@ impl Config {
             runtime_dirs: Vec::new(),
             events: None,
             cuda_visible_devices: None,
+            unknown: Vec::new(),
         };
         let fallbacks = crate::place::fallback_roots(|name| places.get(name).copied());
         let mut job_dir = PathBuf::from(DEFAULT_SHARED_DIR);
@@ -518,7 +535,7 @@ impl Config {
                 Variable::Log => config.log = value.parse().map_err(fail)?,
                 Variable::Scope => config.scope = parse_scope(value).map_err(fail)?,
                 Variable::OnExceed => config.on_exceed = parse_on_exceed(value).map_err(fail)?,
-                Variable::Lib => {}
+                Variable::Lib | Variable::Unknown => {}
                 Variable::JobDir | Variable::RuntimeDir => {
                     if !trim(value).starts_with('/') {
                         return Err(fail("use an absolute directory, e.g. /dev/shm".to_string()));
@@ -577,6 +594,15 @@ impl Config {
             (false, true) => Source::Hami,
             (true, true) => Source::Both,
         };
+        // A name this release does not know is a newer release's, or a typo. Beside a
+        // valid budget the process is budgeted whatever it meant, and runs; alone it may
+        // be the budget itself misspelt, and a budget must never be silently dropped.
+        if let Some((&name, &value)) = unknown.iter().next()
+            && config.is_unbudgeted()
+        {
+            return Err(error(name, value, "no budget is set beside it".to_string()));
+        }
+        config.unknown = unknown.into_keys().map(str::to_string).collect();
         Ok(config)
     }
 
@@ -606,6 +632,28 @@ impl Config {
         (ours.is_some() || hami.is_some()).then_some(DeviceLimit { ours, hami })
     }
 
+    /// The one line that names the `CUDABUDGET_*` variables this release does not know
+    /// and ignored (beside a valid budget), with the known ones; `None` when there are
+    /// none. Without the `cudabudget: ` that starts every line (the caller's to add);
+    /// control characters escaped.
+    pub fn unknown_warning(&self) -> Option<String> {
+        let (first, rest) = self.unknown.split_first()?;
+        let mut names = first.escape_debug().to_string();
+        for name in rest {
+            names.push_str(", ");
+            names.push_str(&name.escape_debug().to_string());
+        }
+        let (what, ignored) = if rest.is_empty() {
+            ("is not a known variable", "is ignored")
+        } else {
+            ("are not known variables", "are ignored")
+        };
+        Some(format!(
+            "{names} {what} (a newer release's, or a typo) and {ignored}; the \
+             budget set here applies; known variables: {KNOWN_VARIABLES}"
+        ))
+    }
+
     /// True when no budget at all is configured: the library then passes everything
     /// through.
     pub fn is_unbudgeted(&self) -> bool {
@@ -632,7 +680,7 @@ impl ConfigError {
         let value = &self.value;
         let reason = &self.reason;
         let (what, remedy) = match Variable::classify(&self.variable) {
-            Err(_) | Ok(None) => (
+            Err(_) | Ok(None) | Ok(Some(Variable::Unknown)) => (
                 "is not a known variable",
                 format!("known variables: {KNOWN_VARIABLES}"),
             ),
@@ -655,7 +703,7 @@ impl ConfigError {
             ),
             Ok(Some(Variable::OnExceed)) => (
                 "is not a valid policy",
-                "use fail or wait:<duration>, e.g. wait:30s".to_string(),
+                "use fail, warn or wait:<duration>, e.g. wait:30s".to_string(),
             ),
             Ok(Some(_)) => ("cannot be used", format!("unset {variable}")),
         };
@@ -980,9 +1028,23 @@ mod tests {
         );
         for bad in [
             "retry", " ", "wait:", "wait:-1s", "wait:10d", "wait:25h", "wait:x", "wait:.5",
+            "warn:1s", "Warn",
         ] {
-            refused(&[("CUDABUDGET_ON_EXCEED", bad)]);
+            let e = refused(&[("CUDABUDGET_ON_EXCEED", bad)]);
+            assert!(
+                e.to_string().contains("use fail, warn or wait:<duration>"),
+                "{e}"
+            );
         }
+    }
+
+    #[test]
+    fn the_warn_policy_admits_past_the_budget() {
+        assert_eq!(
+            config(&[("CUDABUDGET_ON_EXCEED", " warn\n")]).on_exceed,
+            OnExceed::Warn
+        );
+        assert_eq!(parse_on_exceed("warn"), Ok(OnExceed::Warn));
     }
 
     #[test]
@@ -1033,14 +1095,84 @@ mod tests {
     }
 
     #[test]
-    fn unknown_cudabudget_variables_are_refused_listing_the_known_ones() {
+    fn an_unknown_cudabudget_variable_without_a_budget_is_refused_listing_the_known_ones() {
+        // A typo of the limit, alone: the job must not run unbudgeted.
         let e = refused(&[("CUDABUDGET_LIMT", "8Gi")]);
         assert_eq!(e.variable, "CUDABUDGET_LIMT");
         let line = e.to_string();
+        assert!(line.contains("is not a known variable"), "{line}");
         assert!(line.contains("CUDABUDGET_LIMIT_<N>"), "{line}");
         assert!(line.contains("CUDABUDGET_ON_EXCEED"), "{line}");
+        assert!(
+            line.ends_with("CUDA is disabled for this process"),
+            "{line}"
+        );
         refused(&[("CUDABUDGET_FOO", "1")]);
         refused(&[("CUDABUDGET_", "1")]);
+        // Other variables set are not a budget.
+        refused(&[("CUDABUDGET_LIMT", "8Gi"), ("CUDABUDGET_LOG", "info")]);
+        refused(&[("CUDABUDGET_LIMT", "8Gi"), ("CUDABUDGET_ON_EXCEED", "warn")]);
+        // Nor is HAMi's 0, which means no limit.
+        refused(&[
+            ("CUDABUDGET_LIMT", "8Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "0"),
+        ]);
+    }
+
+    #[test]
+    fn an_unknown_cudabudget_variable_beside_a_valid_budget_is_a_warning_and_the_budget_holds() {
+        let c = config(&[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("CUDABUDGET_PRIORITY", "high"),
+            ("CUDABUDGET_LIMT", "4Gi"),
+        ]);
+        assert_eq!(c.limit_for(0), ours(Limit::Bytes(8 * GI)));
+        assert_eq!(c.unknown, ["CUDABUDGET_LIMT", "CUDABUDGET_PRIORITY"]);
+        let line = c.unknown_warning().expect("a warning");
+        assert!(
+            line.starts_with("CUDABUDGET_LIMT, CUDABUDGET_PRIORITY are not known variables"),
+            "{line}"
+        );
+        assert!(line.contains("are ignored"), "{line}");
+        assert!(
+            line.contains("known variables: CUDABUDGET_LIMIT,"),
+            "{line}"
+        );
+        // One name, and any budget: a per-device one, HAMi's.
+        for budget in [
+            ("CUDABUDGET_LIMIT_1", "2Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+        ] {
+            let c = config(&[("CUDABUDGET_NEW_KNOB", "1"), budget]);
+            let line = c.unknown_warning().expect("a warning");
+            assert!(
+                line.starts_with("CUDABUDGET_NEW_KNOB is not a known variable"),
+                "{line}"
+            );
+            assert!(line.contains("is ignored"), "{line}");
+        }
+        // The line stays one line whatever the name.
+        let c = config(&[("CUDABUDGET_X\nY", "1"), ("CUDABUDGET_LIMIT", "1Gi")]);
+        let line = c.unknown_warning().unwrap();
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        // Known variables only: no warning.
+        assert_eq!(
+            config(&[("CUDABUDGET_LIMIT", "1Gi")]).unknown_warning(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_bad_value_is_refused_even_beside_an_unknown_variable_and_a_budget() {
+        let e = refused(&[
+            ("CUDABUDGET_FOO", "1"),
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_LOG", "loud"),
+        ]);
+        assert_eq!(e.variable, "CUDABUDGET_LOG");
+        // A per-device budget for a device that cannot be budgeted is never ignored.
+        let e = refused(&[("CUDABUDGET_LIMIT_01", "1Gi"), ("CUDABUDGET_LIMIT", "1Gi")]);
+        assert_eq!(e.variable, "CUDABUDGET_LIMIT_01");
     }
 
     #[test]

@@ -20,6 +20,10 @@
 //! | 64 | string lengths (u16 each): job, command, pod, namespace, container; `u16::MAX` = absent |
 //! | 96 | strings, each in its own fixed field (see [`FIELDS`]) |
 //! | 1760 | devices, [`DEVICE_SIZE`] bytes each: ordinal (u32), flags (u32, bit 0: UUID known), budget, used, peak, denials, waits (u64 each), UUID (48 bytes) |
+//! | 7904 | overruns (`CUDABUDGET_ON_EXCEED=warn`), one u32 per device in the devices' order, stopping at `u32::MAX` |
+//!
+//! The overruns sit in what was the record's padding: a library that predates them
+//! wrote zeros there (no overrun), and a reader that predates them never looks.
 //!
 //! Readers treat a record as untrusted: every length and count is checked against the
 //! layout, the checksum against the contents, every figure against [`MAX_FIGURE`] and
@@ -42,6 +46,7 @@ const UUID_LEN: usize = 48;
 const LENGTHS: usize = 64;
 const STRINGS: usize = 96;
 const DEVICES: usize = 1760;
+const OVERRUNS: usize = DEVICES + MAX_DEVICES * DEVICE_SIZE;
 const ABSENT: u16 = u16::MAX;
 /// The largest figure (bytes or a count) a record may carry: 2^53, 8 PiB, more than any
 /// card holds and the largest integer a float (Prometheus' samples, JSON readers) keeps
@@ -66,7 +71,7 @@ const _: () = {
         i += 1;
     }
     assert!(end <= DEVICES);
-    assert!(DEVICES + MAX_DEVICES * DEVICE_SIZE <= SIZE);
+    assert!(OVERRUNS + MAX_DEVICES * 4 <= SIZE);
 };
 
 /// One device's figures, as the process numbers its devices.
@@ -79,6 +84,9 @@ pub struct DeviceFigures {
     pub peak: u64,
     pub denials: u64,
     pub waits: u64,
+    /// Allocations admitted past the budget (`CUDABUDGET_ON_EXCEED=warn`); the record
+    /// keeps up to `u32::MAX`.
+    pub overruns: u64,
 }
 
 /// What one budgeted process publishes.
@@ -221,6 +229,11 @@ impl Record {
             put_u64(buf, at + 24, d.peak.min(MAX_FIGURE));
             put_u64(buf, at + 32, d.denials.min(MAX_FIGURE));
             put_u64(buf, at + 40, d.waits.min(MAX_FIGURE));
+            put_u32(
+                buf,
+                OVERRUNS + 4 * i,
+                d.overruns.min(u64::from(u32::MAX)) as u32,
+            );
             if let Some(uuid) = &d.uuid {
                 let uuid = truncate(uuid, UUID_LEN);
                 put_u32(buf, at + 4, 1);
@@ -292,6 +305,7 @@ impl Record {
                 peak: figure(24, "peak")?,
                 denials: figure(32, "denials")?,
                 waits: figure(40, "waits")?,
+                overruns: u64::from(get_u32(buf, OVERRUNS + 4 * i)),
             });
         }
         if get_u32(buf, 24) == 0 {
@@ -387,6 +401,7 @@ mod tests {
                     peak: 6 << 30,
                     denials: 3,
                     waits: 0,
+                    overruns: 12,
                 },
                 DeviceFigures {
                     ordinal: 3,
@@ -403,6 +418,26 @@ mod tests {
         let mut buf = [0u8; SIZE];
         sample().encode(&mut buf);
         assert_eq!(Record::decode(&buf), Ok(sample()));
+    }
+
+    #[test]
+    fn overruns_stop_at_the_most_a_record_keeps_and_an_older_record_has_none() {
+        let mut record = sample();
+        record.devices[1].overruns = u64::MAX;
+        let mut buf = [0u8; SIZE];
+        record.encode(&mut buf);
+        let back = Record::decode(&buf).unwrap();
+        assert_eq!(back.devices[0].overruns, 12);
+        assert_eq!(back.devices[1].overruns, u64::from(u32::MAX));
+        // A library that predates them left the place zero, under its checksum.
+        buf[OVERRUNS..OVERRUNS + 8].fill(0);
+        let sum = checksum(&buf);
+        put_u64(&mut buf, 16, sum);
+        let back = Record::decode(&buf).unwrap();
+        assert_eq!(
+            back.devices.iter().map(|d| d.overruns).collect::<Vec<_>>(),
+            [0, 0]
+        );
     }
 
     #[test]

@@ -442,8 +442,23 @@ fn configuration(found: &Found) -> Check {
     } else {
         "; LD_PRELOAD here does not load the library (use `cudabudget run`)"
     });
-    Check::new("configuration", Status::Ok, summary)
-        .details(json!({"source": source, "preloaded": preloaded, "devices": budgets}))
+    let details = json!({
+        "source": source,
+        "preloaded": preloaded,
+        "devices": budgets,
+        "unknown_variables": config.unknown,
+    });
+    match config.unknown_warning() {
+        // The library warns the same way, and runs budgeted.
+        Some(warning) => Check::new(
+            "configuration",
+            Status::Warn,
+            format!("{summary}; {warning}"),
+        )
+        .remedy("unset the variables this release does not know, or fix their names")
+        .details(details),
+        None => Check::new("configuration", Status::Ok, summary).details(details),
+    }
 }
 
 /// The inode of the kernel's initial PID namespace (`PROC_PID_INIT_INO`): every other

@@ -44,7 +44,8 @@ Examples:
   cudabudget run --limit 8GB --limit-device 0=40% -- ./a.out
   cudabudget run --limit-device 1=4Gi -- python serve.py
   cudabudget run --limit 40Gi --scope job:train -- torchrun --nproc-per-node 2 train.py
-  cudabudget run --limit 20Gi --on-exceed wait:30s -- python infer.py";
+  cudabudget run --limit 20Gi --on-exceed wait:30s -- python infer.py
+  cudabudget run --limit 20Gi --on-exceed warn -- python train.py   # measure, enforce later";
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -62,7 +63,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "S")]
     scope: Option<String>,
 
-    #[arg(long = "on-exceed", value_name = "P", help = on_exceed_help())]
+    /// What an allocation past the budget does: "fail" (the default:
+    /// CUDA_ERROR_OUT_OF_MEMORY), "wait:<duration>" (wait that long for room, then fail;
+    /// e.g. wait:30s, wait:500ms, wait:2m) or "warn" (admit it, but log it, count it in
+    /// cudabudget_overruns_total and write the event: to measure before enforcing).
+    #[arg(long = "on-exceed", value_name = "P")]
     on_exceed: Option<String>,
 
     /// The command to run, and its arguments.
@@ -73,18 +78,6 @@ pub struct RunArgs {
         trailing_var_arg = true
     )]
     command: Vec<OsString>,
-}
-
-/// The forms of `--on-exceed`: those the library's configuration accepts, no more.
-fn on_exceed_help() -> String {
-    let mut help = "What an allocation past the budget does: \"fail\" (the default: \
-                    CUDA_ERROR_OUT_OF_MEMORY) or \"wait:<duration>\" (wait that long for \
-                    room, then fail; e.g. wait:30s, wait:500ms, wait:2m)"
-        .to_string();
-    if config::validate_on_exceed("warn").is_ok() {
-        help.push_str(", or \"warn\" (admit, but log, count and record the event)");
-    }
-    help
 }
 
 /// Whether the command line `args` (this program's, its name first) asks for `run`:

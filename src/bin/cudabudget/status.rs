@@ -23,7 +23,7 @@ matches; text from records is shown escaped (\\e, \\x.., \\u{..}).
 --json prints one object:
   {\"processes\": [{\"pid\", \"uid\", \"job\", \"command\", \"namespace\", \"pod\",
    \"container\", \"devices\": [{\"index\", \"uuid\", \"used_bytes\", \"limit_bytes\",
-   \"peak_bytes\", \"denials\", \"waits\", \"physical_total_bytes\",
+   \"peak_bytes\", \"denials\", \"waits\", \"overruns\", \"physical_total_bytes\",
    \"physical_used_bytes\"}]}],
    \"jobs\": [{\"name\", \"uid\", \"user\", \"processes\", \"used_bytes\"}],
    \"gpus\": [{\"index\", \"uuid\", \"name\", \"total_bytes\", \"used_bytes\"}] or null,
@@ -93,6 +93,8 @@ pub struct DeviceJson {
     pub peak_bytes: u64,
     pub denials: u64,
     pub waits: u64,
+    /// Allocations admitted past the budget (`CUDABUDGET_ON_EXCEED=warn`).
+    pub overruns: u64,
     pub physical_total_bytes: Option<u64>,
     pub physical_used_bytes: Option<u64>,
 }
@@ -152,6 +154,7 @@ pub fn collect(nvml: Option<&Nvml>) -> StatusJson {
                         peak_bytes: d.peak,
                         denials: d.denials,
                         waits: d.waits,
+                        overruns: d.overruns,
                         physical_total_bytes: gpu.map(|g| g.total),
                         physical_used_bytes: gpu.map(|g| g.used),
                         uuid: d.uuid,

@@ -19,7 +19,7 @@
 //!   the budgets of processes outside a job summed (each may fill its own);
 //! - peak: the sum of the processes' own peaks, an upper bound of the series' peak
 //!   (exact for one process; the peaks need not have come at once);
-//! - denials and waits: summed, and kept counting the processes that have exited while
+//! - denials, waits and overruns: summed, and kept counting the processes that have exited while
 //!   the series lives (counters never go back when a member leaves; a series whose
 //!   last process left starts again from its live processes, as a reset).
 //!
@@ -48,7 +48,9 @@ use crate::{Refusal, say, usage};
 pub const AFTER_HELP: &str = "Metrics (one series per container, job and device; with \
 --per-process, per process and device):
   cudabudget_memory_used_bytes, cudabudget_memory_limit_bytes,
-  cudabudget_memory_peak_bytes, cudabudget_denials_total, cudabudget_waits_total
+  cudabudget_memory_peak_bytes, cudabudget_denials_total, cudabudget_waits_total,
+  cudabudget_overruns_total (allocations admitted past the budget with
+  CUDABUDGET_ON_EXCEED=warn)
     labels: namespace, pod, container, budget_uid, budget_job, device_index,
     device_uuid (and pid with --per-process); never job, Prometheus' own
   cudabudget_process_info (1; with --per-process only: the labels above and command)
@@ -58,8 +60,8 @@ pub const AFTER_HELP: &str = "Metrics (one series per container, job and device;
 Processes of one series add up: used is their sum; limit counts a job's budget once
 (its members share it) and sums the budgets of processes outside a job (each may fill
 its own); peak is the sum of their own peaks (an upper bound, exact for one process);
-denials and waits are summed and keep the counts of processes that exited while the
-series lives. A job spread over several containers has each container's series carry
+denials, waits and overruns are summed and keep the counts of processes that exited
+while the series lives. A job spread over several containers has each container's series carry
 its whole budget: aggregate with max by (budget_uid, budget_job, device_uuid).
 Processes outside Kubernetes have empty namespace, pod and container.
 With --hami-names also HAMi's vGPU_device_memory_usage_in_bytes and
@@ -263,6 +265,7 @@ struct Figures {
     job_budget: u64,
     denials: u64,
     waits: u64,
+    overruns: u64,
 }
 
 impl Figures {
@@ -281,6 +284,7 @@ impl Figures {
         }
         self.denials = self.denials.saturating_add(d.denials);
         self.waits = self.waits.saturating_add(d.waits);
+        self.overruns = self.overruns.saturating_add(d.overruns);
     }
 }
 
@@ -295,12 +299,13 @@ struct Member {
     index: u32,
 }
 
-/// (denials, waits)
-type Counts = (u64, u64);
+/// (denials, waits, overruns)
+type Counts = (u64, u64, u64);
 
 fn add_counts(a: &mut Counts, b: Counts) {
     a.0 = a.0.saturating_add(b.0);
     a.1 = a.1.saturating_add(b.1);
+    a.2 = a.2.saturating_add(b.2);
 }
 
 /// What keeps a series' counters from going back when one of its processes exits: the
@@ -378,14 +383,15 @@ fn series(
                 start_time: p.start_time,
                 index: d.index,
             };
-            members.insert(member, (key, (d.denials, d.waits)));
+            members.insert(member, (key, (d.denials, d.waits, d.overruns)));
         }
     }
     if let Some((counters, now)) = counters {
-        for (key, (denials, waits)) in counters.update(members, now) {
+        for (key, (denials, waits, overruns)) in counters.update(members, now) {
             if let Some(figures) = all.get_mut(&key) {
                 figures.denials = figures.denials.saturating_add(denials);
                 figures.waits = figures.waits.saturating_add(waits);
+                figures.overruns = figures.overruns.saturating_add(overruns);
             }
         }
     }
@@ -455,6 +461,12 @@ pub fn metrics(
         "Allocations that waited for room in the budget.",
         &labels,
     );
+    let overruns = counter(
+        &registry,
+        "cudabudget_overruns_total",
+        "Allocations admitted past the budget (CUDABUDGET_ON_EXCEED=warn).",
+        &labels,
+    );
     let processes = gauge(
         &registry,
         "cudabudget_processes",
@@ -471,6 +483,7 @@ pub fn metrics(
         peak.with_label_values(&values).set(clamp(figures.peak));
         denials.with_label_values(&values).inc_by(figures.denials);
         waits.with_label_values(&values).inc_by(figures.waits);
+        overruns.with_label_values(&values).inc_by(figures.overruns);
     }
     if shape.per_process {
         let mut info_labels = labels.clone();
@@ -586,6 +599,7 @@ mod tests {
                 peak_bytes: peak,
                 denials,
                 waits: 0,
+                overruns: 0,
                 physical_total_bytes: None,
                 physical_used_bytes: None,
             }],
@@ -693,6 +707,32 @@ mod tests {
         assert_eq!(
             denials_of(metrics(&one, shape, &mut counters, later)).as_deref(),
             Some("4")
+        );
+    }
+
+    #[test]
+    fn overruns_are_summed_per_series_and_kept_when_a_process_leaves() {
+        let with_overruns = |pid, n| {
+            let mut p = process(pid, Some("train"), "main", [0, 10, 0, 0]);
+            p.devices[0].overruns = n;
+            p
+        };
+        let overruns_of = |text: Vec<u8>| {
+            let text = String::from_utf8(text).unwrap();
+            line(&text, "cudabudget_overruns_total{").map(str::to_string)
+        };
+        let (shape, start) = (Shape::default(), Instant::now());
+        let mut counters = Counters::default();
+        let both = status(vec![with_overruns(10, 7), with_overruns(11, 5)]);
+        assert_eq!(
+            overruns_of(metrics(&both, shape, &mut counters, start)).as_deref(),
+            Some("12")
+        );
+        let one = status(vec![with_overruns(11, 6)]);
+        let later = start + Duration::from_secs(5);
+        assert_eq!(
+            overruns_of(metrics(&one, shape, &mut counters, later)).as_deref(),
+            Some("13")
         );
     }
 
