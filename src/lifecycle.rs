@@ -6,6 +6,7 @@
 
 use std::cell::Cell;
 
+use crate::books::ledger::{Budget, Denial, DeviceLedger};
 use crate::config::{Config, ConfigError, LogLevel};
 use crate::runtime::{self, Cx, Mode};
 use crate::sys::driver;
@@ -237,7 +238,7 @@ fn start_background() {
             // Off the program's threads: in a process that already has threads, the
             // registration waits for an RCU grace period (milliseconds).
             crate::admit::gate::prepare();
-            crate::tell::publish::run();
+            crate::tell::publish::run(follow_budgets);
         });
     if let Err(error) = spawned {
         crate::sys::log::line(
@@ -247,6 +248,106 @@ fn start_background() {
             ),
         );
     }
+}
+
+/// Follows budget changes made while the process runs (`cudabudget limit`), every
+/// [`crate::tell::publish::TICK`] on the background thread: a request beside the
+/// process's record changes its own budgets; a job's budget is its ledger's, which every
+/// admission reads as it is then, and the device's figures (the views, the record)
+/// follow it here. True when a budget changed.
+fn follow_budgets() -> bool {
+    let mut changed = false;
+    match crate::tell::publish::new_limit_request() {
+        Some(Ok(request)) => changed |= apply_limit_request(&request),
+        Some(Err(why)) => crate::sys::log::line(
+            LogLevel::Warn,
+            format_args!("a budget-change request for this process was ignored: {why}"),
+        ),
+        None => {}
+    }
+    if let Some(job) = crate::books::job::joined() {
+        static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let generation = job.budget_generation();
+        if SEEN.swap(generation, std::sync::atomic::Ordering::Relaxed) != generation {
+            for (ordinal, d) in crate::runtime::ledger().devices() {
+                let (Some((_, index)), Budget::Bytes(previous)) = (d.job(), d.budget()) else {
+                    continue;
+                };
+                if let Some(now) = job.budget(index).filter(|&now| now != previous) {
+                    changed = true;
+                    budget_changed(ordinal, d, previous, now, job.budget_changed_by());
+                }
+            }
+        }
+    }
+    changed
+}
+
+/// Applies a change of this process's own budget.
+fn apply_limit_request(request: &cudabudget_spec::control::LimitRequest) -> bool {
+    let mut changed = false;
+    for (ordinal, d) in crate::runtime::ledger().devices() {
+        if request
+            .device
+            .is_some_and(|device| device as usize != ordinal)
+        {
+            continue;
+        }
+        let Budget::Bytes(previous) = d.budget() else {
+            continue;
+        };
+        if d.job().is_some() {
+            crate::sys::log::line(
+                LogLevel::Warn,
+                format_args!(
+                    "a budget-change request for device {ordinal} was ignored: its budget is \
+                     the job's (cudabudget limit --job)"
+                ),
+            );
+            continue;
+        }
+        if request.bytes != previous {
+            changed = true;
+            budget_changed(
+                ordinal,
+                d,
+                previous,
+                request.bytes,
+                (request.by_uid, request.by_pid),
+            );
+        }
+    }
+    changed
+}
+
+/// Sets device `ordinal`'s budget to `now`, wakes the waiters when it grew, and tells.
+fn budget_changed(ordinal: usize, d: &DeviceLedger, previous: u64, now: u64, by: (u32, u32)) {
+    d.set_budget(Budget::Bytes(now));
+    if now > previous {
+        crate::sys::wait::freed_anyway();
+    }
+    let used = d.budget_used();
+    crate::tell::events::budget_changed(
+        ordinal,
+        previous,
+        &Denial {
+            requested: 0,
+            used,
+            budget: now,
+        },
+        by,
+    );
+    crate::sys::log::line(
+        LogLevel::Info,
+        format_args!(
+            "device {ordinal}'s budget changed from {} to {} by uid {} (pid {}); {} in use",
+            crate::tell::report::Bytes(previous),
+            crate::tell::report::Bytes(now),
+            by.0,
+            by.1,
+            crate::tell::report::Bytes(used)
+        ),
+    );
 }
 
 /// The device's context `device` is gone (a destroy, a primary context's release or

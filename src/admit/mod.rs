@@ -183,15 +183,15 @@ fn wait_for_room<'d>(
         return Err(refuse(call, device, d, &denial));
     }
     let deadline = Instant::now() + patience;
-    let budget = d.limit();
     d.note_wait();
     // A job's waiter keeps its place in the queue until it is admitted or gives up.
     let turn = d.job().map(|(job, index)| job.queue(index));
     loop {
+        // The budget as it is at each look: it may grow while this waits.
         let woke = match &turn {
-            Some(turn) => turn.wait_for_room(bytes, budget, deadline),
+            Some(turn) => turn.wait_for_room(bytes, d.limit(), deadline),
             None => crate::sys::wait::wait_for_room(deadline, || {
-                d.used().saturating_add(bytes) <= budget
+                d.used().saturating_add(bytes) <= d.limit()
             }),
         };
         match try_admit(device, d, ask) {

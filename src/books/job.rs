@@ -1260,6 +1260,18 @@ impl Job {
         mine
     }
 
+    /// Bumped at each change of the job's budget, on any device.
+    pub fn budget_generation(&self) -> u64 {
+        self.word64(layout::BUDGET_GENERATION_AT)
+            .load(Ordering::Acquire)
+    }
+
+    /// Who made the last change of the job's budget: (uid, pid).
+    pub fn budget_changed_by(&self) -> (u32, u32) {
+        let by = self.word64(layout::BUDGET_BY_AT).load(Ordering::Acquire);
+        ((by >> 32) as u32, by as u32)
+    }
+
     /// Charges `bytes` whatever the budget says (memory the driver already handed out).
     pub fn charge(&self, device: usize, bytes: u64) {
         self.update(device, |own| Some(own.saturating_add(bytes)));

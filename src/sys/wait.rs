@@ -26,6 +26,11 @@ pub fn freed() {
     }
 }
 
+/// As [`freed`], when the room came from elsewhere (a budget that grew).
+pub fn freed_anyway() {
+    wake();
+}
+
 #[cold]
 fn wake() {
     ROOM.fetch_add(1, Ordering::Release);

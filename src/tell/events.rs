@@ -73,6 +73,8 @@ pub enum Outcome {
     Denied,
     /// Admitted past the budget (`CUDABUDGET_ON_EXCEED=warn`).
     Overrun,
+    /// Not an allocation: the budget changed while the process ran (`cudabudget limit`).
+    BudgetChanged,
 }
 
 impl Outcome {
@@ -80,6 +82,7 @@ impl Outcome {
         match self {
             Outcome::Denied => "denied",
             Outcome::Overrun => "overrun",
+            Outcome::BudgetChanged => "budget_changed",
         }
     }
 }
@@ -97,6 +100,8 @@ struct Event {
     denial: Denial,
     /// In a job: who holds the most of the device, when it was refused.
     top_holders: Option<[(u32, u64); 5]>,
+    /// A budget change: the budget before, and who changed it (uid, pid).
+    change: Option<(u64, u32, u32)>,
 }
 
 impl Event {
@@ -328,6 +333,13 @@ fn line(buffer: &mut Buffer, event: &Event, job: Option<&str>) -> Option<usize> 
             event.denial.budget
         )
     })
+    .and_then(|()| match event.change {
+        Some((previous, uid, pid)) => write!(
+            buffer,
+            ",\"previous_limit_bytes\":{previous},\"changed_by\":{{\"uid\":{uid},\"pid\":{pid}}}"
+        ),
+        None => Ok(()),
+    })
     .and_then(|()| match &event.top_holders {
         Some(holders) => {
             buffer.write_str(",\"top_holders\":[")?;
@@ -357,7 +369,29 @@ pub fn overrun(call: &str, device: usize, request: &Denial) {
     queue(Outcome::Overrun, call, device, request);
 }
 
+/// Queues the event of a change of the device's budget from `previous` to
+/// `now.budget` by `by` (uid, pid), `now.used` in use then; as [`denial`].
+pub fn budget_changed(device: usize, previous: u64, now: &Denial, by: (u32, u32)) {
+    queue_event(
+        Outcome::BudgetChanged,
+        "cudabudget limit",
+        device,
+        now,
+        Some((previous, by.0, by.1)),
+    );
+}
+
 fn queue(outcome: Outcome, call: &str, device: usize, denial: &Denial) {
+    queue_event(outcome, call, device, denial, None);
+}
+
+fn queue_event(
+    outcome: Outcome,
+    call: &str,
+    device: usize,
+    denial: &Denial,
+    change: Option<(u64, u32, u32)>,
+) {
     let state = WRITER.load(Ordering::Acquire);
     if state == OFF || crate::runtime::config().is_none_or(|c| c.events.is_none()) {
         return;
@@ -369,7 +403,7 @@ fn queue(outcome: Outcome, call: &str, device: usize, denial: &Denial) {
     }
     name[..len].copy_from_slice(&call.as_bytes()[..len]);
     let top_holders = match crate::books::job::joined() {
-        Some(ledger) if device < crate::books::ledger::MAX_DEVICES => {
+        Some(ledger) if change.is_none() && device < crate::books::ledger::MAX_DEVICES => {
             Some(ledger.top_holders(device))
         }
         _ => None,
@@ -384,6 +418,7 @@ fn queue(outcome: Outcome, call: &str, device: usize, denial: &Denial) {
         outcome,
         denial: *denial,
         top_holders,
+        change,
     };
     if !QUEUE.push(event) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
@@ -623,6 +658,7 @@ mod tests {
                 budget: 0,
             },
             top_holders: None,
+            change: None,
         }
     }
 
@@ -727,6 +763,7 @@ mod tests {
             outcome: Outcome::Denied,
             denial,
             top_holders: None,
+            change: None,
         };
         let len = line(&mut buffer, &event, None).unwrap();
         let text = std::str::from_utf8(&buffer.buf[..len]).unwrap();
@@ -751,6 +788,22 @@ mod tests {
         assert!(
             text.contains(
                 "\"job\":\"train\",\"device\":1,\"call\":\"cuMemAlloc\",\"outcome\":\"overrun\","
+            ),
+            "{text}"
+        );
+        let change = Event {
+            outcome: Outcome::BudgetChanged,
+            change: Some((8 << 30, 1000, 77)),
+            ..event
+        };
+        (buffer.len, buffer.overflow) = (0, false);
+        let len = line(&mut buffer, &change, None).unwrap();
+        let text = std::str::from_utf8(&buffer.buf[..len]).unwrap();
+        assert!(
+            text.contains(
+                "\"outcome\":\"budget_changed\",\"request_bytes\":4294967296,\"used_bytes\":5368709120,\
+                 \"limit_bytes\":8589934592,\"previous_limit_bytes\":8589934592,\
+                 \"changed_by\":{\"uid\":1000,\"pid\":77}}"
             ),
             "{text}"
         );

@@ -26,7 +26,7 @@
 //! (said at `info`), never disturbed. The record is removed at exit; records of processes
 //! that died without exiting (`kill -9`) are cleaned by their readers.
 
-pub use cudabudget_spec::record;
+pub use cudabudget_spec::{control, record};
 
 use std::ffi::CString;
 use std::io;
@@ -41,6 +41,7 @@ use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen};
 
 use crate::books::ledger::Budget;
 use crate::config::LogLevel;
+use control::LimitRequest;
 use record::{DeviceFigures, Record};
 
 /// How often the thread looks at the books.
@@ -64,10 +65,59 @@ fn still_ours(dir: &Dir, identity: (u64, u64)) -> bool {
     place::fstat(dir.fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == identity)
 }
 
-/// Publishes this process's figures until it ends: the body of the library's background
-/// thread ([`crate::lifecycle`] starts it, once).
-pub fn run() {
-    let _ = std::panic::catch_unwind(publish);
+/// Publishes this process's figures until it ends, and calls `tick` every [`TICK`]:
+/// the body of the library's background thread ([`crate::lifecycle`] starts it, once).
+/// `tick` follows the budgets (`cudabudget limit`); true when one changed, which
+/// publishes the figures at once. Without a record (none could be made, or it was
+/// lost) the budgets are still followed.
+pub fn run(tick: fn() -> bool) {
+    let _ = std::panic::catch_unwind(|| publish(tick));
+    while std::panic::catch_unwind(tick).is_ok() {
+        std::thread::sleep(TICK);
+    }
+}
+
+/// How often the background thread follows the budgets.
+pub const TICK: Duration = Duration::from_millis(control::TICK_MS);
+
+/// The name of this process's budget-change request ([`control`]), beside its record.
+static CONTROL: OnceLock<CString> = OnceLock::new();
+
+/// A budget-change request for this process (`cudabudget limit --pid`), when a new one
+/// was written since the last call (each request is a new file), or why the file there
+/// is not one. Only a file of ours or root's counts (the directory is ours alone).
+pub fn new_limit_request() -> Option<Result<LimitRequest, String>> {
+    static SEEN: std::sync::Mutex<Option<(u64, u64, i64, i64)>> = std::sync::Mutex::new(None);
+    let (dir, identity, _) = RECORD.get()?;
+    let name = CONTROL.get()?.to_str().ok()?;
+    if !still_ours(dir, *identity) {
+        return None;
+    }
+    let st = dir.stat_at(name).ok()?;
+    let key = (st.st_dev, st.st_ino, st.st_mtime, st.st_mtime_nsec);
+    {
+        let mut seen = SEEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *seen == Some(key) {
+            return None;
+        }
+        *seen = Some(key);
+    }
+    let open = FileOpen::READ;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let file = dir
+        .open_file_of(name, open, me)
+        .or_else(|_| dir.open_file_of(name, open, 0));
+    let mut text = vec![0u8; 1024];
+    let read = file
+        .map_err(|e| e.to_string())
+        .and_then(|f| f.read_at(&mut text, 0).map_err(|e| e.to_string()));
+    Some(read.and_then(|n| {
+        let text = std::str::from_utf8(&text[..n]).map_err(|_| "it is not text".to_string())?;
+        LimitRequest::parse(text)
+    }))
 }
 
 /// What the process is, read once from `/proc/self` (never from `environ`, which the
@@ -244,10 +294,13 @@ extern "C" fn remove_record() {
         if !still_ours(dir, *identity) {
             return;
         }
-        // SAFETY: a live directory descriptor (held for the process's life) and a
-        // NUL-terminated name that lives as long as the process.
+        // SAFETY: a live directory descriptor (held for the process's life) and
+        // NUL-terminated names that live as long as the process.
         unsafe {
             libc::unlinkat(dir.fd().as_raw_fd(), name.as_ptr(), 0);
+            if let Some(control) = CONTROL.get() {
+                libc::unlinkat(dir.fd().as_raw_fd(), control.as_ptr(), 0);
+            }
         }
     }
 }
@@ -280,7 +333,7 @@ fn snapshot(uuids: &[Option<String>]) -> Vec<DeviceFigures> {
         .collect()
 }
 
-fn publish() {
+fn publish(tick: fn() -> bool) {
     let identity = Identity::read();
     let roots = crate::runtime::config()
         .map(|config| config.runtime_dirs.clone())
@@ -317,6 +370,9 @@ fn publish() {
     let Ok(st) = place::fstat(dir.fd()) else {
         return;
     };
+    if let Ok(control) = CString::new(control::file_name(identity.pid, identity.pid_namespace)) {
+        let _ = CONTROL.set(control);
+    }
     if RECORD.set((dir, (st.st_dev, st.st_ino), c_name)).is_err() {
         return;
     }
@@ -384,7 +440,14 @@ fn publish() {
             }
             last_write = Some(Instant::now());
         }
-        std::thread::sleep(INTERVAL);
+        let mut waited = Duration::ZERO;
+        while waited < INTERVAL {
+            std::thread::sleep(TICK);
+            waited += TICK;
+            if tick() {
+                break;
+            }
+        }
     }
 }
 

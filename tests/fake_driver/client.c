@@ -1076,6 +1076,16 @@ static void run_op(const char *text) {
         else if (dladdr(p, &info) && info.dli_fname)
             out("nextsym rc=0 lib=%s name=%s", base_name(info.dli_fname), info.dli_sname ? info.dli_sname : "?");
         else out("nextsym rc=0 lib=? name=?");
+    } else if (!strcmp(name, "waitfile")) {
+        /* waitfile:PATH: until PATH exists (30 s at most), to step with the test. */
+        need_fields(op, 2);
+        int waited = 0;
+        while (access(op->f[1], F_OK) != 0 && waited < 30000) {
+            struct timespec ts = {0, 5 * 1000000L};
+            nanosleep(&ts, NULL);
+            waited += 5;
+        }
+        out("waitfile rc=%d", access(op->f[1], F_OK) == 0 ? 0 : 1);
     } else if (!strcmp(name, "sleep")) {
         need_fields(op, 2);
         u64 ms = num_field(op, 1);
@@ -1097,7 +1107,7 @@ static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "queries", "race",
-    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "pagesize", "stream", "streaminfo", "streamsync",
+    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "waitfile", "pagesize", "stream", "streaminfo", "streamsync",
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",

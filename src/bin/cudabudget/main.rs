@@ -16,6 +16,7 @@ mod exporter;
 mod gpu;
 mod install;
 mod library;
+mod limit;
 mod probe;
 mod records;
 mod run;
@@ -66,6 +67,7 @@ static VERSION: LazyLock<String> = LazyLock::new(|| {
   cudabudget run --limit 20Gi -- python train.py
   cudabudget run --limit 40% --limit-device 1=8Gi -- ./serve
   cudabudget status
+  cudabudget limit --job train 20Gi
   cudabudget exporter --listen 0.0.0.0:9464
   cudabudget doctor
   cudabudget install /opt/cudabudget"
@@ -83,6 +85,9 @@ enum Command {
     /// Show the budgeted processes of this machine: budget, use, peak, denials.
     #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
+    /// Show or change a running job's or process's budget.
+    #[command(after_help = limit::AFTER_HELP)]
+    Limit(limit::LimitArgs),
     /// Serve the budgeted processes' figures as Prometheus metrics.
     #[command(after_help = exporter::AFTER_HELP)]
     Exporter(exporter::ExporterArgs),
@@ -127,13 +132,18 @@ fn main() -> ExitCode {
     };
     if matches!(
         cli.command,
-        Command::Status(_) | Command::Exporter(_) | Command::Doctor(_) | Command::Install(_)
+        Command::Status(_)
+            | Command::Limit(_)
+            | Command::Exporter(_)
+            | Command::Doctor(_)
+            | Command::Install(_)
     ) {
         without_own_preload();
     }
     let outcome = match cli.command {
         Command::Run(args) => Err(run::run(args)),
         Command::Status(args) => status::status(args),
+        Command::Limit(args) => limit::limit(args),
         Command::Exporter(args) => exporter::exporter(args),
         Command::Doctor(args) => doctor::doctor(args),
         Command::Install(args) => install::install(args),

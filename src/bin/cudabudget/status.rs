@@ -25,7 +25,8 @@ matches; text from records is shown escaped (\\e, \\x.., \\u{..}).
    \"container\", \"devices\": [{\"index\", \"uuid\", \"used_bytes\", \"limit_bytes\",
    \"peak_bytes\", \"denials\", \"waits\", \"overruns\", \"physical_total_bytes\",
    \"physical_used_bytes\"}]}],
-   \"jobs\": [{\"name\", \"uid\", \"user\", \"processes\", \"used_bytes\"}],
+   \"jobs\": [{\"name\", \"uid\", \"user\", \"processes\", \"used_bytes\",
+     \"devices\": [{\"index\", \"used_bytes\", \"limit_bytes\", \"over_budget\"}]}],
    \"gpus\": [{\"index\", \"uuid\", \"name\", \"total_bytes\", \"used_bytes\"}] or null,
    \"skipped\": [\"why a record file was passed over\"]}
 
@@ -107,6 +108,17 @@ pub struct JobJson {
     pub user: Option<String>,
     pub processes: usize,
     pub used_bytes: u64,
+    /// Per device: what the job holds and its budget (as its members publish it), and
+    /// whether it holds more (its budget was lowered below its use).
+    pub devices: Vec<JobDeviceJson>,
+}
+
+#[derive(Serialize)]
+pub struct JobDeviceJson {
+    pub index: u32,
+    pub used_bytes: u64,
+    pub limit_bytes: u64,
+    pub over_budget: bool,
 }
 
 #[derive(Serialize)]
@@ -283,7 +295,11 @@ fn table(status: &StatusJson) -> String {
                 d.index.to_string(),
                 bytes(d.used_bytes),
                 bytes(d.peak_bytes),
-                bytes(d.limit_bytes),
+                if p.job.is_none() && d.used_bytes > d.limit_bytes {
+                    format!("{} (over budget)", bytes(d.limit_bytes))
+                } else {
+                    bytes(d.limit_bytes)
+                },
                 d.denials.to_string(),
                 d.waits.to_string(),
                 command.clone(),
@@ -317,7 +333,8 @@ fn table(status: &StatusJson) -> String {
             text.push_str(line.trim_end());
             text.push('\n');
         }
-        for job in status.jobs.iter().filter(|j| j.processes > 1) {
+        let over = |j: &&JobJson| j.devices.iter().any(|d| d.over_budget);
+        for job in status.jobs.iter().filter(|j| j.processes > 1 || over(j)) {
             let whose = if users.len() > 1 {
                 match &job.user {
                     Some(user) => format!(" ({})", escape(user)),
@@ -326,8 +343,20 @@ fn table(status: &StatusJson) -> String {
             } else {
                 String::new()
             };
+            let over: String = job
+                .devices
+                .iter()
+                .filter(|d| d.over_budget)
+                .map(|d| {
+                    format!(
+                        ", over its budget of {} on device {}",
+                        bytes(d.limit_bytes),
+                        d.index
+                    )
+                })
+                .collect();
             text.push_str(&format!(
-                "job {}{whose}: {} processes, {} in use\n",
+                "job {}{whose}: {} processes, {} in use{over}\n",
                 escape(&job.name),
                 job.processes,
                 bytes(job.used_bytes)
@@ -358,7 +387,8 @@ fn table(status: &StatusJson) -> String {
 
 /// The jobs of `processes`, keyed by user and name.
 fn jobs(processes: &[ProcessJson]) -> Vec<JobJson> {
-    let mut jobs: BTreeMap<(u32, &str), (usize, u64)> = BTreeMap::new();
+    type Devices = BTreeMap<u32, (u64, u64)>;
+    let mut jobs: BTreeMap<(u32, &str), (usize, u64, Devices)> = BTreeMap::new();
     for p in processes {
         if let Some(job) = &p.job {
             let entry = jobs.entry((p.uid, job)).or_default();
@@ -366,15 +396,29 @@ fn jobs(processes: &[ProcessJson]) -> Vec<JobJson> {
             entry.1 = entry
                 .1
                 .saturating_add(p.devices.iter().map(|d| d.used_bytes).sum::<u64>());
+            for d in &p.devices {
+                let device = entry.2.entry(d.index).or_default();
+                device.0 = device.0.saturating_add(d.used_bytes);
+                device.1 = device.1.max(d.limit_bytes);
+            }
         }
     }
     jobs.into_iter()
-        .map(|((uid, name), (processes, used_bytes))| JobJson {
+        .map(|((uid, name), (processes, used_bytes, devices))| JobJson {
             name: name.to_string(),
             uid,
             user: records::passwd(uid).map(|(name, _)| name),
             processes,
             used_bytes,
+            devices: devices
+                .into_iter()
+                .map(|(index, (used_bytes, limit_bytes))| JobDeviceJson {
+                    index,
+                    used_bytes,
+                    limit_bytes,
+                    over_budget: used_bytes > limit_bytes,
+                })
+                .collect(),
         })
         .collect()
 }

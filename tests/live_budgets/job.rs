@@ -1,0 +1,114 @@
+//! A job's budget, changed while its members run (`cudabudget limit --job`).
+
+use super::*;
+use crate::util::{GI, MI};
+
+fn envs<'a>(limit: &'a str, job: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("CUDABUDGET_LIMIT", limit),
+        ("CUDABUDGET_SCOPE", job),
+        ("FAKE_NVML_PID_OFFSET", "100000"),
+    ]
+}
+
+#[test]
+fn a_job_budget_raised_then_lowered_holds_every_member_at_once() {
+    let raised = Step::new("job-raise", "raised");
+    let lowered = Step::new("job-lower", "lowered");
+    let holder = spawn(
+        &["alloc:600Mi", &lowered.op(), "alloc:100Mi"],
+        &envs("1Gi", "job:live"),
+    );
+    until_shown(holder.id(), |p| p["devices"][0]["used_bytes"] == 600 * MI);
+    let other = spawn(
+        &[&raised.op(), "sleep:200", "info", "alloc:1200Mi"],
+        &envs("1Gi", "job:live"),
+    );
+    until_shown(other.id(), |_| true);
+    let said = limit_ok(&["--job", "live", "2Gi"]);
+    assert!(said.contains("budget 1.00 GiB -> 2.00 GiB"), "{said}");
+    raised.go();
+    let other = finish(other);
+    assert_eq!(
+        other.num("info", 0, "total"),
+        2 * GI,
+        "the view follows: {other:?}"
+    );
+    assert_eq!(
+        other.rc("alloc", 0),
+        0,
+        "600 MiB + 1200 MiB within 2 GiB: {other:?}"
+    );
+    let shown = limit_ok(&["--job", "live"]);
+    assert!(
+        shown.contains("device 0: budget 2.00 GiB, 600.00 MiB in use"),
+        "{shown}"
+    );
+    limit_ok(&["--job", "live", "512Mi"]);
+    let shown = limit_ok(&["--job", "live"]);
+    assert!(shown.contains("(over its budget)"), "{shown}");
+    // Status follows the job's budget too (each member publishes the budget in force).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = stdout(&output(&mut cudabudget(&["status"])));
+        if text.contains("over its budget of 512.00 MiB on device 0") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lowered.go();
+    let holder = finish(holder);
+    assert_eq!(
+        holder.rc("alloc", 1),
+        2,
+        "600 MiB held, 512 MiB in force: {holder:?}"
+    );
+}
+
+#[test]
+fn a_waiting_member_goes_through_as_soon_as_the_job_budget_grows() {
+    let holder =
+        util::cli::Budgeted::start(&["alloc:900Mi", "sleep:30000"], &envs("1Gi", "job:grow"));
+    holder.wait_for(1, |p| p["devices"][0]["used_bytes"] == 900 * MI);
+    let mut e = envs("1Gi", "job:grow");
+    e.push(("CUDABUDGET_ON_EXCEED", "wait:30s"));
+    let waiter = spawn(&["alloc:500Mi"], &e);
+    until_shown(waiter.id(), |p| p["devices"][0]["waits"] == 1);
+    let raised = Instant::now();
+    limit_ok(&["--job", "grow", "2Gi"]);
+    let run = finish(waiter);
+    let after = raised.elapsed();
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert!(
+        after < Duration::from_secs(5),
+        "waited {after:?} after the raise"
+    );
+}
+
+#[test]
+fn a_member_that_joins_after_a_change_is_held_to_the_changed_budget() {
+    let holder =
+        util::cli::Budgeted::start(&["alloc:100Mi", "sleep:30000"], &envs("1Gi", "job:late"));
+    holder.wait_for(1, |_| true);
+    limit_ok(&["--job", "late", "3Gi"]);
+    let late = finish(spawn(&["info", "alloc:2Gi"], &envs("1Gi", "job:late")));
+    assert_eq!(late.num("info", 0, "total"), 3 * GI, "{late:?}");
+    assert_eq!(late.rc("alloc", 0), 0, "{late:?}");
+    assert!(
+        late.stderr.contains("budget is the job's 3.00 GiB"),
+        "{}",
+        late.stderr
+    );
+}
+
+#[test]
+fn a_job_that_is_not_there_is_refused_with_one_line() {
+    let out = limit(&["--job", "nobody-runs-this", "1Gi"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no job nobody-runs-this"),
+        "{}",
+        stderr(&out)
+    );
+}
