@@ -19,9 +19,9 @@ answer to one allocation that fits its budget and one that does not.
     python3 shared_gpu.py --address auto               # an existing cluster
     python3 shared_gpu.py --num-gpus 1                 # declare one GPU to a local Ray
 
-cudabudget must be installed at --lib on every node the actors may land on (the
-Kubernetes DaemonSet in deploy/kubernetes does that for KubeRay clusters). Exits 0 when
-every actor saw its own budget and was refused past it, 1 otherwise.
+cudabudget must be installed at --lib on every node the actors may land on (for KubeRay
+clusters, the Helm chart in deploy/helm or the DaemonSet in deploy/kubernetes does that).
+Exits 0 when every actor saw its own budget and was refused past it, 1 otherwise.
 """
 
 import argparse
