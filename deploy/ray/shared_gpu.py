@@ -19,9 +19,9 @@ answer to one allocation that fits its budget and one that does not.
     python3 shared_gpu.py --address auto               # an existing cluster
     python3 shared_gpu.py --num-gpus 1                 # declare one GPU to a local Ray
 
-cudabudget must be installed at --lib on every node the actors may land on (the
-Kubernetes DaemonSet in deploy/kubernetes does that for KubeRay clusters). Exits 0 when
-every actor saw its own budget and was refused past it, 1 otherwise.
+cudabudget must be installed at --lib on every node the actors may land on (for KubeRay
+clusters, the Helm chart in deploy/helm or the DaemonSet in deploy/kubernetes does that).
+Exits 0 when every actor saw its own budget and was refused past it, 1 otherwise.
 """
 
 import argparse
@@ -49,11 +49,20 @@ def budget(quantity):
     raise argparse.ArgumentTypeError(f"{quantity!r}: use a whole number of Ki, Mi, Gi or Ti, e.g. 40Gi")
 
 
-def library_mapped(library):
-    """Whether `library` is loaded in this process (as /proc/self/maps names it)."""
-    real = os.path.realpath(library)
+def mapped_files():
+    """The files mapped in this process, as /proc/self/maps names them."""
+    files = set()
     with open("/proc/self/maps") as maps:
-        return any(line.rstrip().endswith(" " + real) for line in maps)
+        for line in maps:
+            fields = line.split(None, 5)  # address perms offset dev inode [path]
+            if len(fields) == 6:
+                files.add(fields[5].rstrip("\n"))
+    return files
+
+
+def library_mapped(library):
+    """Whether `library` is loaded in this process."""
+    return os.path.realpath(library) in mapped_files()
 
 
 @ray.remote(num_gpus=0.5)
@@ -71,8 +80,12 @@ class BudgetedWorker:
         cuda = ctypes.CDLL("libcuda.so.1")
         report = {
             "pid": os.getpid(),
-            "CUDABUDGET_LIMIT": os.environ.get("CUDABUDGET_LIMIT"),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            # The share of which GPU Ray gave this actor, and the driver it loaded.
+            "gpu_ids": ray.get_gpu_ids(),
             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "driver": sorted(f for f in mapped_files() if os.path.basename(f).startswith("libcuda.so")),
+            "CUDABUDGET_LIMIT": os.environ.get("CUDABUDGET_LIMIT"),
             "library_mapped": library_mapped(self.library),
         }
         context = ctypes.c_void_p()
@@ -112,6 +125,9 @@ def main():
     parser.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
     parser.add_argument("--num-gpus", type=float, default=None,
                         help="GPUs a local Ray declares (default: Ray detects them)")
+    parser.add_argument("--timeout", type=float, default=120, metavar="S",
+                        help="seconds to wait for each actor's report (default: %(default)s); "
+                             "an actor no node can place would be waited for forever")
     args = parser.parse_args()
     budgets = args.budgets or [budget("6Gi"), budget("4Gi")]
     if not os.path.isabs(args.lib):
@@ -127,9 +143,12 @@ def main():
     reports = []
     for actor in actors:
         try:
-            reports.append(ray.get(actor.report.remote(256 << 20)))
+            reports.append(ray.get(actor.report.remote(256 << 20), timeout=args.timeout))
         except ray.exceptions.RayActorError as error:
             reports.append({"error": str(error).strip().splitlines()[-1]})
+        except ray.exceptions.GetTimeoutError:
+            reports.append({"error": f"no report within {args.timeout:g} s: no node with a free "
+                                     "share of a GPU (`ray status` shows the pending demand)?"})
 
     ok = True
     for (quantity, limit), report in zip(budgets, reports):
@@ -142,9 +161,12 @@ def main():
             and report.get("alloc_over_rc") == CUDA_ERROR_OUT_OF_MEMORY
         )
         verdict = "ok" if good else "FAILED"
-        print(f"actor pid {report.get('pid')}: budget {quantity}, sees {report.get('total', 0) / GIB:g} GiB, "
-              f"fitting allocation rc {report.get('alloc_fitting_rc')}, past the budget rc "
-              f"{report.get('alloc_over_rc')}: {verdict}")
+        if "error" in report:
+            print(f"actor with budget {quantity}: {report['error']}: {verdict}")
+        else:
+            print(f"actor pid {report.get('pid')}: budget {quantity}, sees {report.get('total', 0) / GIB:g} GiB, "
+                  f"fitting allocation rc {report.get('alloc_fitting_rc')}, past the budget rc "
+                  f"{report.get('alloc_over_rc')}: {verdict}")
         ok = ok and good
     ray.shutdown()
     return 0 if ok else 1

@@ -1,11 +1,13 @@
 //! Install: `cudabudget install` puts the library and the CLI where `LD_PRELOAD` can
 //! name them (and refuses places others could change), a CLI alone carries the library,
 //! the deploy files (Kubernetes, compose, Slurm, the entrypoint) budget what they run,
-//! and the shipped binaries load on glibc 2.17.
+//! Ray's recipe budgets actors on a real two-node Ray cluster, and the shipped binaries
+//! load on glibc 2.17.
 
 mod deploy;
 mod glibc_versions;
 mod install_command;
+mod ray;
 mod slurm;
 #[path = "../util/mod.rs"]
 mod util;

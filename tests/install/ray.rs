@@ -1,0 +1,616 @@
+//! Ray, run for real: the recipe `deploy/ray/shared_gpu.py` against a cluster of two
+//! nodes that each test starts on this machine with `ray start` — a head without a GPU and
+//! a second node declaring one (`--num-gpus 1`) whose driver is the fake `libcuda.so.1` of
+//! `tests/fake_driver`. The recipe's two actors (`num_gpus=0.5`) share that GPU, each in a
+//! worker process started with the library preloaded and its own budget (`runtime_env`);
+//! their reports, made inside each actor, must show the budget as the device's total and
+//! an allocation past it refused with `CUDA_ERROR_OUT_OF_MEMORY`. With the library's path
+//! wrong, the actors must refuse to start.
+//!
+//! Ray comes from PyPI, in a virtual environment that `tests/install/ray/install.sh` makes
+//! (`$CB_RAY_VENV`, else `target/ray/venv`). Without it each test prints that it is skipped
+//! and passes; with CB_REQUIRE_RAY=1 (CI) a missing Ray fails it.
+//!
+//! Each cluster lives in a temporary directory of its own, on ports checked free (never
+//! Ray's defaults), and is stopped by the test on every path (a drop guard). Only the
+//! processes the test started are signalled: each `ray start` runs in a session of its
+//! own, and the guard ends the members of those sessions by pid. (`ray stop` is not used:
+//! it ends every Ray process of the machine, by name, whoever started it.) A test killed
+//! outright (Ctrl-C) takes its `ray start --block` processes with it, and the next run
+//! ends whatever of its cluster outlived them.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const GI: u64 = 1 << 30;
+const CUDA_SUCCESS: i64 = 0;
+const CUDA_ERROR_OUT_OF_MEMORY: i64 = 2;
+
+/// One cluster at a time: two at once would share a CI machine's two cores, and
+/// [`free_ports`] picks a block for one cluster at a time.
+static ONE_CLUSTER: Mutex<()> = Mutex::new(());
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn recipe() -> PathBuf {
+    repo().join("deploy/ray/shared_gpu.py")
+}
+
+/// The virtual environment with Ray in it, or `None` after saying why the test is skipped
+/// (under CB_REQUIRE_RAY=1: a failure).
+fn ray_venv() -> Option<PathBuf> {
+    let venv = std::env::var_os("CB_RAY_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/ray/venv"));
+    if venv.join("bin/ray").is_file() && venv.join("bin/python").is_file() {
+        return Some(venv);
+    }
+    let reason = format!(
+        "no Ray in {} (make it with `bash tests/install/ray/install.sh`, or point CB_RAY_VENV at one)",
+        venv.display()
+    );
+    assert!(
+        std::env::var("CB_REQUIRE_RAY").as_deref() != Ok("1"),
+        "CB_REQUIRE_RAY=1: {reason}"
+    );
+    crate::util::skip(&reason);
+    None
+}
+
+/// The library cargo built for this run (beside this test executable, in `deps/`).
+fn built_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().expect("its directory");
+    [
+        dir.join("libcudabudget.so"),
+        dir.join("../libcudabudget.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| panic!("no libcudabudget.so near {}", dir.display()))
+}
+
+/// The first of a block of [`Ports::SPAN`] ports below the kernel's ephemeral range, each
+/// free now.
+fn free_ports() -> u16 {
+    const FIRST: u16 = 20_000;
+    const BLOCKS: u16 = 70;
+    let start = (std::process::id() % u32::from(BLOCKS)) as u16;
+    (0..BLOCKS)
+        .map(|i| FIRST + (start + i) % BLOCKS * Ports::SPAN)
+        .find(|&base| {
+            (base..base + Ports::SPAN).all(|port| TcpListener::bind(("0.0.0.0", port)).is_ok())
+        })
+        .expect("a free block of ports between 20000 and 31200")
+}
+
+/// Where a cluster's listeners go in its block: the GCS at 0, the dashboard at 1, the
+/// head's other listeners at 2-7, the second node's at 12-17, their workers at 40-99 and
+/// 100-159. Ray's defaults (6379, 8265, ...) are never used, so a Ray of someone else's
+/// on this machine is left alone.
+struct Ports(u16);
+
+impl Ports {
+    const SPAN: u16 = 160;
+
+    /// `ray start` arguments of the head (`node` 0) or the second node (1).
+    fn args(&self, node: u16) -> Vec<String> {
+        let base = self.0 + 10 * node;
+        let workers = self.0 + 40 + 60 * node;
+        let mut args = Vec::new();
+        for (i, flag) in [
+            "--node-manager-port",
+            "--object-manager-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            args.push(flag.to_string());
+            args.push((base + 2 + i as u16).to_string());
+        }
+        args.push("--min-worker-port".into());
+        args.push(workers.to_string());
+        args.push("--max-worker-port".into());
+        args.push((workers + 59).to_string());
+        if node == 0 {
+            args.push("--port".into());
+            args.push(self.gcs().to_string());
+            args.push("--dashboard-port".into());
+            args.push((base + 1).to_string());
+        }
+        args
+    }
+
+    fn gcs(&self) -> u16 {
+        self.0
+    }
+}
+
+/// The start of each cluster's directory's name (in the system's temporary directory),
+/// followed by the test process's pid.
+const CLUSTER_DIR: &str = "cb-ray-";
+
+/// A session that a `ray start` of a test leads.
+#[derive(Clone, Copy, Debug)]
+struct Session {
+    id: libc::pid_t,
+    /// When its leader started (clock ticks after boot): every member started after.
+    since: u64,
+}
+
+/// What `/proc/<pid>/stat` says of a process.
+struct ProcessStat {
+    zombie: bool,
+    session: libc::pid_t,
+    /// Clock ticks after boot.
+    started: u64,
+}
+
+fn process_stat(pid: libc::pid_t) -> Option<ProcessStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid pgrp session ... starttime (the 22nd) ...".
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(ProcessStat {
+        zombie: *fields.first()? == "Z",
+        session: fields.get(3)?.parse().ok()?,
+        started: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// The live processes of `sessions`.
+fn members(sessions: &[Session]) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|&pid| {
+            process_stat(pid).is_some_and(|stat| {
+                !stat.zombie
+                    && sessions
+                        .iter()
+                        .any(|s| s.id == stat.session && stat.started >= s.since)
+            })
+        })
+        .collect()
+}
+
+/// Signals every live process of `sessions`, then waits up to `wait` for them to go;
+/// whether they did.
+fn signal_sessions(sessions: &[Session], signal: libc::c_int, wait: Duration) -> bool {
+    for pid in members(sessions) {
+        // SAFETY: kill(2) on a pid just read as a member of a test's Ray sessions.
+        unsafe { libc::kill(pid, signal) };
+    }
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        if members(sessions).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    members(sessions).is_empty()
+}
+
+/// Ends what is left of the clusters of test processes that are gone (killed before
+/// they could stop theirs: a node still starting may outlive its keeper, and Ray's agents
+/// their raylet), from the sessions each wrote down, and removes their directories.
+fn stop_clusters_of_ended_runs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(CLUSTER_DIR))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if !gone {
+            continue;
+        }
+        let written = std::fs::read_to_string(entry.path().join("sessions")).unwrap_or_default();
+        let sessions: Vec<Session> = written
+            .lines()
+            .filter_map(|line| {
+                let (id, since) = line.split_once(' ')?;
+                Some(Session {
+                    id: id.parse().ok()?,
+                    since: since.parse().ok()?,
+                })
+            })
+            .collect();
+        if signal_sessions(&sessions, libc::SIGKILL, Duration::from_secs(10)) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// A Ray cluster of two nodes on this machine, stopped when dropped.
+struct Cluster {
+    /// Ray's temporary directory, and the test's for this cluster: short, as Ray's Unix
+    /// sockets are under it.
+    dir: PathBuf,
+    venv: PathBuf,
+    /// The session of each `ray start`: every process Ray starts stays in it.
+    sessions: Vec<Session>,
+    /// Each node's `ray start --block`, reaped when the cluster stops.
+    keepers: Vec<std::process::Child>,
+    /// `ip:port` of the head's GCS.
+    address: String,
+}
+
+impl Cluster {
+    /// A head with no GPU and a second node with one, whose processes load the fake
+    /// driver as `libcuda.so.1`.
+    fn start(venv: PathBuf, name: &str) -> Cluster {
+        stop_clusters_of_ended_runs();
+        let dir = std::env::temp_dir().join(format!("{CLUSTER_DIR}{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let mut cluster = Cluster {
+            dir,
+            venv,
+            sessions: Vec::new(),
+            keepers: Vec::new(),
+            address: String::new(),
+        };
+        // The second node's driver directory holds libcuda.so.1 only: Ray's start reads
+        // the GPU's name through NVML, which the fake libnvidia-ml.so.1 does not have.
+        let drivers = cluster.dir.join("node-driver");
+        std::fs::create_dir_all(&drivers).unwrap();
+        std::os::unix::fs::symlink(crate::util::fake_cuda_lib(), drivers.join("libcuda.so.1"))
+            .unwrap();
+
+        let ports = Ports(free_ports());
+        let mut head = vec![
+            "--head".to_string(),
+            "--num-cpus=1".into(),
+            "--num-gpus=0".into(),
+            "--include-dashboard=false".into(),
+        ];
+        head.extend(ports.args(0));
+        cluster.ray_start("head", &head, &[]);
+        cluster.address = std::fs::read_to_string(cluster.dir.join("ray_current_cluster"))
+            .expect("the head wrote its address")
+            .trim()
+            .to_string();
+        assert!(
+            cluster.address.ends_with(&format!(":{}", ports.gcs())),
+            "{}",
+            cluster.address
+        );
+
+        let mut node = vec![
+            format!("--address={}", cluster.address),
+            "--num-cpus=2".into(),
+            "--num-gpus=1".into(),
+        ];
+        node.extend(ports.args(1));
+        let drivers = drivers.to_str().unwrap().to_string();
+        cluster.ray_start("node", &node, &[("LD_LIBRARY_PATH", &drivers)]);
+        cluster
+    }
+
+    /// A command of the virtual environment (`python`, `ray`), with an environment free
+    /// of budgets, preloads, drivers and Ray settings of the developer's, and the
+    /// library's and the user's places in the test's directory.
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(self.venv.join("bin").join(program));
+        for (name, _) in std::env::vars_os() {
+            let text = name.to_string_lossy();
+            if ["CUDABUDGET_", "CUDA_", "RAY_", "LD_", "PYTHON", "FAKE_"]
+                .iter()
+                .any(|prefix| text.starts_with(prefix))
+            {
+                command.env_remove(&name);
+            }
+        }
+        crate::util::isolate(&mut command)
+            .env("TMPDIR", &self.dir)
+            .env("RAY_USAGE_STATS_ENABLED", "0")
+            // A node told to stop (SIGTERM) stops at once, without first asking the GCS
+            // to drain it for up to 30 s (the GCS may be gone already).
+            .env("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// `ray start --block ...` in a session of its own, its output in `<dir>/<name>.log`;
+    /// returns once the node has started. It stays as the node's keeper: ended, it ends
+    /// the node's processes, and it is ended (SIGTERM) when the thread that started it
+    /// goes, so not even a test killed outright leaves a cluster behind.
+    fn ray_start(&mut self, name: &str, args: &[String], envs: &[(&str, &str)]) {
+        let log_path = self.dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        std::fs::create_dir_all(self.dir.join("plasma")).unwrap();
+        let mut command = self.command("ray");
+        command
+            .args(["start", "--block"])
+            .args(args)
+            .arg(format!("--temp-dir={}", self.dir.display()))
+            // Ray's objects on disk in the test's directory, not in /dev/shm.
+            .arg(format!(
+                "--plasma-directory={}",
+                self.dir.join("plasma").display()
+            ))
+            .arg("--object-store-memory=100000000")
+            .arg("--disable-usage-stats")
+            .envs(envs.iter().copied())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        // SAFETY: getpid before the fork; in the child only async-signal-safe calls
+        // (setsid, prctl, getppid) that touch no memory of this process.
+        let parent = unsafe { libc::getpid() };
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setsid() == -1
+                    || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) == -1
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    // The test went before the death signal was set.
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("ray start runs");
+        let id = child.id() as libc::pid_t;
+        let session = Session {
+            id,
+            since: process_stat(id).map_or(0, |stat| stat.started),
+        };
+        // Written down for a later run, should this one be killed before it stops them.
+        let mut sessions = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("sessions"))
+            .unwrap();
+        writeln!(sessions, "{} {}", session.id, session.since).unwrap();
+        self.sessions.push(session);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let problem = loop {
+            let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if output.contains("will now block forever") {
+                self.keepers.push(child);
+                return;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                break format!("{status}");
+            }
+            if Instant::now() > deadline {
+                break "not started in 120 s".to_string();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        self.keepers.push(child);
+        let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+        panic!("ray start ({name}): {problem}:\n{output}");
+    }
+
+    /// Runs the virtual environment's python with `args`, for at most `limit`; returns
+    /// (exit code, stdout, stderr).
+    fn python(&self, args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
+        let out = self.dir.join("python.out");
+        let err = self.dir.join("python.err");
+        let mut child = self
+            .command("python")
+            .args(args)
+            .env("RAY_ADDRESS", &self.address)
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .expect("python runs");
+        let deadline = Instant::now() + limit;
+        let code = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+        (code, read(&out), read(&err))
+    }
+
+    /// The nodes the head knows alive, once there are two (or a minute passed):
+    /// (node id, whether it is the head, its GPUs).
+    fn nodes(&self) -> Vec<(String, bool, f64)> {
+        let script = r#"
+import json, sys, time
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+deadline = time.monotonic() + 60
+while True:
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    if len(alive) >= 2 or time.monotonic() > deadline:
+        break
+    time.sleep(0.2)
+print(json.dumps([[n["NodeID"], "node:__internal_head__" in n["Resources"],
+                   n["Resources"].get("GPU", 0)] for n in alive]))
+"#;
+        let (code, stdout, stderr) =
+            self.python(&["-c", script, &self.address], Duration::from_secs(120));
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
+        let nodes: Vec<(String, bool, f64)> =
+            serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        nodes
+    }
+
+    /// Signals every process of the cluster, then waits up to `wait` for them to go;
+    /// whether they did.
+    fn signal_all(&self, signal: libc::c_int, wait: Duration) -> bool {
+        signal_sessions(&self.sessions, signal, wait)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // As `ray stop` does, but to this cluster's processes only: SIGTERM, and SIGKILL
+        // to what is left shortly after (the GCS and the raylets take seconds otherwise).
+        let gone = self.signal_all(libc::SIGTERM, Duration::from_secs(2))
+            || self.signal_all(libc::SIGKILL, Duration::from_secs(10));
+        if !gone {
+            let _ = writeln!(
+                std::io::stderr(),
+                "Ray processes left running: {:?}",
+                members(&self.sessions)
+            );
+        }
+        for keeper in &mut self.keepers {
+            // Gone, it is a zombie until reaped here; otherwise not waited for.
+            let _ = if gone {
+                keeper.wait().ok()
+            } else {
+                keeper.try_wait().ok().flatten()
+            };
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The actors' reports the recipe printed (its JSON lines), and its verdict lines.
+fn reports(stdout: &str) -> (Vec<Value>, Vec<&str>) {
+    let reports = stdout
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let verdicts = stdout
+        .lines()
+        .filter(|line| line.starts_with("actor "))
+        .collect();
+    (reports, verdicts)
+}
+
+#[test]
+fn ray_actors_sharing_one_gpu_on_a_second_node_each_see_and_are_held_to_their_own_budget() {
+    let Some(venv) = ray_venv() else { return };
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let started = Instant::now();
+    let cluster = Cluster::start(venv, "budgets");
+
+    let nodes = cluster.nodes();
+    assert_eq!(nodes.len(), 2, "a head and a second node: {nodes:?}");
+    let head = nodes.iter().find(|n| n.1).expect("a head");
+    let gpu_node = nodes.iter().find(|n| !n.1).expect("a second node");
+    assert_eq!((head.2, gpu_node.2), (0.0, 1.0), "{nodes:?}");
+
+    let library = built_library();
+    let (code, stdout, stderr) = cluster.python(
+        &[
+            recipe().to_str().unwrap(),
+            "--address",
+            &cluster.address,
+            "--lib",
+            library.to_str().unwrap(),
+            "--budgets",
+            "6Gi",
+            "4Gi",
+            "--timeout",
+            "120",
+        ],
+        Duration::from_secs(240),
+    );
+    let context = format!("exit {code:?}\n{stdout}\n{stderr}");
+    let (reports, verdicts) = reports(&stdout);
+    assert_eq!(reports.len(), 2, "{context}");
+    let fake = Path::new(crate::util::fake_cuda_lib())
+        .canonicalize()
+        .unwrap();
+    for (report, budget) in reports.iter().zip([6 * GI, 4 * GI]) {
+        // What each actor saw, from inside its own worker process.
+        assert_eq!(report["library_mapped"], true, "{context}");
+        assert_eq!(report["driver"], serde_json::json!([fake]), "{context}");
+        assert_eq!(report["node_id"], gpu_node.0.as_str(), "{context}");
+        assert_eq!(report["CUDA_VISIBLE_DEVICES"], "0", "{context}");
+        assert_eq!(report["gpu_ids"], serde_json::json!([0]), "{context}");
+        assert_eq!(
+            report["total"], budget,
+            "the device's total is the budget: {context}"
+        );
+        assert_eq!(report["alloc_fitting_rc"], CUDA_SUCCESS, "{context}");
+        assert_eq!(
+            report["alloc_over_rc"], CUDA_ERROR_OUT_OF_MEMORY,
+            "past the budget: {context}"
+        );
+    }
+    assert_ne!(
+        reports[0]["pid"], reports[1]["pid"],
+        "a worker each: {context}"
+    );
+    assert_eq!(verdicts.len(), 2, "{context}");
+    assert!(verdicts.iter().all(|v| v.ends_with(": ok")), "{context}");
+    assert_eq!(code, Some(0), "{context}");
+
+    drop(cluster);
+    let _ = writeln!(
+        std::io::stderr(),
+        "Ray cluster started, recipe run and cluster stopped in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn ray_actors_refuse_to_start_when_the_library_is_not_at_the_path_the_recipe_names() {
+    let Some(venv) = ray_venv() else { return };
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::start(venv, "no-library");
+    let missing = cluster.dir.join("nowhere/libcudabudget.so");
+    let (code, stdout, stderr) = cluster.python(
+        &[
+            recipe().to_str().unwrap(),
+            "--address",
+            &cluster.address,
+            "--lib",
+            missing.to_str().unwrap(),
+            "--timeout",
+            "120",
+        ],
+        Duration::from_secs(240),
+    );
+    let context = format!("exit {code:?}\n{stdout}\n{stderr}");
+    let (reports, verdicts) = reports(&stdout);
+    assert_eq!(reports.len(), 2, "{context}");
+    for report in &reports {
+        let error = report["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("is not loaded in this worker; refusing to run unbudgeted"),
+            "{context}"
+        );
+        assert!(report.get("total").is_none(), "{context}");
+    }
+    assert_eq!(verdicts.len(), 2, "{context}");
+    assert!(
+        verdicts.iter().all(|v| v.ends_with(": FAILED")),
+        "{context}"
+    );
+    assert_eq!(code, Some(1), "{context}");
+}
