@@ -921,3 +921,83 @@ fn a_process_joining_while_the_last_member_leaves_is_in_the_ledger_that_the_name
         );
     }
 }
+
+/// Sets the job's budget on `device` as `cudabudget limit --job` does: the budget's
+/// words, then the generation.
+fn change_budget(job: &Job, device: usize, bytes: u64) {
+    let at = layout::BUDGETS_AT + device * layout::BUDGET_BYTES;
+    let word = layout::encode_budget(bytes);
+    job.word64(at).store(word, Ordering::SeqCst);
+    job.word64(at + 8).store(!word, Ordering::SeqCst);
+    job.word64(layout::BUDGET_GENERATION_AT)
+        .fetch_add(1, Ordering::SeqCst);
+}
+
+#[test]
+fn admissions_racing_budget_changes_never_pass_the_budget_in_force_during_them() {
+    // Four threads admit and release random sizes while a fifth moves the job's budget
+    // among 300, 600 and 1000 bytes. Each admitted request, counted with every other
+    // one still held, stays within the largest budget in force at some moment between
+    // the start of its admission and its count (generation g's value is written before
+    // the generation becomes g).
+    let job = fresh_job("budget-race");
+    let values = [1000u64, 600, 300];
+    change_budget(&job, 0, values[0]);
+    let log: Vec<AtomicU64> = (0..100_000).map(|_| AtomicU64::new(0)).collect();
+    log[1].store(values[0], Ordering::SeqCst);
+    let held = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let admitted = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut rng = Rng(0x5eed);
+            while !stop.load(Ordering::Relaxed) {
+                let next = job.budget_generation() as usize + 1;
+                if next >= log.len() {
+                    break;
+                }
+                let value = values[(rng.next() % 3) as usize];
+                log[next].store(value, Ordering::SeqCst);
+                change_budget(&job, 0, value);
+                std::thread::yield_now();
+            }
+        });
+        let admitters: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (job, log, held, admitted) = (&job, &log, &held, &admitted);
+                s.spawn(move || {
+                    let mut rng = Rng(t + 1);
+                    for _ in 0..5000 {
+                        let bytes = 1 + rng.next() % 200;
+                        let g0 = job.budget_generation() as usize;
+                        if job.reserve(0, bytes, u64::MAX).is_err() {
+                            continue;
+                        }
+                        let counted = held.fetch_add(bytes, Ordering::SeqCst) + bytes;
+                        let g1 = job.budget_generation() as usize;
+                        let allowed = (g0..=g1 + 1)
+                            .map(|g| log[g.min(log.len() - 1)].load(Ordering::SeqCst))
+                            .max()
+                            .unwrap();
+                        let allowed = if allowed == 0 { 1000 } else { allowed };
+                        assert!(
+                            counted <= allowed,
+                            "{counted} held past {allowed} (generations {g0}..={g1})"
+                        );
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        held.fetch_sub(bytes, Ordering::SeqCst);
+                        job.release(0, bytes);
+                    }
+                })
+            })
+            .collect();
+        for admitter in admitters {
+            admitter.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        admitted.load(Ordering::Relaxed) >= 1000,
+        "few admissions: a test of nothing"
+    );
+}
