@@ -85,7 +85,8 @@ static CONTROL: OnceLock<CString> = OnceLock::new();
 
 /// A budget-change request for this process (`cudabudget limit --pid`), when a new one
 /// was written since the last call (each request is a new file), or why the file there
-/// is not one. Only a file of ours or root's counts (the directory is ours alone).
+/// is not one. Only a file of ours counts (the directory is ours alone; root gives its
+/// requests to us).
 pub fn new_limit_request() -> Option<Result<LimitRequest, String>> {
     static SEEN: std::sync::Mutex<Option<(u64, u64, i64, i64)>> = std::sync::Mutex::new(None);
     let (dir, identity, _) = RECORD.get()?;
@@ -107,9 +108,7 @@ pub fn new_limit_request() -> Option<Result<LimitRequest, String>> {
     let open = FileOpen::READ;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    let file = dir
-        .open_file_of(name, open, me)
-        .or_else(|_| dir.open_file_of(name, open, 0));
+    let file = dir.open_file_of(name, open, me);
     let mut text = vec![0u8; 1024];
     let read = file
         .map_err(|e| e.to_string())

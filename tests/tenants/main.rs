@@ -8,6 +8,7 @@
 mod events;
 mod exporter;
 mod job;
+mod limit;
 mod preload;
 mod records;
 #[path = "../util/mod.rs"]

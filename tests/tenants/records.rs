@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 const GI: u64 = 1 << 30;
 
 /// What a tenant needs to run a budgeted client and the CLI.
-struct Kit {
-    client: PathBuf,
-    cli: PathBuf,
-    library: PathBuf,
-    fake: PathBuf,
+pub(crate) struct Kit {
+    pub client: PathBuf,
+    pub cli: PathBuf,
+    pub library: PathBuf,
+    pub fake: PathBuf,
 }
 
-fn kit(t: &Tenants) -> Kit {
+pub(crate) fn kit(t: &Tenants) -> Kit {
     // `Tenants::share` copies through one temporary name: one test at a time.
     static SHARING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = SHARING.lock().unwrap_or_else(|e| e.into_inner());
@@ -32,7 +32,7 @@ fn kit(t: &Tenants) -> Kit {
 }
 
 /// A budgeted client of `user` that allocates 1 MiB and sleeps, killed when dropped.
-struct Client(Child);
+pub(crate) struct Client(pub Child);
 
 impl Drop for Client {
     fn drop(&mut self) {
@@ -41,7 +41,13 @@ impl Drop for Client {
     }
 }
 
-fn budgeted(t: &Tenants, kit: &Kit, user: &User, envs: &[(&str, &str)], stderr: Stdio) -> Client {
+pub(crate) fn budgeted(
+    t: &Tenants,
+    kit: &Kit,
+    user: &User,
+    envs: &[(&str, &str)],
+    stderr: Stdio,
+) -> Client {
     let mut command = as_user(t, user, &kit.client, &["gpa", "alloc:1Mi", "sleep:20000"]);
     command
         .env("LD_PRELOAD", &kit.library)

@@ -568,6 +568,14 @@ fn write_request(
             .open_file(&temporary, new)
             .map_err(|e| e.to_string())
             .and_then(|file| {
+                // Root's request is given to the process's owner, who may read only its
+                // own files (0600) there.
+                // SAFETY: fchown of a descriptor we hold; -1 keeps the group.
+                if place::euid() != owner
+                    && unsafe { libc::fchown(file.as_raw_fd(), owner, u32::MAX) } != 0
+                {
+                    return Err(std::io::Error::last_os_error().to_string());
+                }
                 file.write_all_at(request.encode().as_bytes(), 0)
                     .map_err(|e| e.to_string())
             })
