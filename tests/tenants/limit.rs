@@ -15,7 +15,7 @@ fn another_user_cannot_change_a_process_or_job_budget_and_root_can() {
         t,
         &kit,
         &t.alice,
-        &[("CUDABUDGET_SCOPE", "job:train")],
+        &[("CUDABUDGET_SCOPE", "job:limit-train")],
         Stdio::null(),
     );
     let pid = alone.0.id().to_string();
@@ -36,21 +36,28 @@ fn another_user_cannot_change_a_process_or_job_budget_and_root_can() {
         stderr(&out)
     );
     let alice_uid = t.alice.uid.to_string();
-    let out = as_mallory(&["limit", "--job", "train", "--uid", &alice_uid, "100Gi"]);
+    let out = as_mallory(&[
+        "limit",
+        "--job",
+        "limit-train",
+        "--uid",
+        &alice_uid,
+        "100Gi",
+    ]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(
         stderr(&out).contains("only its owner or root"),
         "{}",
         stderr(&out)
     );
-    let out = as_mallory(&["limit", "--job", "train", "100Gi"]);
+    let out = as_mallory(&["limit", "--job", "limit-train", "100Gi"]);
     assert_eq!(
         out.status.code(),
         Some(1),
-        "her own job train does not exist"
+        "her own job limit-train does not exist"
     );
     // Nothing changed.
-    let shown = stdout(&as_alice(&["limit", "--job", "train"]));
+    let shown = stdout(&as_alice(&["limit", "--job", "limit-train"]));
     assert!(shown.contains("device 0: budget 1.00 GiB"), "{shown}");
     let shown = stdout(&as_alice(&["limit", "--pid", &pid]));
     assert!(shown.contains("budget 1.00 GiB"), "{shown}");
@@ -71,9 +78,9 @@ fn another_user_cannot_change_a_process_or_job_budget_and_root_can() {
     let out = as_root(&["limit", "--pid", &pid, "2Gi"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert!(stdout(&out).contains("budget 2.00 GiB"), "{}", stdout(&out));
-    let out = as_root(&["limit", "--job", "train", "3Gi"]);
+    let out = as_root(&["limit", "--job", "limit-train", "3Gi"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    let shown = stdout(&as_alice(&["limit", "--job", "train"]));
+    let shown = stdout(&as_alice(&["limit", "--job", "limit-train"]));
     assert!(shown.contains("device 0: budget 3.00 GiB"), "{shown}");
     drop(member);
 }

@@ -326,6 +326,14 @@ fn job_limit(
             }
         },
     };
+    // Another user's job may be in that user's own fallbacks (as its processes saw them).
+    let mut roots = roots;
+    if uid != me
+        && let Some((_, home)) = records::passwd(uid)
+    {
+        roots.push(PathBuf::from(format!("/run/user/{uid}")));
+        roots.push(home.join(".cache"));
+    }
     let ledger = open_job(job, uid, &roots, size.is_some())?;
     let devices: Vec<usize> = match device {
         Some(d) => vec![d as usize],
