@@ -25,7 +25,7 @@ ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform ja
 ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
 ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
 ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml job_gpu"
-ALL_CASES+=" load_neighbour job_tenants"
+ALL_CASES+=" load_neighbour job_tenants live_limit"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) ONLY="$2"; shift 2 ;;
@@ -469,6 +469,21 @@ if selected job_gpu; then
   if ! grep -q '^job_gpu: ' "$WORK/job_gpu.out"; then
     log "FAIL job_gpu/ran rc=$jrc: $(tail -c 600 "$WORK/job_gpu.err")"
     echo "FAIL job_gpu/ran" >>"$RESULTS"
+  fi
+  wait_gpu_idle
+fi
+# Budgets changed while jobs run: a PyTorch training job lowered from 40 to 20 GiB and a
+# second job raised from 20 to 40 GiB, and how soon a process's view follows a change
+# (scripts/gpu/cases/live_limit.py prints PASS/FAIL lines).
+if selected live_limit; then
+  echo "-- live_limit (cudabudget limit while two jobs run) ..."
+  timeout -k 10 240 "$PY" "$C/live_limit.py" --lib "$LIB" --cli "$CLI" --python "$PY" >"$WORK/live_limit.out" 2>"$WORK/live_limit.err"
+  vrc=$?
+  tee -a "$LOG" <"$WORK/live_limit.out"
+  grep -E '^(PASS|FAIL) ' "$WORK/live_limit.out" >>"$RESULTS"
+  if ! grep -q '^live_limit: ' "$WORK/live_limit.out"; then
+    log "FAIL live_limit/ran rc=$vrc: $(tail -c 600 "$WORK/live_limit.err")"
+    echo "FAIL live_limit/ran" >>"$RESULTS"
   fi
   wait_gpu_idle
 fi
