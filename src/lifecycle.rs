@@ -103,6 +103,7 @@ pub fn init() -> Mode {
                 format_args!("cannot open libcuda.so.1 from the library; CUDA calls will fail"),
             ),
             Ok(Mode::Budgeted) => {
+                crate::tell::events::remember_program_name();
                 report::unknown_variables();
                 report::install_exit_summary();
                 install_fork_handler();

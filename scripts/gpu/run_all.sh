@@ -458,62 +458,42 @@ EOS
     echo "FAIL torch_no_nvml/setup" >>"$RESULTS"
   fi
 fi
+# A case of its own that prints PASS/FAIL/SKIP lines and a "NAME: ..." summary line:
+# py_case NAME WHAT TIMEOUT_S SCRIPT ARGS...
+py_case() {
+  local name=$1 what=$2 limit=$3
+  shift 3
+  echo "-- $name $what ..."
+  timeout -k 10 "$limit" "$PY" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+  local rc=$?
+  tee -a "$LOG" <"$WORK/$name.out"
+  grep -E '^(PASS|FAIL|SKIP) ' "$WORK/$name.out" >>"$RESULTS"
+  if ! grep -q "^$name: " "$WORK/$name.out"; then
+    log "FAIL $name/ran rc=$rc: $(tail -c 600 "$WORK/$name.err")"
+    echo "FAIL $name/ran" >>"$RESULTS"
+  fi
+  wait_gpu_idle
+}
 # Job budgets: three PyTorch processes of one job, kill -9 of one, a waiting PyTorch process
 # beside a JAX one of the same job (scripts/gpu/cases/job_gpu.py prints PASS/FAIL lines).
 if selected job_gpu; then
-  echo "-- job_gpu (CUDABUDGET_SCOPE=job:..., several processes) ..."
-  timeout -k 10 180 "$PY" "$C/job_gpu.py" --lib "$LIB" --python "$PY" >"$WORK/job_gpu.out" 2>"$WORK/job_gpu.err"
-  jrc=$?
-  tee -a "$LOG" <"$WORK/job_gpu.out"
-  grep -E '^(PASS|FAIL) ' "$WORK/job_gpu.out" >>"$RESULTS"
-  if ! grep -q '^job_gpu: ' "$WORK/job_gpu.out"; then
-    log "FAIL job_gpu/ran rc=$jrc: $(tail -c 600 "$WORK/job_gpu.err")"
-    echo "FAIL job_gpu/ran" >>"$RESULTS"
-  fi
-  wait_gpu_idle
+  py_case job_gpu "(CUDABUDGET_SCOPE=job:..., several processes)" 180 "$C/job_gpu.py" --lib "$LIB" --python "$PY"
 fi
 # Budgets changed while jobs run: a PyTorch training job lowered from 40 to 20 GiB and a
 # second job raised from 20 to 40 GiB, and how soon a process's view follows a change
 # (scripts/gpu/cases/live_limit.py prints PASS/FAIL lines).
 if selected live_limit; then
-  echo "-- live_limit (cudabudget limit while two jobs run) ..."
-  timeout -k 10 240 "$PY" "$C/live_limit.py" --lib "$LIB" --cli "$CLI" --python "$PY" >"$WORK/live_limit.out" 2>"$WORK/live_limit.err"
-  vrc=$?
-  tee -a "$LOG" <"$WORK/live_limit.out"
-  grep -E '^(PASS|FAIL) ' "$WORK/live_limit.out" >>"$RESULTS"
-  if ! grep -q '^live_limit: ' "$WORK/live_limit.out"; then
-    log "FAIL live_limit/ran rc=$vrc: $(tail -c 600 "$WORK/live_limit.err")"
-    echo "FAIL live_limit/ran" >>"$RESULTS"
-  fi
-  wait_gpu_idle
+  py_case live_limit "(cudabudget limit while two jobs run)" 240 "$C/live_limit.py" --lib "$LIB" --cli "$CLI" --python "$PY"
 fi
 # A tenant under 2 GiB loading modules with 3 GiB of globals beside a neighbour that
 # allocates and frees 1 GiB (scripts/gpu/cases/load_neighbour.py prints PASS/FAIL lines).
 if selected load_neighbour; then
-  echo "-- load_neighbour (tenant under 2 GiB loading 3 GiB of globals beside a 1 GiB neighbour) ..."
-  timeout -k 10 300 "$PY" "$C/load_neighbour.py" --lib "$LIB" --seconds 5 >"$WORK/load_neighbour.out" 2>"$WORK/load_neighbour.err"
-  lrc=$?
-  tee -a "$LOG" <"$WORK/load_neighbour.out"
-  grep -E '^(PASS|FAIL|SKIP) ' "$WORK/load_neighbour.out" >>"$RESULTS"
-  if ! grep -q '^load_neighbour: ' "$WORK/load_neighbour.out"; then
-    log "FAIL load_neighbour/ran rc=$lrc: $(tail -c 600 "$WORK/load_neighbour.err")"
-    echo "FAIL load_neighbour/ran" >>"$RESULTS"
-  fi
-  wait_gpu_idle
+  py_case load_neighbour "(tenant under 2 GiB loading 3 GiB of globals beside a 1 GiB neighbour)" 300 "$C/load_neighbour.py" --lib "$LIB" --seconds 5
 fi
 # A job's members beside one SIGSTOPped and one SIGKILLed at any point of its calls
 # (scripts/gpu/cases/job_tenants.py prints PASS/FAIL lines and a summary line).
 if selected job_tenants; then
-  echo "-- job_tenants (a stopped member, a member killed holding the lock) ..."
-  timeout -k 10 240 "$PY" "$C/job_tenants.py" --lib "$LIB" >"$WORK/job_tenants.out" 2>"$WORK/job_tenants.err"
-  trc=$?
-  tee -a "$LOG" <"$WORK/job_tenants.out"
-  grep -E '^(PASS|FAIL|SKIP) ' "$WORK/job_tenants.out" >>"$RESULTS"
-  if ! grep -q '^job_tenants: ' "$WORK/job_tenants.out"; then
-    log "FAIL job_tenants/ran rc=$trc: $(tail -c 600 "$WORK/job_tenants.err")"
-    echo "FAIL job_tenants/ran" >>"$RESULTS"
-  fi
-  wait_gpu_idle
+  py_case job_tenants "(a stopped member, a member killed holding the lock)" 240 "$C/job_tenants.py" --lib "$LIB"
 fi
 if selected dataloader_fork; then
   pair dataloader_fork "B:CUDABUDGET_LIMIT=8Gi" 150 -- \

@@ -49,8 +49,38 @@ unsafe extern "C" {
     static program_invocation_short_name: *const libc::c_char;
 }
 
+/// The program's name as it was when the process was budgeted ([`remember_program_name`]):
+/// programs that set their process title (Ray's workers) overwrite the `argv[0]` glibc's
+/// name points into.
+static PROGRAM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Keeps the program's name for [`program_name`]: glibc's, unless it no longer agrees with
+/// the kernel's (`/proc/self/comm`, at most 15 bytes), whose name is then kept. Called
+/// once the process is budgeted, before any denial can be told.
+pub fn remember_program_name() {
+    let glibc = invocation_name();
+    let comm = std::fs::read_to_string("/proc/self/comm")
+        .map(|c| c.trim_end_matches('\n').to_string())
+        .unwrap_or_default();
+    let agrees = !glibc.is_empty() && glibc != "?" && glibc.starts_with(comm.as_str());
+    let name = if agrees || comm.is_empty() {
+        glibc.to_string()
+    } else {
+        comm
+    };
+    let _ = PROGRAM.set(name);
+}
+
 /// The program's name (`python3`), or `?`.
 pub fn program_name() -> &'static str {
+    match PROGRAM.get() {
+        Some(name) => name,
+        None => invocation_name(),
+    }
+}
+
+/// glibc's `program_invocation_short_name`, or `?`.
+fn invocation_name() -> &'static str {
     // SAFETY: glibc sets this pointer before any code runs and it points to a
     // NUL-terminated string inside argv[0], which lives as long as the process.
     let name = unsafe { program_invocation_short_name };

@@ -50,15 +50,7 @@ fn spawn(ops: &[&str], envs: &[(&str, &str)]) -> Child {
 }
 
 fn finish(child: Child) -> Run {
-    let out = child.wait_with_output().expect("wait client");
-    Run {
-        lines: String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect(),
-        status: out.status,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    util::finish(child)
 }
 
 fn client(ops: &[&str], envs: &[(&str, &str)]) -> Run {

@@ -21,7 +21,7 @@ fn a_job_budget_raised_then_lowered_holds_every_member_at_once() {
     );
     until_shown(holder.id(), |p| p["devices"][0]["used_bytes"] == 600 * MI);
     let other = spawn(
-        &[&raised.op(), "sleep:200", "info", "alloc:1200Mi"],
+        &[&raised.op(), "sleep:200", "info", "nvml:0", "alloc:1200Mi"],
         &envs("1Gi", "job:live"),
     );
     until_shown(other.id(), |_| true);
@@ -33,6 +33,11 @@ fn a_job_budget_raised_then_lowered_holds_every_member_at_once() {
         other.num("info", 0, "total"),
         2 * GI,
         "the view follows: {other:?}"
+    );
+    assert_eq!(
+        other.num("nvml", 0, "total"),
+        2 * GI,
+        "NVML's too: {other:?}"
     );
     assert_eq!(
         other.rc("alloc", 0),

@@ -26,15 +26,7 @@ fn spawn(ops: &[&str], envs: &[(&str, &str)]) -> Child {
 }
 
 fn finish(child: Child) -> Run {
-    let out = child.wait_with_output().expect("wait for the client");
-    Run {
-        lines: String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect(),
-        status: out.status,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    util::finish(child)
 }
 
 /// `cudabudget limit ARGS`, run to the end.

@@ -799,3 +799,25 @@ fn a_bad_web_config_file_refuses_the_start_with_one_line() {
         assert_eq!(text.lines().count(), 1, "{path}: {text}");
     }
 }
+
+#[test]
+fn a_budget_changed_with_limit_is_the_budget_the_exporter_serves() {
+    let pod = format!("limited-{}", std::process::id());
+    let client = Budgeted::start(
+        &["alloc:1Gi", "sleep:30000"],
+        &[("CUDABUDGET_LIMIT", "2Gi"), ("POD_NAME", pod.as_str())],
+    );
+    client.wait_for(1, |p| p["devices"][0]["used_bytes"] == GI);
+    let pid = client.pid().to_string();
+    let out = output(&mut cudabudget(&["limit", "--pid", &pid, "3Gi"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let exporter = Exporter::start(&[]);
+    let (code, body) = exporter.get("/metrics");
+    assert_eq!(code, 200);
+    let labels = [("pod", pod.as_str()), ("device_index", "0")];
+    assert_eq!(
+        value(&parse(&body), "cudabudget_memory_limit_bytes", &labels),
+        Some(3.0 * GI as f64),
+        "{body}"
+    );
+}

@@ -290,6 +290,19 @@ fn assert_preloadable(p: &Path) {
     );
 }
 
+/// Waits for a child started with piped output and collects what it printed.
+pub fn finish(child: std::process::Child) -> Run {
+    let out = child.wait_with_output().expect("wait for the child");
+    Run {
+        lines: String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect(),
+        status: out.status,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 /// Runs any command with piped output and a time limit (`FAKE_CLIENT_TIMEOUT_S`, default
 /// 120 s): a hung child is killed and reported as a failure.
 pub fn run(mut cmd: Command) -> Run {
