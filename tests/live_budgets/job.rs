@@ -20,9 +20,13 @@ fn a_job_budget_raised_then_lowered_holds_every_member_at_once() {
         &envs("1Gi", "job:live"),
     );
     until_shown(holder.id(), |p| p["devices"][0]["used_bytes"] == 600 * MI);
+    let events = util::cli::scratch("job-events").join("events.jsonl");
+    let events_text = events.display().to_string();
+    let mut other_envs = envs("1Gi", "job:live");
+    other_envs.push(("CUDABUDGET_EVENTS", &events_text));
     let other = spawn(
         &[&raised.op(), "sleep:200", "info", "nvml:0", "alloc:1200Mi"],
-        &envs("1Gi", "job:live"),
+        &other_envs,
     );
     until_shown(other.id(), |_| true);
     let said = limit_ok(&["--job", "live", "2Gi"]);
@@ -38,6 +42,17 @@ fn a_job_budget_raised_then_lowered_holds_every_member_at_once() {
         other.num("nvml", 0, "total"),
         2 * GI,
         "NVML's too: {other:?}"
+    );
+    // The member that saw the change wrote it as an event, naming who made it.
+    let seen = changes(&events);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["job"], "live");
+    assert_eq!(seen[0]["previous_limit_bytes"], GI);
+    assert_eq!(seen[0]["limit_bytes"], 2 * GI);
+    assert_eq!(seen[0]["changed_by"]["uid"], my_uid());
+    assert!(
+        seen[0]["changed_by"]["pid"].as_u64().unwrap() > 0,
+        "{seen:?}"
     );
     assert_eq!(
         other.rc("alloc", 0),

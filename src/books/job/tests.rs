@@ -1001,3 +1001,25 @@ fn admissions_racing_budget_changes_never_pass_the_budget_in_force_during_them()
         "few admissions: a test of nothing"
     );
 }
+
+#[test]
+fn each_device_of_a_job_keeps_a_budget_of_its_own() {
+    let job = fresh_job("per-device-budget");
+    assert_eq!(job.budget(1), None, "none set yet");
+    assert_eq!(job.adopt_budget(1, 500), 500, "the first member sets it");
+    assert_eq!(job.budget(0), None, "device 0 is another device");
+    assert_eq!(job.adopt_budget(0, 700), 700);
+    assert_eq!(
+        job.adopt_budget(1, 900),
+        500,
+        "a later member is held to the job's"
+    );
+    change_budget(&job, 1, 300);
+    assert_eq!((job.budget(0), job.budget(1)), (Some(700), Some(300)));
+    assert_eq!(
+        job.reserve(1, 301, u64::MAX),
+        Err(0),
+        "device 1's budget holds"
+    );
+    assert_eq!(job.reserve(0, 301, u64::MAX), Ok(()));
+}
