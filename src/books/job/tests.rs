@@ -1023,3 +1023,11 @@ fn each_device_of_a_job_keeps_a_budget_of_its_own() {
     );
     assert_eq!(job.reserve(0, 301, u64::MAX), Ok(()));
 }
+
+#[test]
+fn who_changed_the_budget_reads_back_as_the_command_line_writes_it() {
+    let job = fresh_job("changed-by");
+    job.word64(layout::BUDGET_BY_AT)
+        .store((1234u64 << 32) | 5678, Ordering::SeqCst);
+    assert_eq!(job.budget_changed_by(), (1234, 5678));
+}
