@@ -325,7 +325,7 @@ fn apply_limit_request(request: &cudabudget_spec::control::LimitRequest) -> bool
 fn budget_changed(ordinal: usize, d: &DeviceLedger, previous: u64, now: u64, by: (u32, u32)) {
     d.set_budget(Budget::Bytes(now));
     if now > previous {
-        crate::sys::wait::freed_anyway();
+        crate::sys::wait::freed();
     }
     let used = d.budget_used();
     crate::tell::events::budget_changed(

@@ -97,6 +97,7 @@ use std::time::{Duration, Instant};
 
 use cudabudget_spec::job_file as layout;
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
+use layout::TOMB;
 
 use crate::sys::lock::Lock;
 use crate::sys::{clock::monotonic_ms, futex};
@@ -117,9 +118,6 @@ pub const NAP_MS: u64 = 40;
 const SCAN_EVERY_MS: u64 = 1000;
 /// How long a free slot must hold what a free slot never holds before it is cleaned.
 const SUSPECT_MS: u64 = 1000;
-/// A claim being taken out of use: the high half all ones, the low half the pid of the
-/// process doing it.
-const TOMB: u64 = 0xFFFF_FFFF_0000_0000;
 
 #[repr(C)]
 struct DeviceWord {
@@ -707,7 +705,7 @@ fn create(dir: &Dir, name: &str) -> Result<(), PlaceError> {
                 *shares.add(2 * i + 1) = !0;
             }
             for i in 0..SLOTS {
-                let claim = base.add(layout::CLAIMS_AT + i * layout::CLAIM_BYTES) as *mut u64;
+                let claim = base.add(layout::claim_at(i)) as *mut u64;
                 *claim.add(3) = !0;
             }
             libc::munmap(base.cast(), FILE_BYTES);
@@ -926,12 +924,7 @@ impl Job {
     fn device(&self, device: usize) -> &DeviceWord {
         debug_assert!(device < DEVICES);
         // SAFETY: device < DEVICES: the word lies in the header page of the mapping.
-        unsafe {
-            &*(self
-                .base
-                .add(layout::DEVICE_WORDS_AT + device * layout::DEVICE_WORD_BYTES)
-                as *const DeviceWord)
-        }
+        unsafe { &*(self.base.add(layout::device_words_at(device)) as *const DeviceWord) }
     }
 
     fn waiter(&self, i: usize) -> &Waiter {
@@ -943,18 +936,13 @@ impl Job {
     fn claim_at(&self, i: usize) -> &Claim {
         debug_assert!(i < SLOTS);
         // SAFETY: i < SLOTS: the claim lies in the mapping.
-        unsafe { &*(self.base.add(layout::CLAIMS_AT + i * layout::CLAIM_BYTES) as *const Claim) }
+        unsafe { &*(self.base.add(layout::claim_at(i)) as *const Claim) }
     }
 
     fn share_at(&self, slot: usize, device: usize) -> &Share {
         debug_assert!(slot < SLOTS && device < DEVICES);
         // SAFETY: both in range: the share lies in the mapping.
-        unsafe {
-            &*(self
-                .base
-                .add(layout::SHARES_AT + (device * SLOTS + slot) * layout::SHARE_BYTES)
-                as *const Share)
-        }
+        unsafe { &*(self.base.add(layout::share_at(slot, device)) as *const Share) }
     }
 
     /// Where the ledger is, for messages.
@@ -1065,9 +1053,7 @@ impl Job {
     /// Slot `i`'s share on `device`, read conservatively (the larger of its two words).
     fn share_of(&self, i: usize, device: usize) -> u64 {
         let s = self.share_at(i, device);
-        let used = s.used.load(Ordering::SeqCst);
-        let inv = !s.inv.load(Ordering::SeqCst);
-        used.max(inv)
+        layout::share_value(s.used.load(Ordering::SeqCst), s.inv.load(Ordering::SeqCst))
     }
 
     /// What the job holds on `device`: the sum of the slots' shares.
@@ -1227,7 +1213,7 @@ impl Job {
     /// The job's budget on `device`, once a member or an operator set it: what every
     /// admission of the job is measured against (`cudabudget limit --job`).
     pub fn budget(&self, device: usize) -> Option<u64> {
-        let at = layout::BUDGETS_AT + device * layout::BUDGET_BYTES;
+        let at = layout::budget_at(device);
         layout::decode_budget(
             self.word64(at).load(Ordering::Acquire),
             self.word64(at + 8).load(Ordering::Acquire),
@@ -1237,7 +1223,7 @@ impl Job {
     /// Makes `mine` the job's budget on `device` unless one is set: the first member's
     /// variables set it. Returns the budget in force.
     pub fn adopt_budget(&self, device: usize, mine: u64) -> u64 {
-        let at = layout::BUDGETS_AT + device * layout::BUDGET_BYTES;
+        let at = layout::budget_at(device);
         let word = layout::encode_budget(mine);
         if self.budget(device).is_none()
             && self
@@ -1600,7 +1586,7 @@ impl Job {
         (0..SLOTS)
             .filter(|&i| {
                 let claim = self.claim_at(i).claim.load(Ordering::Acquire);
-                claim != 0 && claim & TOMB != TOMB
+                layout::is_member(claim)
             })
             .count()
     }

@@ -161,7 +161,8 @@ impl DeviceLedger {
     /// [`Reservation::commit`] gives the bytes back.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>, Denial> {
         // In a job, the job's budget as it is now (it may change while the job runs).
-        let budget = match self.job() {
+        let job = self.job();
+        let budget = match job {
             Some((job, index)) => job.budget(index).unwrap_or_else(|| self.limit()),
             None => self.limit(),
         };
@@ -183,7 +184,7 @@ impl DeviceLedger {
             {
                 Ok(_) => {
                     // In a job the job's total decides, for every process at once.
-                    if let Some((job, index)) = self.job()
+                    if let Some((job, index)) = job
                         && let Err(job_used) = job.reserve(index, bytes, budget)
                     {
                         self.release_own(bytes);

@@ -17,18 +17,13 @@ static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
 /// The tickets of the threads waiting now, oldest first.
 static QUEUE: Lock<Vec<u64>> = Lock::new(Vec::new());
 
-/// Memory was given back in this process: wakes the waiters, if any (one relaxed load
-/// otherwise).
+/// Memory was given back in this process, or its budget grew: wakes the waiters, if any
+/// (one relaxed load otherwise).
 #[inline]
 pub fn freed() {
     if WAITERS.load(Ordering::Relaxed) != 0 {
         wake();
     }
-}
-
-/// As [`freed`], when the room came from elsewhere (a budget that grew).
-pub fn freed_anyway() {
-    wake();
 }
 
 #[cold]

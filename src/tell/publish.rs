@@ -88,7 +88,8 @@ static CONTROL: OnceLock<CString> = OnceLock::new();
 /// is not one. Only a file of ours counts (the directory is ours alone; root gives its
 /// requests to us).
 pub fn new_limit_request() -> Option<Result<LimitRequest, String>> {
-    static SEEN: std::sync::Mutex<Option<(u64, u64, i64, i64)>> = std::sync::Mutex::new(None);
+    static SEEN: crate::sys::lock::Lock<Option<(u64, u64, i64, i64)>> =
+        crate::sys::lock::Lock::new(None);
     let (dir, identity, _) = RECORD.get()?;
     let name = CONTROL.get()?.to_str().ok()?;
     if !still_ours(dir, *identity) {
@@ -97,9 +98,7 @@ pub fn new_limit_request() -> Option<Result<LimitRequest, String>> {
     let st = dir.stat_at(name).ok()?;
     let key = (st.st_dev, st.st_ino, st.st_mtime, st.st_mtime_nsec);
     {
-        let mut seen = SEEN
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = SEEN.lock();
         if *seen == Some(key) {
             return None;
         }

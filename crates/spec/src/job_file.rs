@@ -53,6 +53,41 @@ pub const BUDGET_BYTES: usize = 16;
 
 const _: () = assert!(BUDGETS_AT + DEVICES * BUDGET_BYTES <= WAITERS_AT);
 
+/// A claim being taken out of use: the high half all ones, the low half the pid of the
+/// process doing it.
+pub const TOMB: u64 = 0xFFFF_FFFF_0000_0000;
+
+/// Whether a slot's claim word names a member (neither free nor a tombstone).
+pub fn is_member(claim: u64) -> bool {
+    claim != 0 && claim & TOMB != TOMB
+}
+
+/// Where slot `slot`'s claim lies.
+pub fn claim_at(slot: usize) -> usize {
+    CLAIMS_AT + slot * CLAIM_BYTES
+}
+
+/// Where slot `slot`'s share of `device` lies (what it holds, then the complement).
+pub fn share_at(slot: usize, device: usize) -> usize {
+    SHARES_AT + (device * SLOTS + slot) * SHARE_BYTES
+}
+
+/// A share read from its two words: the larger of what it holds and the complement's
+/// complement, so that a stray write lowers it only by writing both consistently.
+pub fn share_value(used: u64, complement: u64) -> u64 {
+    used.max(!complement)
+}
+
+/// Where `device`'s admission words lie.
+pub fn device_words_at(device: usize) -> usize {
+    DEVICE_WORDS_AT + device * DEVICE_WORD_BYTES
+}
+
+/// Where `device`'s budget words lie ([`encode_budget`], then its complement).
+pub fn budget_at(device: usize) -> usize {
+    BUDGETS_AT + device * BUDGET_BYTES
+}
+
 /// The word that says "the job's budget is `bytes`" (0 says none is set).
 pub fn encode_budget(bytes: u64) -> u64 {
     bytes.min(u64::MAX - 2) + 1

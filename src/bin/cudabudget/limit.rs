@@ -134,7 +134,7 @@ impl Ledger {
     }
 
     fn budget(&self, device: usize) -> Option<u64> {
-        let at = job_file::BUDGETS_AT + device * job_file::BUDGET_BYTES;
+        let at = job_file::budget_at(device);
         job_file::decode_budget(
             self.word64(at).load(Ordering::Acquire),
             self.word64(at + 8).load(Ordering::Acquire),
@@ -146,11 +146,11 @@ impl Ledger {
     fn used(&self, device: usize) -> u64 {
         (0..job_file::SLOTS)
             .map(|slot| {
-                let at =
-                    job_file::SHARES_AT + (device * job_file::SLOTS + slot) * job_file::SHARE_BYTES;
-                let used = self.word64(at).load(Ordering::Acquire);
-                let inv = self.word64(at + 8).load(Ordering::Acquire);
-                used.max(!inv)
+                let at = job_file::share_at(slot, device);
+                job_file::share_value(
+                    self.word64(at).load(Ordering::Acquire),
+                    self.word64(at + 8).load(Ordering::Acquire),
+                )
             })
             .fold(0u64, u64::saturating_add)
     }
@@ -159,16 +159,16 @@ impl Ledger {
     fn members(&self) -> usize {
         (0..job_file::SLOTS)
             .filter(|&slot| {
-                let claim = self
-                    .word64(job_file::CLAIMS_AT + slot * job_file::CLAIM_BYTES)
-                    .load(Ordering::Acquire);
-                claim != 0 && claim >> 32 != 0xFFFF_FFFF
+                job_file::is_member(
+                    self.word64(job_file::claim_at(slot))
+                        .load(Ordering::Acquire),
+                )
             })
             .count()
     }
 
     fn set_budget(&self, device: usize, bytes: u64) {
-        let at = job_file::BUDGETS_AT + device * job_file::BUDGET_BYTES;
+        let at = job_file::budget_at(device);
         let word = job_file::encode_budget(bytes);
         self.word64(at).store(word, Ordering::SeqCst);
         self.word64(at + 8).store(!word, Ordering::SeqCst);
@@ -176,11 +176,7 @@ impl Ledger {
 
     /// Wakes the job's waiters on `device`, as a free does.
     fn wake(&self, device: usize) {
-        let word = self.word32(
-            job_file::DEVICE_WORDS_AT
-                + device * job_file::DEVICE_WORD_BYTES
-                + job_file::WAKE_IN_DEVICE_WORD,
-        );
+        let word = self.word32(job_file::device_words_at(device) + job_file::WAKE_IN_DEVICE_WORD);
         word.fetch_add(1, Ordering::Release);
         // SAFETY: a futex wake on a word of a shared mapping (the waiters wait on the
         // same file's word, not privately).

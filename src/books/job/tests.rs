@@ -925,7 +925,7 @@ fn a_process_joining_while_the_last_member_leaves_is_in_the_ledger_that_the_name
 /// Sets the job's budget on `device` as `cudabudget limit --job` does: the budget's
 /// words, then the generation.
 fn change_budget(job: &Job, device: usize, bytes: u64) {
-    let at = layout::BUDGETS_AT + device * layout::BUDGET_BYTES;
+    let at = layout::budget_at(device);
     let word = layout::encode_budget(bytes);
     job.word64(at).store(word, Ordering::SeqCst);
     job.word64(at + 8).store(!word, Ordering::SeqCst);
