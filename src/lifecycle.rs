@@ -251,8 +251,9 @@ fn start_background() {
     }
 }
 
-/// Follows budget changes made while the process runs (`cudabudget limit`), every
-/// [`crate::tell::publish::TICK`] on the background thread: a request beside the
+/// Follows budget changes made while the process runs (`cudabudget limit`), on the
+/// background thread when the doorbell rings and every [`crate::tell::publish::INTERVAL`]
+/// ([`crate::tell::publish::run`]): a request beside the
 /// process's record changes its own budgets; a job's budget is its ledger's, which every
 /// admission reads as it is then, and the device's figures (the views, the record)
 /// follow it here. True when a budget changed.

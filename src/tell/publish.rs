@@ -26,6 +26,7 @@
 //! (said at `info`), never disturbed. The record is removed at exit; records of processes
 //! that died without exiting (`kill -9`) are cleaned by their readers.
 
+use cudabudget_spec::doorbell::Doorbell;
 pub use cudabudget_spec::{control, record};
 
 use std::ffi::CString;
@@ -65,20 +66,18 @@ fn still_ours(dir: &Dir, identity: (u64, u64)) -> bool {
     place::fstat(dir.fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == identity)
 }
 
-/// Publishes this process's figures until it ends, and calls `tick` every [`TICK`]:
-/// the body of the library's background thread ([`crate::lifecycle`] starts it, once).
-/// `tick` follows the budgets (`cudabudget limit`); true when one changed, which
-/// publishes the figures at once. Without a record (none could be made, or it was
-/// lost) the budgets are still followed.
+/// Publishes this process's figures until it ends, and calls `tick` every [`INTERVAL`]
+/// and whenever the records directory's [`Doorbell`] rings: the body of the library's
+/// background thread ([`crate::lifecycle`] starts it, once). `tick` follows the budgets
+/// (`cudabudget limit`); true when one changed, which publishes the figures at once.
+/// Without a record (none could be made, or it was lost) the budgets are still
+/// followed, every [`INTERVAL`].
 pub fn run(tick: fn() -> bool) {
     let _ = std::panic::catch_unwind(|| publish(tick));
     while std::panic::catch_unwind(tick).is_ok() {
-        std::thread::sleep(TICK);
+        std::thread::sleep(INTERVAL);
     }
 }
-
-/// How often the background thread follows the budgets.
-pub const TICK: Duration = Duration::from_millis(control::TICK_MS);
 
 /// The name of this process's budget-change request ([`control`]), beside its record.
 static CONTROL: OnceLock<CString> = OnceLock::new();
@@ -378,6 +377,20 @@ fn publish(tick: fn() -> bool) {
         return;
     };
     OWNER.store(identity.pid, Ordering::Relaxed);
+    // SAFETY: geteuid has no preconditions.
+    let bell = match Doorbell::open(dir, unsafe { libc::geteuid() }, true) {
+        Ok(bell) => Some(bell),
+        Err(error) => {
+            crate::sys::log::line(
+                LogLevel::Info,
+                format_args!(
+                    "budget changes reach this process within {} ms, not at once ({error})",
+                    INTERVAL.as_millis()
+                ),
+            );
+            None
+        }
+    };
     // SAFETY: registers a plain extern "C" function.
     unsafe {
         libc::atexit(remove_record);
@@ -438,12 +451,22 @@ fn publish(tick: fn() -> bool) {
             }
             last_write = Some(Instant::now());
         }
-        let mut waited = Duration::ZERO;
-        while waited < INTERVAL {
-            std::thread::sleep(TICK);
-            waited += TICK;
+        // Until the next look at the books, follow the budgets whenever the bell rings
+        // (the counter is read before `tick` looks, so a ring meanwhile is not slept
+        // through), and once at the end.
+        let next = Instant::now() + INTERVAL;
+        loop {
+            let seen = bell.as_ref().map(Doorbell::count);
             if tick() {
                 break;
+            }
+            let left = next.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match (&bell, seen) {
+                (Some(bell), Some(seen)) => bell.wait(seen, left),
+                _ => std::thread::sleep(left),
             }
         }
     }

@@ -1,7 +1,8 @@
 //! A request to change a running process's budget (`cudabudget limit --pid`), written by
 //! the command line beside the process's record, as `<pid>-<pid namespace>.limit` in the
 //! same private directory (only its owner and root can write there), and read by the
-//! process's background thread ([`TICK_MS`]). Each request is a new file renamed over the
+//! process's background thread when the directory's [`crate::doorbell`] rings (at once),
+//! or at its next look (every 200 ms). Each request is a new file renamed over the
 //! last, so a new inode is a new request. A job's budget lives in its ledger instead
 //! ([`crate::job_file::BUDGETS_AT`]).
 //!
@@ -11,9 +12,6 @@
 //! bytes 21474836480
 //! by 1000 4242
 //! ```
-
-/// How often a budgeted process looks for a request (and at its job's budget).
-pub const TICK_MS: u64 = 50;
 
 const FIRST_LINE: &str = "cudabudget-limit 1";
 

@@ -63,7 +63,8 @@ impl PlaceError {
         matches!(self, PlaceError::Taken { .. })
     }
 
-    fn io(path: &Path, error: io::Error) -> PlaceError {
+    /// A failure of a call on `path`.
+    pub fn io(path: &Path, error: io::Error) -> PlaceError {
         PlaceError::Io {
             path: path.to_path_buf(),
             error,

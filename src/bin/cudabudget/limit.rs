@@ -2,12 +2,13 @@
 //!
 //! - A job's budget lives in its ledger ([`job_file::BUDGETS_AT`]): this command maps the
 //!   ledger, writes the new budget (the word, then its complement), bumps the budget
-//!   generation, names who changed it and wakes the job's waiters. Every admission of
-//!   the job reads the budget as it is then; each member's views and record follow
-//!   within [`control::TICK_MS`].
+//!   generation, names who changed it, wakes the job's waiters and rings the owner's
+//!   doorbells ([`Doorbell`]). Every admission of the job reads the budget as it is then; each
+//!   member's views and record follow when its background thread wakes to the bell (at
+//!   once), or at its next look (every 200 ms) if it published somewhere else.
 //! - A process's budget is changed by a request file beside its record
-//!   ([`control::LimitRequest`]), which its background thread reads within
-//!   [`control::TICK_MS`].
+//!   ([`control::LimitRequest`]); the doorbell there wakes its background thread to read
+//!   it.
 //!
 //! Both places are in the owner's private directory (mode 0700): only the owner and root
 //! reach them, which is who may change a budget.
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use cudabudget_spec::config::Config;
 use cudabudget_spec::control::{self, LimitRequest};
+use cudabudget_spec::doorbell::Doorbell;
 use cudabudget_spec::job_file;
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 use cudabudget_spec::quantity::{Limit, format_bytes, parse_limit};
@@ -32,8 +34,8 @@ pub const AFTER_HELP: &str = "Without SIZE, prints the budget in force; with it,
 it while the job or process runs. A job's budget is its ledger's (the first member's \
 CUDABUDGET_LIMIT until changed here): every member's next admission is measured against \
 the new value, and each member's views (cuMemGetInfo, NVML) and record (status, the \
-exporter) follow within 50 ms. A process's own budget is changed by a request its \
-library reads within 50 ms. Only the job's or process's owner, or root, may change it.
+exporter) follow at once (within 200 ms at most). A process's own budget is changed by a \
+request its library reads at once. Only the job's or process's owner, or root, may change it.
 
 Lowering a budget below what is in use frees nothing: new allocations are refused (or \
 wait, under CUDABUDGET_ON_EXCEED=wait:<duration>) until the use drops below it, and \
@@ -322,14 +324,7 @@ fn job_limit(
             }
         },
     };
-    // Another user's job may be in that user's own fallbacks (as its processes saw them).
-    let mut roots = roots;
-    if uid != me
-        && let Some((_, home)) = records::passwd(uid)
-    {
-        roots.push(PathBuf::from(format!("/run/user/{uid}")));
-        roots.push(home.join(".cache"));
-    }
+    let roots = with_fallbacks_of(uid, roots);
     let ledger = open_job(job, uid, &roots, size.is_some())?;
     let devices: Vec<usize> = match device {
         Some(d) => vec![d as usize],
@@ -388,6 +383,7 @@ fn job_limit(
     for &d in &devices {
         ledger.wake(d);
     }
+    ring_doorbells(uid);
     for (&d, previous) in devices.iter().zip(before) {
         if previous.is_none() && device.is_none() {
             continue;
@@ -406,6 +402,39 @@ fn job_limit(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `roots` and, for another user, that user's own fallbacks (where its processes, which
+/// saw its environment, may have put their files).
+fn with_fallbacks_of(uid: u32, mut roots: Vec<PathBuf>) -> Vec<PathBuf> {
+    if uid != place::euid()
+        && let Some((_, home)) = records::passwd(uid)
+    {
+        roots.push(PathBuf::from(format!("/run/user/{uid}")));
+        roots.push(home.join(".cache"));
+    }
+    roots
+}
+
+/// Rings the doorbell ([`Doorbell`]) of every records directory of `uid`'s: its processes look at
+/// their budgets at once instead of at their next look.
+fn ring_doorbells(uid: u32) {
+    for root in with_fallbacks_of(uid, records::runtime_dirs()) {
+        let Ok(dir) = Dir::open_trusted(&root) else {
+            continue;
+        };
+        if let Ok(user) = dir.open_dir_of(&place::user_dir_name(uid), uid) {
+            ring(&user, uid);
+        }
+    }
+}
+
+/// Rings the doorbell of `dir`, a records directory of `owner`'s, if it has one (a
+/// process that has none looks at its next look).
+fn ring(dir: &Dir, owner: u32) {
+    if let Ok(bell) = Doorbell::open(dir, owner, false) {
+        let _ = bell.ring();
+    }
 }
 
 // ---- a process ----
@@ -584,10 +613,16 @@ fn write_request(
                     .map_err(|e| e.to_string())
             })
             .and_then(|()| user.rename(&temporary, &name).map_err(|e| e.to_string()));
-        return written.map_err(|why| {
-            let _ = user.remove_file(&temporary);
-            refused(format!("cannot ask process {pid}: {why}"))
-        });
+        return match written {
+            Ok(()) => {
+                ring(&user, owner);
+                Ok(())
+            }
+            Err(why) => {
+                let _ = user.remove_file(&temporary);
+                Err(refused(format!("cannot ask process {pid}: {why}")))
+            }
+        };
     }
     Err(refused(format!(
         "process {pid}'s record is gone (it ended?)"
