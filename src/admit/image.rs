@@ -765,6 +765,16 @@ mod tests {
     }
 
     #[test]
+    fn comments_in_ptx_hide_what_they_say_and_nothing_after_them() {
+        let ptx = b".version 8.5\n.target sm_90\n.address_size 64\n\
+            .global .align 4 .u32 before;  // .global .b8 fake[1000000];\n\
+            .global .align 1 .b8 after[4096];\n\
+            /* .const .b8 fake_too[1000000]; */ .const .align 8 .b8 last[64];\n\
+            .global .align 8 .b8 very_last[8];\n";
+        assert_eq!(footprint(&ptx[..], H200), placed(4 + 4096 + 64 + 8, 0));
+    }
+
+    #[test]
     fn an_unknown_format_says_so() {
         for image in [&b"fake image"[..], b"", b"\x7fELF", &[0xffu8; 200][..]] {
             assert!(

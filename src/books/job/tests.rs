@@ -796,13 +796,18 @@ fn a_garbled_slot_of_a_dead_process_or_an_old_tombstone_is_cleaned_and_a_live_on
     let tomb = TOMB | u64::from(me);
     c.claim.store(tomb, Ordering::Release);
     c.seal.store(seal(tomb, 0, u32::MAX), Ordering::Release);
+    // A garbled slot of a process whose pid now names another (a different start time).
+    let other_start = start_time(me).unwrap() + 1;
+    plant(&job, 6, me, other_start, 0, 20);
+    job.claim_at(6).seal.store(12345, Ordering::Release);
     job.reclaim_dead();
-    assert_eq!(job.used(0), 750, "not at once");
+    assert_eq!(job.used(0), 770, "not at once");
     std::thread::sleep(Duration::from_millis(SUSPECT_MS + 100));
     job.reclaim_dead();
     assert_eq!(job.used(0), 100, "the live one's share stays");
     assert_eq!(job.claim_at(3).claim.load(Ordering::Acquire), 0);
     assert_eq!(job.claim_at(5).claim.load(Ordering::Acquire), 0);
+    assert_eq!(job.claim_at(6).claim.load(Ordering::Acquire), 0);
 }
 
 #[test]
