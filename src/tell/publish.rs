@@ -456,7 +456,7 @@ fn publish(tick: fn() -> bool) {
         // through), and once at the end.
         let next = Instant::now() + INTERVAL;
         loop {
-            let seen = bell.as_ref().map(Doorbell::count);
+            let seen = bell.as_ref().and_then(Doorbell::count);
             if tick() {
                 break;
             }

@@ -14,10 +14,14 @@
 //! A file truncated behind our back makes the futex calls fail (`EFAULT`), never the
 //! process (`SIGBUS`). Whoever rings may miss a sleeper that read the counter after the
 //! ring; the sleeper then finds the change on its next look, as it would without a bell.
+//! A program may close descriptors it did not open and reuse the number: the bell then
+//! reads nothing through it (no count, so the sleeper sleeps without it) and never
+//! closes it.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
@@ -31,7 +35,10 @@ const LEN: u64 = 4;
 
 /// A records directory's doorbell, opened and mapped.
 pub struct Doorbell {
-    file: File,
+    /// Closed at drop only while it still is the doorbell (see the module's comment).
+    file: ManuallyDrop<File>,
+    /// The file's device and inode, to tell it is still ours.
+    identity: (u64, u64),
     /// The first page of the file, mapped shared and read-only; only its address is
     /// used (by the futex calls).
     page: *mut libc::c_void,
@@ -60,7 +67,8 @@ impl Doorbell {
         };
         let file = dir.open_file_of(NAME, open, owner)?;
         let path = dir.path().join(NAME);
-        let len = file.metadata().map_err(|e| PlaceError::io(&path, e))?.len();
+        let st = crate::place::fstat(file.as_fd()).map_err(|e| PlaceError::io(&path, e))?;
+        let len = st.st_size as u64;
         if len < LEN {
             // Extending never changes the counter another process may have written.
             file.set_len(LEN).map_err(|e| PlaceError::io(&path, e))?;
@@ -86,19 +94,30 @@ impl Doorbell {
             return Err(PlaceError::io(&path, io::Error::last_os_error()));
         }
         Ok(Doorbell {
-            file,
+            file: ManuallyDrop::new(file),
+            identity: (st.st_dev, st.st_ino),
             page,
             page_len,
         })
     }
 
+    /// Whether our descriptor still is the doorbell file.
+    fn still_ours(&self) -> bool {
+        crate::place::fstat(self.file.as_fd())
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == self.identity)
+    }
+
     /// The counter now: read before looking at what a ring would announce, then handed
-    /// to [`Doorbell::wait`], so that a ring in between is not slept through.
-    pub fn count(&self) -> u32 {
+    /// to [`Doorbell::wait`], so that a ring in between is not slept through. None when
+    /// the descriptor is no longer the doorbell's: sleep without it.
+    pub fn count(&self) -> Option<u32> {
+        if !self.still_ours() {
+            return None;
+        }
         let mut bytes = [0u8; 4];
         match self.file.read_at(&mut bytes, 0) {
-            Ok(4) => u32::from_ne_bytes(bytes),
-            _ => 0,
+            Ok(4) => Some(u32::from_ne_bytes(bytes)),
+            _ => Some(0),
         }
     }
 
@@ -129,8 +148,11 @@ impl Doorbell {
 
     /// Rings: adds one to the counter and wakes every sleeper.
     pub fn ring(&self) -> io::Result<()> {
+        let count = self
+            .count()
+            .ok_or_else(|| io::Error::other("the doorbell's descriptor was replaced"))?;
         self.file
-            .write_all_at(&self.count().wrapping_add(1).to_ne_bytes(), 0)?;
+            .write_all_at(&count.wrapping_add(1).to_ne_bytes(), 0)?;
         // SAFETY: a shared futex wake on the first word of our own live mapping; the
         // kernel only resolves the address.
         unsafe {
@@ -144,6 +166,10 @@ impl Drop for Doorbell {
     fn drop(&mut self) {
         // SAFETY: our own mapping of `page_len` bytes, not used after this.
         unsafe { libc::munmap(self.page, self.page_len) };
+        if self.still_ours() {
+            // SAFETY: dropped once, here, and never used after.
+            unsafe { ManuallyDrop::drop(&mut self.file) };
+        }
     }
 }
 
@@ -174,11 +200,11 @@ mod tests {
         let sleeper = Arc::new(Doorbell::open(&dir, me, true).unwrap());
         // Nobody rings: the whole timeout.
         let started = Instant::now();
-        sleeper.wait(sleeper.count(), Duration::from_millis(150));
+        sleeper.wait(sleeper.count().unwrap(), Duration::from_millis(150));
         assert!(started.elapsed() >= Duration::from_millis(140));
         // A ring from another opening of the file (as `limit` does) wakes it long
         // before its 10 s timeout.
-        let seen = sleeper.count();
+        let seen = sleeper.count().unwrap();
         let s = Arc::clone(&sleeper);
         let woken = std::thread::spawn(move || {
             let started = Instant::now();
@@ -189,7 +215,7 @@ mod tests {
         Doorbell::open(&dir, me, false).unwrap().ring().unwrap();
         assert!(woken.join().unwrap() < Duration::from_secs(5));
         // A ring between reading the counter and sleeping is not slept through.
-        let seen = sleeper.count();
+        let seen = sleeper.count().unwrap();
         Doorbell::open(&dir, me, false).unwrap().ring().unwrap();
         let started = Instant::now();
         sleeper.wait(seen, Duration::from_secs(10));
@@ -209,9 +235,30 @@ mod tests {
             .set_len(0)
             .unwrap();
         let started = Instant::now();
-        bell.wait(bell.count(), Duration::from_millis(100));
+        bell.wait(bell.count().unwrap(), Duration::from_millis(100));
         assert!(started.elapsed() >= Duration::from_millis(90));
         bell.ring().unwrap();
+        std::fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn a_descriptor_the_program_reused_is_neither_read_nor_closed() {
+        let (base, dir) = private_dir();
+        let me = crate::place::euid();
+        let bell = Doorbell::open(&dir, me, true).unwrap();
+        let fd = bell.file.as_raw_fd();
+        // The program puts another file under the bell's number (as a daemon that closed
+        // every descriptor and opened its own would).
+        let other = std::fs::File::open("/dev/null").unwrap();
+        // SAFETY: dup2 onto a descriptor this test owns (the bell's), atomically.
+        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), fd) }, fd);
+        assert_eq!(bell.count(), None);
+        assert!(bell.ring().is_err());
+        drop(bell);
+        // SAFETY: fcntl on a number; -1 if it was closed.
+        assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1, "left open");
+        // SAFETY: the number is ours again (the program's stand-in), closed once.
+        unsafe { libc::close(fd) };
         std::fs::remove_dir_all(base).unwrap();
     }
 
