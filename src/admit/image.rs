@@ -770,7 +770,8 @@ mod tests {
             .global .align 4 .u32 before;  // .global .b8 fake[1000000];\n\
             .global .align 1 .b8 after[4096];\n\
             /* .const .b8 fake_too[1000000]; */ .const .align 8 .b8 last[64];\n\
-            .global .align 8 .b8 very_last[8];\n";
+            .global .align 8 .b8 very_last[8];\n\
+            .extern /* the end;*/ .global .align 1 .b8 elsewhere[4096];\n";
         assert_eq!(footprint(&ptx[..], H200), placed(4 + 4096 + 64 + 8, 0));
     }
 

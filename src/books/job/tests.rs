@@ -147,7 +147,9 @@ fn a_lock_word_naming_no_current_claim_is_taken_over_at_once() {
 #[test]
 fn a_live_holder_is_waited_for_only_up_to_the_bound_and_frees_never_wait() {
     let dir = scratch("live-lock");
-    let (holder, other) = (member_of(&dir), member_of(&dir));
+    // The holder is the later member: the slot after its own is free (a lock word is
+    // read against its holder's slot, not a neighbour's).
+    let (other, holder) = (member_of(&dir), member_of(&dir));
     let held = holder.lock(0);
     let t = Instant::now();
     other.release(0, 10);
@@ -289,6 +291,13 @@ fn a_ledger_grown_under_its_members_is_damaged_at_the_next_scan() {
         .unwrap();
     job.reclaim_dead();
     assert!(job.reserve(0, 1, 1 << 30).is_err());
+    // Damaged for every member: its magic is zeroed in the file, not only in our books.
+    let bytes = std::fs::read(dir.join("ledger")).unwrap();
+    assert_eq!(
+        bytes[..8],
+        [0u8; 8],
+        "the magic is zeroed for the other members"
+    );
 }
 
 #[test]
@@ -808,6 +817,23 @@ fn a_garbled_slot_of_a_dead_process_or_an_old_tombstone_is_cleaned_and_a_live_on
     assert_eq!(job.claim_at(3).claim.load(Ordering::Acquire), 0);
     assert_eq!(job.claim_at(5).claim.load(Ordering::Acquire), 0);
     assert_eq!(job.claim_at(6).claim.load(Ordering::Acquire), 0);
+}
+
+#[test]
+fn a_stray_share_in_a_free_slot_is_cleaned_after_a_while_and_counts_until_then() {
+    let job = fresh_job("stray-share");
+    let s = job.share_at(9, 0);
+    s.used.store(500, Ordering::SeqCst);
+    s.inv.store(!500, Ordering::SeqCst);
+    job.reclaim_dead();
+    assert_eq!(
+        job.used(0),
+        500,
+        "not at once: it may be a member's wiped claim"
+    );
+    std::thread::sleep(Duration::from_millis(SUSPECT_MS + 100));
+    job.reclaim_dead();
+    assert_eq!(job.used(0), 0);
 }
 
 #[test]
