@@ -104,9 +104,7 @@ pub fn new_limit_request() -> Option<Result<LimitRequest, String>> {
         *seen = Some(key);
     }
     let open = FileOpen::READ;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    let file = dir.open_file_of(name, open, me);
+    let file = dir.open_file_of(name, open, place::euid());
     let mut text = vec![0u8; 1024];
     let read = file
         .map_err(|e| e.to_string())
@@ -377,8 +375,7 @@ fn publish(tick: fn() -> bool) {
         return;
     };
     OWNER.store(identity.pid, Ordering::Relaxed);
-    // SAFETY: geteuid has no preconditions.
-    let bell = match Doorbell::open(dir, unsafe { libc::geteuid() }, true) {
+    let bell = match Doorbell::open(dir, place::euid(), true) {
         Ok(bell) => Some(bell),
         Err(error) => {
             crate::sys::log::line(

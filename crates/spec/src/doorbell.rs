@@ -25,6 +25,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
+use crate::futex;
 use crate::place::{Access, Create, Dir, FileOpen, PlaceError};
 
 /// The doorbell's file name in a records directory (never a record's name).
@@ -124,23 +125,10 @@ impl Doorbell {
     /// Sleeps until the bell rings after `seen` was read, at most `timeout` (returns at
     /// once if it already rang; early on a signal or when the file is damaged).
     pub fn wait(&self, seen: u32, timeout: Duration) {
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: a shared futex wait on the first word of our own live mapping (4-byte
-        // aligned: page-aligned), with a valid timeout; the kernel reads the word and
-        // returns EFAULT if the page is gone.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.page,
-                libc::FUTEX_WAIT,
-                seen,
-                &ts as *const libc::timespec,
-            )
-        };
-        if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EFAULT) {
+        // SAFETY: the first word of our own live mapping (page-aligned); the kernel reads
+        // it and answers EFAULT if the page is gone.
+        let rc = unsafe { futex::wait_at(self.page.cast(), seen, timeout) };
+        if rc.is_err_and(|e| e.raw_os_error() == Some(libc::EFAULT)) {
             // A file truncated behind our back: sleep the timeout out rather than spin.
             std::thread::sleep(timeout);
         }
@@ -153,11 +141,8 @@ impl Doorbell {
             .ok_or_else(|| io::Error::other("the doorbell's descriptor was replaced"))?;
         self.file
             .write_all_at(&count.wrapping_add(1).to_ne_bytes(), 0)?;
-        // SAFETY: a shared futex wake on the first word of our own live mapping; the
-        // kernel only resolves the address.
-        unsafe {
-            libc::syscall(libc::SYS_futex, self.page, libc::FUTEX_WAKE, i32::MAX);
-        }
+        // SAFETY: the first word of our own live mapping; the kernel only resolves it.
+        unsafe { futex::wake_all_at(self.page.cast()) };
         Ok(())
     }
 }

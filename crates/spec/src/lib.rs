@@ -7,6 +7,7 @@
 //! - [`job_file`]: the layout of a job's ledger file (library and `doctor`).
 //! - [`control`]: a request to change a running process's budget (`cudabudget limit`).
 //! - [`doorbell`]: how `cudabudget limit` wakes a user's processes to look at once.
+//! - [`futex`]: waits and wakes on words other processes may share.
 //! - [`place`]: directories and files in places other users can reach (`/tmp`,
 //!   `/dev/shm`, a configured directory), opened without trusting a name.
 //!
@@ -16,6 +17,7 @@
 pub mod config;
 pub mod control;
 pub mod doorbell;
+pub mod futex;
 pub mod job_file;
 pub mod place;
 pub mod quantity;

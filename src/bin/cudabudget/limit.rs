@@ -180,11 +180,8 @@ impl Ledger {
     fn wake(&self, device: usize) {
         let word = self.word32(job_file::device_words_at(device) + job_file::WAKE_IN_DEVICE_WORD);
         word.fetch_add(1, Ordering::Release);
-        // SAFETY: a futex wake on a word of a shared mapping (the waiters wait on the
-        // same file's word, not privately).
-        unsafe {
-            libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
-        }
+        // The waiters wait on the same file's word, shared, not privately.
+        cudabudget_spec::futex::wake_all(word);
     }
 }
 
