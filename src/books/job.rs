@@ -52,10 +52,16 @@
 //! charges and exits take no lock and wait for nobody.
 //!
 //! # Dead members
-//! A member is dead when its pid is gone, its start time differs (a reused pid), it is a
-//! zombie (state Z or X), or it exec'd (the descriptor it kept, close-on-exec, no longer
-//! is the ledger, and its address space no longer maps the file). A process that joins
-//! frees a slot carrying its own pid and start time (its previous image's). Dead members'
+//! A member lives while it holds the open-file-description lock on its slot's byte
+//! ([`liveness`]): the kernel drops it when the process exits, is killed or execs, in
+//! whatever PID namespace it runs, so the members of a job spread over several pods
+//! judge each other rightly. Where the lock is not held (or the file system has no such
+//! locks), a member is dead when its pid is gone, its start time differs (a reused pid),
+//! it is a zombie (state Z or X), or it exec'd (the descriptor it kept, close-on-exec, no
+//! longer is the ledger, and its address space no longer maps the file): a member that
+//! closed the library's descriptors is still found alive in its own PID namespace. A
+//! process that joins frees a slot carrying its own pid and start time (its previous
+//! image's) unless that slot's lock is held. Dead members'
 //! shares are given back by whoever looks first: at most once a second per job while
 //! admitting or waiting, and before every denial. A slot is taken out of use with a
 //! tombstone claim first, so that two processes cleaning it cannot clean a new owner's.
@@ -90,7 +96,7 @@
 
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -101,6 +107,8 @@ use layout::TOMB;
 
 use crate::sys::lock::Lock;
 use crate::sys::{clock::monotonic_ms, futex};
+
+mod liveness;
 
 /// Processes a job holds at once.
 pub const SLOTS: usize = layout::SLOTS;
@@ -392,6 +400,9 @@ pub struct Job {
     dev: u64,
     ino: u64,
     fd: OwnedFd,
+    /// Our own open of the ledger that holds our slot's [`liveness`] lock (none where
+    /// the file cannot be opened again or has no such locks).
+    alive_fd: Option<OwnedFd>,
     /// Index in [`MAPPED`], if the mapping is watched for SIGBUS.
     mapping: Option<usize>,
     /// What this process holds per device: the truth its slot is written from.
@@ -429,6 +440,9 @@ impl Drop for Job {
 
 /// The job the process joined (null until then, and in a child of `fork()`).
 static JOINED: AtomicPtr<Job> = AtomicPtr::new(std::ptr::null_mut());
+/// The descriptor holding the joined job's [`liveness`] lock (-1: none), closed in a
+/// child of `fork()` so that a child does not keep its parent alive to the job.
+static ALIVE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 /// One join at a time in this process (so that a slot being claimed by one thread is not
 /// taken by another for a previous image's).
 static JOINING: Lock<()> = Lock::new(());
@@ -545,11 +559,14 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => Joined::Job {
+                Ok(_) => {
                     // SAFETY: just published, never freed.
-                    job: unsafe { &*job },
-                    in_the_way,
-                },
+                    let job = unsafe { &*job };
+                    if let Some(fd) = &job.alive_fd {
+                        ALIVE_FD.store(fd.as_raw_fd(), Ordering::Release);
+                    }
+                    Joined::Job { job, in_the_way }
+                }
                 Err(first) => {
                     // Another thread joined first: give this slot back, use that one.
                     // SAFETY: our own Box, never published.
@@ -833,6 +850,7 @@ fn attach(fd: OwnedFd, dir: Dir, name: &str, path: String) -> Result<Job, Failed
         dev: st.st_dev,
         ino: st.st_ino,
         fd,
+        alive_fd: None,
         mapping,
         mine: [const { AtomicU64::new(0) }; DEVICES],
         writing: Lock::new(()),
@@ -845,6 +863,7 @@ fn attach(fd: OwnedFd, dir: Dir, name: &str, path: String) -> Result<Job, Failed
     if let Some(why) = job.header_problem() {
         return Err(refused(why));
     }
+    job.alive_fd = job.second_open();
     let _one = JOINING.lock();
     let pid = std::process::id();
     let me = proc_stat(pid);
@@ -858,6 +877,7 @@ fn attach(fd: OwnedFd, dir: Dir, name: &str, path: String) -> Result<Job, Failed
             && claim as u32 == pid
             && s == start
             && !ours_in_this_image(job.dev, job.ino, i)
+            && job.lock_held(i) != Some(true)
         {
             job.free_slot(i, claim);
         }
@@ -1026,6 +1046,17 @@ impl Job {
             if self.holder(i) != Holder::Free {
                 return None;
             }
+            // The slot's lock before its claim: a claim whose lock is free is dead.
+            let locked = match &self.alive_fd {
+                Some(alive) => match liveness::take(alive.as_fd(), i) {
+                    liveness::Taken::Yes => true,
+                    // Another process is taking this slot (or a child of a dead member
+                    // still holds it open): another slot.
+                    liveness::Taken::Held => return None,
+                    liveness::Taken::Unsupported => false,
+                },
+                None => false,
+            };
             let generation = c
                 .generation
                 .fetch_add(1, Ordering::AcqRel)
@@ -1036,6 +1067,9 @@ impl Job {
                 .compare_exchange(0, claim, Ordering::AcqRel, Ordering::Relaxed)
                 .is_err()
             {
+                if let (true, Some(alive)) = (locked, &self.alive_fd) {
+                    liveness::release(alive.as_fd(), i);
+                }
                 return None;
             }
             c.fd.store(fd, Ordering::Release);
@@ -1170,8 +1204,9 @@ impl Job {
     }
 
     fn holder_alive(&self, held: u64) -> bool {
-        match self.holder((held & 0xFFFF) as usize - 1) {
-            Holder::Member { claim, start, fd } => self.alive(claim as u32, start, fd),
+        let slot = (held & 0xFFFF) as usize - 1;
+        match self.holder(slot) {
+            Holder::Member { claim, start, fd } => self.alive(slot, claim as u32, start, fd),
             _ => true,
         }
     }
@@ -1316,7 +1351,6 @@ impl Job {
         {
             self.mark_damaged(format!("it is {} bytes, not {FILE_BYTES}", st.st_size));
         }
-        let me = std::process::id();
         for i in 0..SLOTS {
             if i == self.slot {
                 continue;
@@ -1327,16 +1361,17 @@ impl Job {
             }
             match holder {
                 Holder::Free => self.clean_free_slot(i),
-                Holder::Tomb(pid) => {
-                    // Being taken out of use: finish it if whoever started is gone, or
-                    // (stopped, say) has not finished it for SUSPECT_MS.
+                Holder::Tomb(_) => {
+                    // Being taken out of use: finish it if whoever started has not
+                    // finished it for SUSPECT_MS (gone or stopped; its pid is not asked:
+                    // it may name another process in this PID namespace).
                     let claim = self.claim_at(i).claim.load(Ordering::Acquire);
-                    if (pid != me && !pid_exists(pid)) || self.lingered(i, claim) {
+                    if self.lingered(i, claim) {
                         self.free_slot(i, claim);
                     }
                 }
                 Holder::Member { claim, start, fd } => {
-                    if !self.alive(claim as u32, start, fd) {
+                    if !self.alive(i, claim as u32, start, fd) {
                         self.free_slot(i, claim);
                     }
                 }
@@ -1348,17 +1383,18 @@ impl Job {
                     let c = self.claim_at(i);
                     let claim = c.claim.load(Ordering::Acquire);
                     let start = c.start.load(Ordering::Acquire);
-                    let gone = claim & TOMB == TOMB || {
-                        let pid = claim as u32;
-                        pid == 0
-                            || match proc_stat(pid) {
-                                None => !pid_exists(pid),
-                                Some(st) => {
-                                    matches!(st.state, b'Z' | b'X')
-                                        || (start != 0 && st.start != start)
+                    let gone = claim & TOMB == TOMB
+                        || (self.lock_held(i) != Some(true) && {
+                            let pid = claim as u32;
+                            pid == 0
+                                || match proc_stat(pid) {
+                                    None => !pid_exists(pid),
+                                    Some(st) => {
+                                        matches!(st.state, b'Z' | b'X')
+                                            || (start != 0 && st.start != start)
+                                    }
                                 }
-                            }
-                    };
+                        });
                     if !gone {
                         self.lingering[i].1.store(0, Ordering::Relaxed);
                     } else if self.lingered(i, claim) {
@@ -1471,9 +1507,12 @@ impl Job {
     /// Whether the member `pid` (started at `start`, keeping the ledger open as `fd`)
     /// is still the process that joined: not gone, not another process with its pid, not
     /// a zombie, and not another program (exec) — it still has the ledger open or mapped.
-    fn alive(&self, pid: u32, start: u64, fd: u32) -> bool {
+    fn alive(&self, slot: usize, pid: u32, start: u64, fd: u32) -> bool {
         if pid == 0 {
             return false;
+        }
+        if self.lock_held(slot) == Some(true) {
+            return true;
         }
         let Some(stat) = proc_stat(pid) else {
             // No /proc entry: gone (or /proc hides it: ask the kernel).
@@ -1505,6 +1544,23 @@ impl Job {
         }
     }
 
+    /// Whether slot `i`'s [`liveness`] lock is held by some open of the ledger other than
+    /// our main one (`None`: cannot tell, or our descriptor is no longer the ledger).
+    fn lock_held(&self, i: usize) -> Option<bool> {
+        if !self.is_still_the_ledger() {
+            return None;
+        }
+        liveness::held(self.fd.as_fd(), i)
+    }
+
+    /// A second open of the ledger (its own open file description, close-on-exec), for
+    /// our slot's [`liveness`] lock; `None` if the name is no longer this file.
+    fn second_open(&self) -> Option<OwnedFd> {
+        let file = self.dir.open_file(&self.name, RW).ok()?;
+        let st = place::fstat(file.as_fd()).ok()?;
+        ((st.st_dev, st.st_ino) == (self.dev, self.ino)).then(|| OwnedFd::from(file))
+    }
+
     /// The process is leaving (exit): its share goes back, its slot is free.
     pub fn leave(&self) {
         let _w = self.writing.lock();
@@ -1521,8 +1577,12 @@ impl Job {
                 self.wake(d);
             }
         }
-        // Through a tombstone (compare-exchange from our claim), as any slot is freed.
+        // Through a tombstone (compare-exchange from our claim), as any slot is freed;
+        // then the slot's lock (a claim without its lock is dead, never the reverse).
         self.free_slot(self.slot, self.claim);
+        if let Some(alive) = &self.alive_fd {
+            liveness::release(alive.as_fd(), self.slot);
+        }
         if let Some(i) = self.mapping {
             MAPPED[i].slot.store(0, Ordering::Release);
         }
@@ -1749,6 +1809,13 @@ impl Drop for Turn<'_> {
 /// In the child of `fork()`: the child is not the parent's member of the job.
 pub fn after_fork() {
     JOINED.store(std::ptr::null_mut(), Ordering::Release);
+    let alive = ALIVE_FD.swap(-1, Ordering::AcqRel);
+    if alive >= 0 {
+        // SAFETY: the child's copy of the parent's lock descriptor, used by nothing in
+        // the child (its Job is the parent's, no longer reachable); close is
+        // async-signal-safe. The parent's open keeps its lock.
+        unsafe { libc::close(alive) };
+    }
 }
 
 #[cfg(test)]
