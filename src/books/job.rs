@@ -516,19 +516,19 @@ fn places_in(
         }
     };
     let me = place::euid();
-    let user = place::user_dir_name(me);
     for root in roots {
-        out.push(
-            Dir::open_trusted(root)
-                .and_then(|d| {
-                    if make {
-                        d.private(&user, 0o700)
-                    } else {
-                        d.open_dir_of(&user, me)
-                    }
-                })
-                .map(|d| (d, name.clone())),
-        );
+        if make {
+            let mut in_the_way = Vec::new();
+            let mine = place::private_in(root, 0o700, &mut in_the_way);
+            out.extend(in_the_way.into_iter().map(Err));
+            out.extend(mine.map(|d| Ok((d, name.clone()))));
+        } else if let Ok(d) = Dir::open_trusted(root) {
+            out.extend(
+                place::user_dirs_of(&d, me)
+                    .into_iter()
+                    .map(|d| Ok((d, name.clone()))),
+            );
+        }
     }
     out
 }

@@ -346,8 +346,8 @@ fn the_runtime_dir_check_names_the_directory_records_go_to() {
 
 #[test]
 fn a_name_in_the_way_in_the_runtime_directory_warns_and_no_place_at_all_fails() {
-    // Another user's directory at our name: records go to the fallback ($HOME/.cache,
-    // made when missing), and the check says what is in the way.
+    // Another user's directory at our name: records go to our next name in the same
+    // directory (where root's readers look too), and the check says what is in the way.
     let runtime = scratch("runtime-foreign");
     let home = scratch("runtime-foreign-home");
     // SAFETY: geteuid cannot fail.
@@ -362,11 +362,10 @@ fn a_name_in_the_way_in_the_runtime_directory_warns_and_no_place_at_all_fails() 
     }
     let (code, check) = runtime_dir_check("runtime-foreign", &runtime, &home);
     assert_eq!(check["status"], "warn", "{check:#}");
-    let fallback = home
+    let fallback = runtime
         .canonicalize()
         .unwrap()
-        .join(".cache")
-        .join(user_dir_name());
+        .join(format!("{}.1", user_dir_name()));
     assert_eq!(
         check["details"]["dir"],
         fallback.to_str().unwrap(),

@@ -4,7 +4,6 @@
 //! others' shares, and a killed pod's share must still come back.
 
 use super::*;
-use std::io::{BufRead, BufReader};
 
 /// `cmd` wrapped to run as PID 1 of a new PID namespace (with its own `/proc`), killed
 /// with the `unshare` process that starts it; `None` where this machine cannot do that.
@@ -33,21 +32,6 @@ fn in_a_pod(cmd: Command) -> Option<Command> {
     Some(pod)
 }
 
-/// Reads `child`'s output until its first line starting with `op` (the op has run).
-fn wait_for_line(child: &mut Child, op: &str) -> String {
-    let out = child.stdout.as_mut().expect("piped output");
-    let mut reader = BufReader::new(out);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = reader.read_line(&mut line).expect("read the pod's output");
-        assert!(n > 0, "the pod ended before `{op}`");
-        if line.starts_with(op) {
-            return line;
-        }
-    }
-}
-
 #[test]
 fn members_in_two_pid_namespaces_share_one_budget_and_a_killed_pods_share_comes_back() {
     if unsafe_uid() != 0 {
@@ -61,7 +45,7 @@ fn members_in_two_pid_namespaces_share_one_budget_and_a_killed_pods_share_comes_
         return;
     };
     let mut pod_a = first.spawn().expect("start pod A");
-    let line = wait_for_line(&mut pod_a, "alloc");
+    let line = util::wait_for_line(&mut pod_a, "alloc");
     assert!(line.contains("rc=0"), "pod A holds 6 GiB: {line}");
 
     let second = in_a_pod(command(&["alloc:4Gi", "info"], &e)).unwrap();

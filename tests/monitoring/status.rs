@@ -157,7 +157,7 @@ fn runtime(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let base = scratch(test);
     // SAFETY: geteuid cannot fail.
     let uid = unsafe { libc::geteuid() };
-    let dir = base.join(record::user_dir_name(uid));
+    let dir = base.join(cudabudget_spec::place::user_dir_name(uid));
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     (base, dir)

@@ -290,6 +290,30 @@ fn assert_preloadable(p: &Path) {
     );
 }
 
+/// Reads `child`'s piped output until its first line starting with `op`, a readiness
+/// handshake: the op has run (the fake client prints a line per op as it goes). What
+/// was read before is dropped; the rest stays for [`finish`].
+pub fn wait_for_line(child: &mut std::process::Child, op: &str) -> String {
+    use std::io::Read;
+    let out = child.stdout.as_mut().expect("piped output");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        // One byte at a time: nothing after the line is taken from the pipe.
+        let n = out.read(&mut byte).expect("read the child's output");
+        assert!(n > 0, "the child ended before `{op}`");
+        if byte[0] != b'\n' {
+            line.push(byte[0]);
+            continue;
+        }
+        let text = String::from_utf8_lossy(&line).into_owned();
+        if text.starts_with(op) {
+            return text;
+        }
+        line.clear();
+    }
+}
+
 /// Waits for a child started with piped output and collects what it printed.
 pub fn finish(child: std::process::Child) -> Run {
     let out = child.wait_with_output().expect("wait for the child");

@@ -553,23 +553,110 @@ impl FileOpen {
     };
 }
 
-/// The per-user directory name in a shared root: `cudabudget-<uid>`.
+/// How many names a user's directory may have in one shared root: `cudabudget-<uid>`,
+/// then `cudabudget-<uid>.1` to `.15` when another user holds the ones before.
+pub const USER_DIR_NAMES: u32 = 16;
+
+/// The per-user directory name in a shared root: `cudabudget-<uid>` (the first of
+/// [`user_dir_names`]).
 pub fn user_dir_name(uid: u32) -> String {
     format!("cudabudget-{uid}")
 }
 
+/// The names a user's directory may have in a shared root, in the order every process
+/// of the user tries them: `cudabudget-<uid>`, then `cudabudget-<uid>.1` … `.15`. A name
+/// another user planted is passed over for the next one; every process of the user, and
+/// root's readers, find the same one (a name that is ours stays ours: nobody else can
+/// remove or rename it in a sticky directory), whatever its environment says.
+pub fn user_dir_names(uid: u32) -> impl Iterator<Item = String> {
+    (0..USER_DIR_NAMES).map(move |k| match k {
+        0 => user_dir_name(uid),
+        k => format!("cudabudget-{uid}.{k}"),
+    })
+}
+
+/// The user a directory named by [`user_dir_names`] belongs to.
+pub fn uid_of_dir_name(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("cudabudget-")?;
+    let (digits, k) = match rest.split_once('.') {
+        Some((digits, k)) => (digits, Some(k)),
+        None => (rest, None),
+    };
+    let number = |s: &str| {
+        (!s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    if let Some(k) = k
+        && !number(k).is_some_and(|k| k >= 1 && k < u64::from(USER_DIR_NAMES))
+    {
+        return None;
+    }
+    u32::try_from(number(digits)?).ok()
+}
+
+/// Our own directory under `root`: the first of [`user_dir_names`] that is ours or can
+/// be made (created with `mode`); what another user holds is passed over and pushed to
+/// `in_the_way`. `None` when the root itself cannot be used or every name is taken.
+pub fn private_in(root: &Path, mode: u32, in_the_way: &mut Vec<PlaceError>) -> Option<Dir> {
+    let dir = match Dir::open_trusted(root) {
+        Ok(dir) => dir,
+        Err(error) => {
+            in_the_way.push(error);
+            return None;
+        }
+    };
+    let mut passed = Vec::new();
+    for name in user_dir_names(euid()) {
+        match dir.private(&name, mode) {
+            Ok(mine) => {
+                in_the_way.append(&mut passed);
+                return Some(mine);
+            }
+            Err(error) if error.is_taken() || matches!(error, PlaceError::Untrusted { .. }) => {
+                passed.push(error)
+            }
+            Err(error) => {
+                in_the_way.append(&mut passed);
+                in_the_way.push(error);
+                return None;
+            }
+        }
+    }
+    // Every name passed over: the first said, the rest in one (a user's line stays short).
+    let mut passed = passed.into_iter();
+    in_the_way.extend(passed.next());
+    if passed.len() > 0 {
+        in_the_way.push(PlaceError::Taken {
+            path: root.join(format!(
+                "{}.1 to .{}",
+                user_dir_name(euid()),
+                USER_DIR_NAMES - 1
+            )),
+            what: "other users too (every other name the directory may have)".to_string(),
+        });
+    }
+    None
+}
+
+/// Every directory of `owner`'s under `dir` that [`user_dir_names`] names (nothing is
+/// created): where a reader (the user, or root for them) finds what the user's processes
+/// wrote, whichever name they had to take.
+pub fn user_dirs_of(dir: &Dir, owner: u32) -> Vec<Dir> {
+    user_dir_names(owner)
+        .filter_map(|name| dir.open_dir_of(&name, owner).ok())
+        .collect()
+}
+
 /// Our own directory for `purpose` under the first root that gives one: each root is
-/// tried with [`Dir::open_trusted`] and [`Dir::private`]`(user_dir_name)`; the roots
-/// after the first are the fallbacks a user can always reach and nobody else can take
-/// (see [`fallback_roots`]). Returns the directory and what was in the way before it
-/// (for the one line a user gets, and `doctor`).
+/// tried with [`private_in`]; the roots after the first are the fallbacks a user can
+/// always reach and nobody else can take (see [`fallback_roots`]). Returns the directory
+/// and what was in the way before it (for the one line a user gets, and `doctor`).
 pub fn first_private(roots: &[PathBuf], mode: u32) -> (Option<Dir>, Vec<PlaceError>) {
     let mut in_the_way = Vec::new();
-    let name = user_dir_name(euid());
     for root in roots {
-        match Dir::open_trusted(root).and_then(|dir| dir.private(&name, mode)) {
-            Ok(dir) => return (Some(dir), in_the_way),
-            Err(error) => in_the_way.push(error),
+        if let Some(dir) = private_in(root, mode, &mut in_the_way) {
+            return (Some(dir), in_the_way);
         }
     }
     (None, in_the_way)
@@ -665,6 +752,49 @@ mod tests {
         assert!(error.is_taken(), "{error}");
         let mut file = dir.open_file("new", FileOpen::APPEND).unwrap();
         std::io::Write::write_all(&mut file, b"x").unwrap();
+    }
+
+    #[test]
+    fn a_users_directory_names_are_read_back_strictly() {
+        for name in user_dir_names(1000) {
+            assert_eq!(uid_of_dir_name(&name), Some(1000), "{name}");
+        }
+        assert_eq!(user_dir_names(7).last().unwrap(), "cudabudget-7.15");
+        for junk in [
+            "cudabudget-",
+            "cudabudget-1x",
+            "cudabudget-1000.0",
+            "cudabudget-1000.16",
+            "cudabudget-1000.",
+            "cudabudget-.1",
+            "cudabudget-99999999999",
+            "cudabudget-1000.1.2",
+        ] {
+            assert_eq!(uid_of_dir_name(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn a_name_another_user_planted_is_passed_over_for_the_next_and_found_again() {
+        if euid() != 0 {
+            eprintln!("skipped: needs root to give a directory to another user");
+            return;
+        }
+        let root = scratch("planted");
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let theirs = root.join(user_dir_name(0));
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(54321), Some(54321)).unwrap();
+        let (dir, in_the_way) = first_private(std::slice::from_ref(&root), 0o700);
+        let dir = dir.expect("a place in the same root");
+        assert_eq!(dir.path(), root.join("cudabudget-0.1"));
+        assert_eq!(in_the_way.len(), 1, "{in_the_way:?}");
+        assert!(in_the_way[0].to_string().contains("uid 54321"));
+        // Once the planted name is gone, a reader still finds the place already made.
+        std::fs::remove_dir(&theirs).unwrap();
+        let found = user_dirs_of(&Dir::open_trusted(&root).unwrap(), 0);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].path(), root.join("cudabudget-0.1"));
     }
 
     #[test]

@@ -204,13 +204,10 @@ fn owners_of(job: &str, roots: &[PathBuf]) -> Vec<u32> {
             continue;
         };
         for entry in dir.names(100_000).unwrap_or_default() {
-            let Some(uid) = entry
-                .to_str()
-                .and_then(cudabudget_spec::record::uid_of_dir_name)
-            else {
+            let Some(uid) = entry.to_str().and_then(place::uid_of_dir_name) else {
                 continue;
             };
-            if let Ok(user) = dir.open_dir_of(&place::user_dir_name(uid), uid)
+            if let Ok(user) = dir.open_dir_of(entry.to_str().unwrap_or_default(), uid)
                 && user.stat_at(&name).is_ok()
                 && !uids.contains(&uid)
             {
@@ -236,16 +233,20 @@ fn open_job(job: &str, uid: u32, roots: &[PathBuf], write: bool) -> Result<Ledge
         let Ok(dir) = Dir::open_trusted(root) else {
             continue;
         };
-        let Ok(user) = dir.open_dir_of(&place::user_dir_name(uid), uid) else {
+        let Some((user, file)) = place::user_dirs_of(&dir, uid)
+            .into_iter()
+            .map(|user| {
+                let file = user.open_file_of(&name, open, uid);
+                (user, file)
+            })
+            .find(|(_, file)| {
+                !matches!(file, Err(PlaceError::Io { error, .. })
+                    if error.kind() == std::io::ErrorKind::NotFound)
+            })
+        else {
             continue;
         };
-        let file = match user.open_file_of(&name, open, uid) {
-            Ok(file) => file,
-            Err(PlaceError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
-                continue;
-            }
-            Err(error) => return Err(refused(format!("job {job}: {error}"))),
-        };
+        let file = file.map_err(|error| refused(format!("job {job}: {error}")))?;
         let path = user.path().join(&name);
         let mut head = [0u8; job_file::HEADER_BYTES];
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -420,7 +421,7 @@ fn ring_doorbells(uid: u32) {
         let Ok(dir) = Dir::open_trusted(&root) else {
             continue;
         };
-        if let Ok(user) = dir.open_dir_of(&place::user_dir_name(uid), uid) {
+        for user in place::user_dirs_of(&dir, uid) {
             ring(&user, uid);
         }
     }
@@ -583,12 +584,12 @@ fn write_request(
         let Ok(dir) = Dir::open_trusted(root) else {
             continue;
         };
-        let Ok(user) = dir.open_dir_of(&place::user_dir_name(owner), owner) else {
+        let Some(user) = place::user_dirs_of(&dir, owner)
+            .into_iter()
+            .find(|user| user.stat_at(&record).is_ok())
+        else {
             continue;
         };
-        if user.stat_at(&record).is_err() {
-            continue;
-        }
         let new = FileOpen {
             access: Access::ReadWrite,
             create: Create::New,

@@ -124,13 +124,15 @@ pub fn scan(roots: &[PathBuf]) -> Scan {
             let names = dir.names(NAMES).unwrap_or_default();
             for name in names {
                 let Some(name) = name.to_str() else { continue };
-                if let Some(uid) = record::uid_of_dir_name(name) {
+                if let Some(uid) = place::uid_of_dir_name(name) {
                     reader.user_dir(&dir, name, uid);
                 }
             }
         } else {
             let me = reader.me;
-            reader.user_dir(&dir, &record::user_dir_name(me), me);
+            for name in place::user_dir_names(me) {
+                reader.user_dir(&dir, &name, me);
+            }
         }
     }
     // Users whose name in a shared place another user holds publish in their own
@@ -143,7 +145,9 @@ pub fn scan(roots: &[PathBuf]) -> Scan {
         }
         for place in places {
             if let Ok(dir) = Dir::open_trusted_for(&place, uid) {
-                reader.user_dir(&dir, &record::user_dir_name(uid), uid);
+                for name in place::user_dir_names(uid) {
+                    reader.user_dir(&dir, &name, uid);
+                }
             }
         }
     }
@@ -457,7 +461,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(&base).unwrap();
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let dir = base.join(record::user_dir_name(euid()));
+        let dir = base.join(place::user_dir_name(euid()));
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         (base, dir)
