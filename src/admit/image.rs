@@ -95,6 +95,9 @@ pub enum Unknown {
     /// The entry the driver would load is compressed and does not expand here: a codec
     /// not known here, bytes that do not decode, or more than [`MAX_UNPACKED`].
     Compressed,
+    /// The entry the driver would load is compressed, and was not expanded: asked of
+    /// [`footprint_unexpanded`].
+    Unexpanded,
     /// A fatbinary with nothing for this device (the driver will refuse it).
     NoEntry,
     /// Headers that point outside the image, or tables past the bounds kept here.
@@ -128,6 +131,16 @@ pub const MAX_UNPACKED: u64 = MAX_PTX;
 
 /// The device memory `image` says its load takes on a device of `arch`.
 pub fn footprint(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
+    footprint_in(image, arch, true)
+}
+
+/// As [`footprint`], without expanding a compressed entry (the costly part, for an image
+/// that may never be used): [`Unknown::Unexpanded`] instead.
+pub fn footprint_unexpanded(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
+    footprint_in(image, arch, false)
+}
+
+fn footprint_in(image: &(impl Source + ?Sized), arch: Arch, expand: bool) -> Footprint {
     let mut magic = [0u8; 4];
     if !image.read(0, &mut magic) {
         // Shorter than four bytes: PTX text at most ("" is not a module).
@@ -137,7 +150,7 @@ pub fn footprint(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
         return cubin(image);
     }
     match u32::from_le_bytes(magic) {
-        FATBIN_MAGIC => fatbin(image, arch),
+        FATBIN_MAGIC => fatbin(image, arch, expand),
         WRAPPER_MAGIC => Footprint::Unknown(Unknown::Format),
         _ => ptx_or_unknown(image),
     }
@@ -298,8 +311,9 @@ impl Packing {
     }
 }
 
-/// A fatbinary: the entry the driver would choose for `arch`, sized.
-fn fatbin(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
+/// A fatbinary: the entry the driver would choose for `arch`, sized (`expand`: expanded
+/// first where it is compressed).
+fn fatbin(image: &(impl Source + ?Sized), arch: Arch, expand: bool) -> Footprint {
     let Some(entries) = fatbin_entries(image) else {
         return MALFORMED;
     };
@@ -321,6 +335,9 @@ fn fatbin(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
     let Some(chosen) = exact.or_else(lower).or_else(jit) else {
         return Footprint::Unknown(Unknown::NoEntry);
     };
+    if chosen.packing != Packing::Stored && !expand {
+        return Footprint::Unknown(Unknown::Unexpanded);
+    }
     if chosen.packing != Packing::Stored {
         return match unpack(image, chosen) {
             Some(payload) => entry_footprint(&payload[..], chosen.kind),
@@ -914,6 +931,12 @@ mod tests {
                 "{packing:?}"
             );
         }
+        // Not expanded where not asked to: the compressed entry only, not a stored one.
+        let fat = fatbin_of(&[packed_entry(KIND_ELF, 90, Packing::Zstd, &big)]);
+        let unexpanded = Footprint::Unknown(Unknown::Unexpanded);
+        assert_eq!(footprint_unexpanded(&fat[..], H200), unexpanded);
+        let fat = fatbin_with(&[(KIND_ELF, 90, 0x11, &big)]);
+        assert_eq!(footprint_unexpanded(&fat[..], H200), placed(3 << 30, 0x300));
         // As nvcc 13 makes them by default: the PTX compressed (Zstandard), the cubins not.
         let fat = fatbin_of(&[
             packed_entry(KIND_PTX, 90, Packing::Zstd, ptx),

@@ -354,6 +354,33 @@ fn a_compressed_fatbinary_whose_globals_exceed_the_budget_is_refused_before_the_
     }
 }
 
+/// cudart loads every fatbinary of a process as a lazily loaded library at start-up, most
+/// of them never used: a compressed entry is expanded at the library's first look-up, not
+/// at its load.
+#[test]
+fn a_lazily_loaded_librarys_compressed_entry_is_expanded_at_its_first_look_up_only() {
+    let fat = fatbin_of(&[compressed(Codec::Zstd, 90, &module_of(1536 * MI))]);
+    let image = image_file("1536mi-lazy.fatbin", &fat);
+    let load = op("libimage", &image);
+    let debug = ("CUDABUDGET_LOG", "debug");
+    let unused = run(&[&load, "unload:0"], &[debug]);
+    assert_eq!(unused.rc("libimage", 0), 0, "{unused:?}");
+    assert!(
+        unused.stderr.contains("read at the first look-up")
+            && !unused.stderr.contains("the image places"),
+        "expanded at the load\n{unused:?}"
+    );
+    // Under 2 GiB it fits, and is charged what the expanded cubin says (the fake holds
+    // nothing for it).
+    let used = run(&[&load, "libglobal:0", "info"], &[debug]);
+    assert_eq!(used.rc("libglobal", 0), 0, "{used:?}");
+    assert_eq!(used.num("info", 0, "free"), 512 * MI, "{used:?}");
+    assert!(
+        used.stderr.contains("the image places 1.50 GiB of data"),
+        "{used:?}"
+    );
+}
+
 #[test]
 fn a_compressed_fatbinary_that_fits_is_charged_what_its_cubin_says_until_its_unload() {
     for codec in [Codec::Lz4, Codec::Zstd] {
