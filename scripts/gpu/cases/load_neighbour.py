@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import end_workers, expect_line as expect, start_worker  # noqa: E402
+
 GiB = 1 << 30
 MiB = 1 << 20
 FREE_LEFT = 3 * GiB + 512 * MiB
@@ -216,21 +219,7 @@ def fatbin_compressed(path, cc):
 # ---------- the scenario ----------
 
 def start(role, args, env, log, extra=()):
-    cmd = [sys.executable, os.path.abspath(__file__), "--role", role,
-           "--free-left", str(args.free_left)] + list(extra)
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                            env=env, text=True, bufsize=1)
-
-
-def expect(p, word, timeout=120):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        line = p.stdout.readline()
-        if not line:
-            raise RuntimeError("worker ended before '%s' (see its log)" % word)
-        if line.startswith(word):
-            return line[len(word):].strip()
-    raise RuntimeError("no '%s' in time" % word)
+    return start_worker(__file__, ["--role", role, "--free-left", str(args.free_left)] + list(extra), env, log)
 
 
 def scenario(args, image, budgeted, work):
@@ -262,17 +251,7 @@ def scenario(args, image, budgeted, work):
         fl.stdin.flush()
         return {"neighbour": n, "tenant": t, "filler": free, "small": small_ready}
     finally:
-        for p in procs:
-            try:
-                p.stdin.close()
-            except Exception:  # noqa: BLE001
-                pass
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs.values():
-            f.close()
+        end_workers(procs, logs.values())
 
 
 def main():
