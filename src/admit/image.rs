@@ -278,16 +278,17 @@ const KIND_ELF: u16 = 2;
 
 /// How an entry's payload is stored, from its flags (the word at 40 of its header).
 ///
-/// The format, as nobody documents it: the entry header's fields (the padded payload
-/// length at 8, the compressed length at 16, the flags at 40, the expanded length at 56)
-/// are those that ZLUDA (`dark_api/src/fatbin.rs`, `FatbinFileHeader`) and the fatbinary
-/// readers of n-eiling/cuda-fatbin-decompression and jiegec/fatbinary read; `0x2000` marks
-/// a raw LZ4 block (what `-Xfatbin=-compress-all` wrote before CUDA 12.8, and
-/// `--compress-mode=speed` writes) and `0x8000` one Zstandard frame (CUDA 12.8 on: the
-/// default mode, `size`, and cubins under `-compress-all`), as ZLUDA decodes them
-/// (`LZ4_decompress_safe`, `ZSTD_decompress`) and libnvfatbin 13.0 was seen to write them.
-/// `--compress-mode=balance` was not seen: whichever of the two it writes is read; a flag
-/// of another codec is not, and such an entry is measured at its load.
+/// The format, which NVIDIA does not document: the entry header's fields (the payload's
+/// length padded to 8 bytes at 8, its compressed length at 16, the flags at 40, the
+/// expanded length at 56) are those that ZLUDA (vosen/ZLUDA, `dark_api/src/fatbin.rs` and
+/// `FatbinFileHeader`), n-eiling/cuda-fatbin-decompression, jiegec/fatbinary and
+/// GrigoryEvko/nvopen-tools (`fatbin/FORMAT_SPECIFICATION.md`, from cuobjdump 11–13) read;
+/// `0x2000` marks a raw LZ4 block (what `-Xfatbin=-compress-all` wrote before CUDA 12.8,
+/// and `--compress-mode=speed` writes) and `0x8000` one Zstandard frame (CUDA 12.8 on:
+/// the default mode, `size`, and cubins under `-compress-all`), as ZLUDA decodes them
+/// (`LZ4_decompress_safe`, `ZSTD_decompress`) and a public test of libnvfatbin 13.0 saw
+/// them written. What `--compress-mode=balance` writes was not confirmed: either of the
+/// two is read; a flag of another codec is not, and such an entry is measured at its load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Packing {
     Stored,
