@@ -17,19 +17,23 @@
 //! globals), and a load that does not fit is refused before the driver holds any of it.
 //! The image is read as the driver reads it: from the caller's memory through
 //! `process_vm_readv` (an unmapped address is a failed read, never a fault), or from the
-//! file, if it is a regular one. A lazily loaded library's image is read
-//! at its load and admitted at its first look-up. The load or look-up is then measured:
-//! the device's free memory before and after (`cuMemGetInfo`, a microsecond against the
-//! milliseconds of a load), and what it grew by beyond the image's figure is admitted
-//! too (the charge is the larger of the two). Where the image cannot say (a compressed
-//! fatbinary entry, a format it does not know), the measurement alone decides, after the
-//! call: a load whose growth does not fit is undone (the module unloaded) and returns
-//! `CUDA_ERROR_OUT_OF_MEMORY`; a look-up cannot be undone, so its growth stays charged
-//! and the look-up returns `CUDA_ERROR_OUT_OF_MEMORY` (the memory goes with the
-//! library's unload). What a module or library holds is kept against its
-//! handle and given back at its unload. The heap and the FIFO are charged when they are
-//! set, by the change of the limit, before the driver is asked: a limit that does not fit
-//! is never set. The stack is measured, and a stack that does not fit is set back.
+//! file, if it is a regular one; a compressed fatbinary entry is expanded first. A lazily
+//! loaded library's image is read at its load and admitted at its first look-up; where its
+//! entry is compressed, it is expanded only at that look-up, read again from the caller's
+//! memory then (cudart loads every fatbinary of a process this way at start-up, most never
+//! used: expanding all of a framework's could cost its start-up seconds). The load or
+//! look-up is then measured: the device's free memory before and after (`cuMemGetInfo`, a
+//! microsecond against the milliseconds of a load), and what it grew by beyond the image's
+//! figure is admitted too (the charge is the larger of the two). Where the image cannot
+//! say (a format it does not know, a compressed entry that does not expand), the
+//! measurement alone decides, after the call: a load whose growth does not fit is undone
+//! (the module unloaded) and returns `CUDA_ERROR_OUT_OF_MEMORY`; a look-up cannot be
+//! undone, so its growth stays charged and the look-up returns `CUDA_ERROR_OUT_OF_MEMORY`
+//! (the memory goes with the library's unload). What a module or library holds is kept
+//! against its handle and given back at its unload. The heap and the FIFO are charged
+//! when they are set, by the change of the limit, before the driver is asked: a limit
+//! that does not fit is never set. The stack is measured, and a stack that does not fit
+//! is set back.
 //!
 //! The reading is device-wide: another thread's or process's allocation during a load is
 //! counted with it (an over-charge until the unload), a free during a load hides part of
@@ -42,7 +46,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use crate::admit::flow;
-use crate::admit::image::{self, Arch, Footprint, Placed, Source};
+use crate::admit::image::{self, Arch, Footprint, Placed, Source, Unknown};
 use crate::admit::{Fixed, admit};
 use crate::books::ledger::{DeviceLedger, MAX_DEVICES, Reservation, clamp_i64};
 use crate::config::LogLevel;
@@ -66,6 +70,9 @@ struct Load {
     resident: bool,
     /// What its image says its first look-up brings (a lazily loaded library).
     pending: u64,
+    /// Where its image is in the caller's memory, when its compressed entry is to be
+    /// expanded at its first look-up (0: `pending` says it all).
+    later: usize,
     /// The context it was loaded in, which takes it along when destroyed (0: unknown).
     context: usize,
 }
@@ -74,16 +81,17 @@ static LOADS: Lock<Vec<Load>> = Lock::new(Vec::new());
 
 /// Keeps what `handle` holds on `device` (charged in `d`'s current books) until it goes.
 fn remember(handle: Handle, device: usize, d: &DeviceLedger, bytes: u64, resident: bool) {
-    remember_pending(handle, device, d, bytes, resident, 0);
+    remember_pending(handle, device, d, bytes, resident, (0, 0));
 }
 
+/// As [`remember`], with what the first look-up brings: `(bytes, later)` (see [`Load`]).
 fn remember_pending(
     handle: Handle,
     device: usize,
     d: &DeviceLedger,
     bytes: u64,
     resident: bool,
-    pending: u64,
+    (pending, later): (u64, usize),
 ) {
     if !resident {
         LAZY.fetch_add(1, Ordering::AcqRel);
@@ -100,6 +108,7 @@ fn remember_pending(
         books: d.books_epoch(),
         resident,
         pending,
+        later,
         context: context as usize,
     });
 }
@@ -152,11 +161,18 @@ impl Source for File {
     }
 }
 
-/// What `image` says its load places on `device` (`None`: it cannot say, and why is
-/// told at debug level): its data, and its code too where modules load eagerly (with
-/// lazy loading a kernel's code arrives at its first use, which no call here sees).
-fn predicted(call: &str, image: Image, device: usize) -> Option<u64> {
-    let placed = placed(call, image, device)?;
+/// What `image` says its load places on `device` (`Err`: it cannot say, and why, told at
+/// debug level; `None` where there is no image or device to ask about): its data, and its
+/// code too where modules load eagerly (with lazy loading a kernel's code arrives at its
+/// first use, which no call here sees). `expand`: a compressed entry is expanded (else it
+/// cannot say, [`Unknown::Unexpanded`]).
+fn predicted(
+    call: &str,
+    image: Image,
+    device: usize,
+    expand: bool,
+) -> Result<u64, Option<Unknown>> {
+    let placed = placed(call, image, device, expand)?;
     let bytes = if lazy_loading() {
         placed.data
     } else {
@@ -170,27 +186,46 @@ fn predicted(call: &str, image: Image, device: usize) -> Option<u64> {
             Bytes(placed.code)
         ),
     );
-    Some(bytes)
+    Ok(bytes)
 }
 
-fn placed(call: &str, image: Image, device: usize) -> Option<Placed> {
-    let arch = arch(device)?;
+fn placed(
+    call: &str,
+    image: Image,
+    device: usize,
+    expand: bool,
+) -> Result<Placed, Option<Unknown>> {
+    let arch = arch(device).ok_or(None)?;
+    let footprint = |src: &dyn Source| {
+        if expand {
+            image::footprint(src, arch)
+        } else {
+            image::footprint_unexpanded(src, arch)
+        }
+    };
     let said = match image {
         Image::Memory(p) if !p.is_null() => {
             let memory = Memory(p as usize);
             match image::wrapped(&memory) {
-                Some(fatbin) => image::footprint(&Memory(fatbin as usize), arch),
-                None => image::footprint(&memory, arch),
+                Some(fatbin) => footprint(&Memory(fatbin as usize)),
+                None => footprint(&memory),
             }
         }
         Image::File(path) if !path.is_null() => match open_regular(path) {
-            Some(file) => image::footprint(&File(file), arch),
-            None => return None,
+            Some(file) => footprint(&File(file)),
+            None => return Err(None),
         },
-        _ => return None,
+        _ => return Err(None),
     };
     match said {
-        Footprint::Placed(placed) => Some(placed),
+        Footprint::Placed(placed) => Ok(placed),
+        Footprint::Unknown(Unknown::Unexpanded) => {
+            crate::sys::log::line(
+                LogLevel::Debug,
+                format_args!("{call}: the image's entry is compressed: read at the first look-up"),
+            );
+            Err(Some(Unknown::Unexpanded))
+        }
         Footprint::Unknown(why) => {
             crate::sys::log::line(
                 LogLevel::Debug,
@@ -199,7 +234,7 @@ fn placed(call: &str, image: Image, device: usize) -> Option<Placed> {
                      measured at the load"
                 ),
             );
-            None
+            Err(Some(why))
         }
     }
 }
@@ -333,19 +368,24 @@ pub fn load(
         return real();
     }
     crate::admit::footprint::settle_before_admission(device);
-    let predicted = predicted(call, image, device);
     if lazy && lazy_loading() {
         // Nothing arrives at a lazily loaded library's load (cudart makes hundreds of
-        // them at start-up): its first look-up is admitted and measured instead.
+        // them at start-up): its first look-up is admitted and measured instead, and a
+        // compressed entry is expanded then.
+        let pending = match (predicted(call, image, device, false), image) {
+            (Ok(bytes), _) => (bytes, 0),
+            (Err(Some(Unknown::Unexpanded)), Image::Memory(p)) => (0, p as usize),
+            _ => (0, 0),
+        };
         let rc = real();
         if rc.is_ok() && !out.is_null() {
             // SAFETY: the driver just wrote the handle.
             let handle = unsafe { *out };
-            remember_pending(handle, device, d, 0, false, predicted.unwrap_or(0));
+            remember_pending(handle, device, d, 0, false, pending);
         }
         return rc;
     }
-    let predicted = predicted.unwrap_or(0);
+    let predicted = predicted(call, image, device, true).unwrap_or(0);
     let reservation = match admit_predicted(call, device, d, predicted) {
         Ok(r) => r,
         Err(refusal) => return refusal,
@@ -384,12 +424,21 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
         .lock()
         .iter()
         .find(|l| l.handle == library as usize && !l.resident)
-        .map(|l| (l.device, l.pending));
-    let Some((device, predicted)) = pending else {
+        .map(|l| (l.device, l.pending, l.later));
+    let Some((device, predicted, later)) = pending else {
         return real();
     };
     let Some(d) = crate::runtime::budgeted(device) else {
         return real();
+    };
+    // The library's image, read again where its entry is compressed: if the caller has
+    // freed or changed it since, it cannot say (or says less), and the measurement is
+    // the charge.
+    let predicted = if later == 0 {
+        predicted
+    } else {
+        let image = Image::Memory(later as *const c_void);
+        self::predicted(call, image, device, true).unwrap_or(0)
     };
     let books = d.books_epoch();
     // What the image said, admitted before the globals arrive: a look-up that does not
