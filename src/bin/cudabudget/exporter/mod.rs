@@ -70,7 +70,11 @@ vdeviceid, deviceuuid, zone), per container and device, jobs and users added up.
 
 Under abuse: a request's head must arrive within --read-timeout (also how long an
 idle keep-alive connection is kept), in at most 16 KiB and 64 header lines; bodies
-are never read; beyond --max-connections a new connection is closed at once.
+are never read; beyond --max-connections-per-client from one client (an IPv4
+address, an IPv6 /64), or --max-connections in all (a few more for clients that
+hold none), a new connection is closed at once. /healthz answers 200 without
+authentication; a client's password checks run one at a time, and credentials
+once verified cost no further check.
 
 TLS and basic authentication: --web-config-file FILE, in the format of Prometheus'
 exporter-toolkit (tls_server_config: cert_file, key_file, client_auth_type,
@@ -114,6 +118,12 @@ pub struct ExporterArgs {
     #[arg(long = "max-connections", value_name = "N", default_value_t = 8192,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: u64,
+
+    /// Connections served at once from one client (an IPv4 address, an IPv6 /64);
+    /// beyond, its new one is closed at once.
+    #[arg(long = "max-connections-per-client", value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections_per_client: u64,
 }
 
 /// The labels of a series, in the order they are served.
@@ -153,11 +163,6 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
             args.listen
         ))
     })?;
-    let descriptors = serve::raise_descriptor_limit();
-    let max_connections = serve::connection_cap(
-        usize::try_from(args.max_connections).unwrap_or(usize::MAX),
-        descriptors,
-    );
     let address = listener
         .local_addr()
         .map_or_else(|_| args.listen.clone(), |a| a.to_string());
@@ -169,12 +174,6 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
     say(format!(
         "exporter listening on {scheme}://{address}/metrics"
     ));
-    if (max_connections as u64) < args.max_connections {
-        say(format!(
-            "exporter: at most {max_connections} connections (the descriptor limit is \
-             {descriptors})"
-        ));
-    }
     let shape = Shape {
         per_process: args.per_process,
         hami_names: args.hami_names,
@@ -191,11 +190,23 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
             )
         }
     });
-    let limits = serve::Limits {
-        max_connections,
-        read_timeout: Duration::from_secs(args.read_timeout),
+    let server = crate::http::Server {
+        name: "exporter",
+        listener,
+        tls: match config.tls {
+            Some(tls) => crate::http::Tls::Fixed(tls),
+            None => crate::http::Tls::Plain,
+        },
+        limits: crate::http::Limits {
+            max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+            per_client: usize::try_from(args.max_connections_per_client).unwrap_or(usize::MAX),
+            read_timeout: Duration::from_secs(args.read_timeout),
+            max_body: 0,
+        },
+        users: config.users,
+        headers: config.headers,
     };
-    serve::serve(listener, config, limits, gather)
+    crate::http::serve(server, serve::Metrics { gather })
         .map_err(|message| Refusal { message, status: 1 })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -36,9 +36,6 @@ pub struct WebConfig {
     pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
-/// The largest file read (a web configuration is a few hundred bytes).
-const MAX_FILE: u64 = 1 << 20;
-
 /// The headers exporter-toolkit lets a configuration set, with the values it allows
 /// (empty: any).
 const ALLOWED_HEADERS: [(&str, &[&str]); 5] = [
@@ -58,15 +55,7 @@ pub fn load(path: &Path) -> Result<WebConfig, String> {
 }
 
 fn read_text(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot open it ({e})"))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read it ({e})"))?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(format!("larger than {MAX_FILE} bytes"));
-    }
+    let bytes = crate::tls::read_file(path)?;
     String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())
 }
 
