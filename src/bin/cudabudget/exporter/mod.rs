@@ -76,6 +76,11 @@ hold none), a new connection is closed at once. /healthz answers 200 without
 authentication; a client's password checks run one at a time, and credentials
 once verified cost no further check.
 
+On a loopback address without basic_auth_users or verified client certificates
+(the default 127.0.0.1:9464), a local user's scrape gets only the series of their
+own budgets (the owner of the client's socket, as the kernel records it); root's
+and the exporter's own user's get every series. Other addresses serve every series.
+
 TLS and basic authentication: --web-config-file FILE, in the format of Prometheus'
 exporter-toolkit (tls_server_config: cert_file, key_file, client_auth_type,
 client_ca_file, min_version, max_version; basic_auth_users: NAME: BCRYPT-HASH;
@@ -151,11 +156,7 @@ const REMEMBERED: Duration = Duration::from_secs(600);
 pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
     let config = match &args.web_config_file {
         Some(path) => web_config::load(path).map_err(usage)?,
-        None => web_config::WebConfig {
-            tls: None,
-            users: BTreeMap::new(),
-            headers: Vec::new(),
-        },
+        None => web_config::WebConfig::default(),
     };
     let listener = std::net::TcpListener::bind(args.listen.as_str()).map_err(|e| {
         usage(format!(
@@ -181,15 +182,23 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
     let gather = serve::gatherer(move || {
         let nvml = Nvml::open().ok();
         let counters = RefCell::new(Counters::default());
-        move || {
-            metrics(
+        move |viewers: &[serve::Viewer]| {
+            views(
                 &status::collect(nvml.as_ref()),
                 shape,
                 &mut counters.borrow_mut(),
                 Instant::now(),
+                viewers,
             )
         }
     });
+    // A loopback listener without passwords (the default): each local user sees their
+    // own series only.
+    let per_user = listener.local_addr().is_ok_and(|a| a.ip().is_loopback())
+        && config.users.is_empty()
+        && !config.verifies_clients;
+    // SAFETY: geteuid has no preconditions.
+    let own_uid = unsafe { libc::geteuid() };
     let server = crate::http::Server {
         name: "exporter",
         listener,
@@ -206,8 +215,12 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
         users: config.users,
         headers: config.headers,
     };
-    crate::http::serve(server, serve::Metrics { gather })
-        .map_err(|message| Refusal { message, status: 1 })?;
+    let site = serve::Metrics {
+        gather,
+        per_user,
+        own_uid,
+    };
+    crate::http::serve(server, site).map_err(|message| Refusal { message, status: 1 })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -431,12 +444,44 @@ fn clamp(n: u64) -> i64 {
 
 /// The exposition text of `status`; `counters` carries what leaving processes leave in
 /// their series from one gathering to the next.
+#[cfg(test)]
 pub fn metrics(
     status: &StatusJson,
     shape: Shape,
     counters: &mut Counters,
     now: Instant,
 ) -> Vec<u8> {
+    views(status, shape, counters, now, &[None])
+        .pop()
+        .unwrap_or_default()
+}
+
+/// The exposition text of `status` for each viewer: `None` sees every series, `Some(uid)`
+/// only those of that user's budgets (and the cards' own figures). The counters move
+/// once, with every series.
+pub fn views(
+    status: &StatusJson,
+    shape: Shape,
+    counters: &mut Counters,
+    now: Instant,
+    viewers: &[Option<u32>],
+) -> Vec<Vec<u8>> {
+    let all = series(status, shape.per_process, Some((counters, now)));
+    viewers
+        .iter()
+        .map(|&viewer| render(status, shape, &all, viewer))
+        .collect()
+}
+
+/// The exposition text of the series in `all` (the figures of `status`) that `viewer`
+/// may see.
+fn render(
+    status: &StatusJson,
+    shape: Shape,
+    all: &BTreeMap<Series, Figures>,
+    viewer: Option<u32>,
+) -> Vec<u8> {
+    let seen = |uid: u32| viewer.is_none_or(|v| v == uid);
     let registry = Registry::new();
     let mut labels = LABELS.to_vec();
     if shape.per_process {
@@ -484,10 +529,11 @@ pub fn metrics(
         "Live processes that run under a budget.",
         &[],
     );
+    let shown = || status.processes.iter().filter(|p| seen(p.uid));
     processes
         .with_label_values::<&str>(&[])
-        .set(status.processes.len() as i64);
-    for (key, figures) in series(status, shape.per_process, Some((counters, now))) {
+        .set(shown().count() as i64);
+    for (key, figures) in all.iter().filter(|(key, _)| seen(key.uid)) {
         let values = key.values();
         used.with_label_values(&values).set(clamp(figures.used));
         limit.with_label_values(&values).set(clamp(figures.limit()));
@@ -505,7 +551,7 @@ pub fn metrics(
             "A budgeted process (always 1), with its command.",
             &info_labels,
         );
-        for p in &status.processes {
+        for p in shown() {
             for d in &p.devices {
                 let mut values = Series::of(p, d, true).values();
                 values.push(p.command.clone());
@@ -536,7 +582,7 @@ pub fn metrics(
         }
     }
     if shape.hami_names {
-        hami(&registry, status);
+        hami(&registry, status, viewer);
     }
     let mut body = Vec::new();
     TextEncoder::new()
@@ -547,7 +593,7 @@ pub fn metrics(
 
 /// HAMi's per-container figures: the series of one container and device added up over
 /// users and jobs (each job's budget once, as in the series), as HAMi reports them.
-fn hami(registry: &Registry, status: &StatusJson) {
+fn hami(registry: &Registry, status: &StatusJson, viewer: Option<u32>) {
     let usage = gauge(
         registry,
         "vGPU_device_memory_usage_in_bytes",
@@ -563,6 +609,9 @@ fn hami(registry: &Registry, status: &StatusJson) {
     type Container = (String, String, String, u32, String);
     let mut containers: BTreeMap<Container, (u64, u64)> = BTreeMap::new();
     for (key, figures) in series(status, false, None) {
+        if viewer.is_some_and(|v| v != key.uid) {
+            continue;
+        }
         let entry = containers
             .entry((key.namespace, key.pod, key.container, key.index, key.uuid))
             .or_default();

@@ -46,6 +46,8 @@ use tokio_rustls::rustls;
 
 use crate::say;
 
+mod owner;
+
 /// The most bytes of a request's head (request line and headers).
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// The most header lines of a request.
@@ -120,6 +122,17 @@ pub struct Server {
 pub struct Peer {
     /// The client's address and port.
     pub remote: SocketAddr,
+    /// The address and port it reached.
+    pub local: SocketAddr,
+}
+
+impl Peer {
+    /// The uid that owns the client's socket, for a client on this machine (in this
+    /// network namespace); `None` when it cannot be told (the client has gone, or is
+    /// elsewhere).
+    pub fn owner(&self) -> Option<u32> {
+        owner::of(self.remote, self.local)
+    }
 }
 
 pub type Answer = Response<Full<Bytes>>;
@@ -347,6 +360,9 @@ async fn accept<S: Site>(
             drop(stream);
             continue;
         };
+        let Ok(local) = stream.local_addr() else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let acceptor = match &acceptor {
             None => None,
@@ -355,7 +371,7 @@ async fn accept<S: Site>(
                 Err(_) => continue,
             },
         };
-        tokio::spawn(connection(stream, Peer { remote }, slot, acceptor));
+        tokio::spawn(connection(stream, Peer { remote, local }, slot, acceptor));
     }
 }
 
