@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod scripts;
+pub mod servers;
 pub mod tenants;
 
 use std::ffi::OsStr;

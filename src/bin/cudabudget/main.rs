@@ -14,6 +14,7 @@ use cudabudget_spec::{config, quantity, record};
 mod doctor;
 mod exporter;
 mod gpu;
+mod http;
 mod install;
 mod library;
 mod limit;
