@@ -94,19 +94,9 @@
 //! stops beating and so loses its turn. Waiters sleep on the device's futex word, which
 //! every member's free bumps, and wake at least every [`NAP_MS`] to beat.
 
-use std::cell::UnsafeCell;
-use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
-
-use cudabudget_spec::job_file as layout;
-use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
-use layout::TOMB;
-
-use crate::sys::lock::Lock;
-use crate::sys::{clock::monotonic_ms, futex};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 mod file;
 mod liveness;
@@ -114,155 +104,14 @@ mod members;
 mod shares;
 mod sigbus;
 mod turn;
+mod words;
 
-use file::*;
-use members::*;
-use sigbus::*;
+pub use file::Ledger;
+pub use words::Job;
 
-/// Processes a job holds at once.
-pub const SLOTS: usize = layout::SLOTS;
-const DEVICES: usize = layout::DEVICES;
-const WAITERS: usize = layout::WAITERS;
-const FILE_BYTES: usize = layout::FILE_BYTES;
-
-/// How long an admitter waits for a live holder of a device's admission lock.
-pub const LOCK_PATIENCE_MS: u64 = 50;
-/// A waiter whose heartbeat is older than this has lost its turn.
-pub const TURN_STALE_MS: u64 = 100;
-/// The longest a waiter sleeps between heartbeats.
-pub const NAP_MS: u64 = 40;
-/// How often (at most) a member looks for dead ones.
-const SCAN_EVERY_MS: u64 = 1000;
-/// How long a free slot must hold what a free slot never holds before it is cleaned.
-const SUSPECT_MS: u64 = 1000;
-
-#[repr(C)]
-struct DeviceWord {
-    /// 0: free; else the holder: slot + 1 (low 16 bits), a thread tag (next 16), the
-    /// holder's claim generation (high 32).
-    lock: AtomicU64,
-    /// The next ticket of the device's queue of waiters.
-    next_ticket: AtomicU64,
-    /// Bumped on every free (a futex word): waiters sleep on it.
-    wake: AtomicU32,
-    /// Threads waiting for room on the device (a hint: wakes are skipped while 0).
-    waiters: AtomicU32,
-    _pad: u64,
-}
-
-const _: () = assert!(std::mem::offset_of!(DeviceWord, wake) == layout::WAKE_IN_DEVICE_WORD);
-
-#[repr(C)]
-struct Waiter {
-    /// 0: a free entry.
-    ticket: AtomicU64,
-    /// The claim of the waiting thread's slot.
-    claim: AtomicU64,
-    device: AtomicU32,
-    slot: AtomicU32,
-    /// When the waiter last showed it is there (ms, CLOCK_MONOTONIC).
-    beat: AtomicU64,
-}
-
-#[repr(C)]
-struct Claim {
-    /// 0: free; pid (low 32 bits) and generation (high 32); or a tombstone.
-    claim: AtomicU64,
-    /// The process's start time (`/proc/<pid>/stat` field 22); 0 while it joins.
-    start: AtomicU64,
-    /// The descriptor the process keeps the ledger open with (close-on-exec).
-    fd: AtomicU32,
-    /// Bumped at each claim: the generation the next claim gets.
-    generation: AtomicU32,
-    /// [`seal`] of the claim, start time and descriptor: a slot whose seal does not match
-    /// was written by something else, and is neither free nor judged dead.
-    seal: AtomicU64,
-}
-
-/// The seal of a slot's claim, start time and descriptor (a free slot: all zero, seal
-/// `!0`).
-fn seal(claim: u64, start: u64, fd: u32) -> u64 {
-    !(claim ^ start.rotate_left(17) ^ u64::from(fd))
-}
-
-/// Who holds a slot, by its words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Holder {
-    Free,
-    Member {
-        claim: u64,
-        start: u64,
-        fd: u32,
-    },
-    /// Being taken out of use by this pid.
-    Tomb(u32),
-    /// Words that do not agree (a stray write, or a claim being written).
-    Garbled,
-}
-
-#[repr(C)]
-struct Share {
-    used: AtomicU64,
-    /// `!used`.
-    inv: AtomicU64,
-}
-
-const _: () = {
-    assert!(std::mem::size_of::<DeviceWord>() == layout::DEVICE_WORD_BYTES);
-    assert!(std::mem::size_of::<Waiter>() == layout::WAITER_BYTES);
-    assert!(std::mem::size_of::<Claim>() == layout::CLAIM_BYTES);
-    assert!(std::mem::size_of::<Share>() == layout::SHARE_BYTES);
-};
-
-const LAST_SCAN_AT: usize = 64;
-
-// ---------------------------------------------------------------------------------------
-// The job.
-
-/// A job this process has joined: the mapping, its own slot, and the truth of what it
-/// holds.
-pub struct Job {
-    base: *mut u8,
-    slot: usize,
-    /// Our claim word (pid and generation), start time and descriptor, as in our slot.
-    claim: u64,
-    start: u64,
-    fdno: u32,
-    /// Our thread-independent lock tag base (slot + 1 and generation).
-    lock_id: u64,
-    path: String,
-    /// The directory that names the ledger, and the name (to remove it when the last
-    /// member leaves).
-    dir: Dir,
-    name: String,
-    dev: u64,
-    ino: u64,
-    fd: OwnedFd,
-    /// Our own open of the ledger that holds our slot's [`liveness`] lock (none where
-    /// the file cannot be opened again or has no such locks).
-    alive_fd: Option<OwnedFd>,
-    /// Index in [`MAPPED`], if the mapping is watched for SIGBUS.
-    mapping: Option<usize>,
-    /// What this process holds per device: the truth its slot is written from.
-    mine: [AtomicU64; DEVICES],
-    /// One thread of the process writes the slot at a time.
-    writing: Lock<()>,
-    /// Set once the job is found damaged (also in [`MAPPED`]).
-    damaged: AtomicBool,
-    /// Why, for the one line the user gets (taken once by [`Job::damage_news`]).
-    damage_said: AtomicBool,
-    damage_why: Lock<Option<String>>,
-    /// Per slot: since when this process has seen stray bytes in it while free (ms).
-    suspects: [AtomicU64; SLOTS],
-    /// Per slot: the garbled or tombstone claim this process last saw there, and since
-    /// when (ms).
-    lingering: [(AtomicU64, AtomicU64); SLOTS],
-}
-
-// SAFETY: the mapping is shared memory reached only through atomics.
-unsafe impl Send for Job {}
-// SAFETY: as above.
-unsafe impl Sync for Job {}
+use file::open_ledger;
+use sigbus::MAPPED;
+use words::FILE_BYTES;
 
 impl Drop for Job {
     fn drop(&mut self) {
@@ -281,25 +130,12 @@ static JOINED: AtomicPtr<Job> = AtomicPtr::new(std::ptr::null_mut());
 /// The descriptor holding the joined job's [`liveness`] lock (-1: none), closed in a
 /// child of `fork()` so that a child does not keep its parent alive to the job.
 static ALIVE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-/// One join at a time in this process (so that a slot being claimed by one thread is not
-/// taken by another for a previous image's).
-static JOINING: Lock<()> = Lock::new(());
-
 /// The job this process belongs to, if it joined one.
 #[inline]
 pub fn joined() -> Option<&'static Job> {
     let p = JOINED.load(Ordering::Acquire);
     // SAFETY: a published Job is leaked (never freed) for the process's life.
     (!p.is_null()).then(|| unsafe { &*p })
-}
-
-/// Which job's ledger.
-#[derive(Clone, Copy, Debug)]
-pub enum Ledger<'a> {
-    /// `CUDABUDGET_SCOPE=job:<name>`.
-    Named(&'a str),
-    /// HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE` path.
-    Hami(&'a str),
 }
 
 /// How joining went.
@@ -360,43 +196,6 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
     }
 }
 
-impl Job {
-    fn word64(&self, at: usize) -> &AtomicU64 {
-        debug_assert!(at.is_multiple_of(8) && at + 8 <= FILE_BYTES);
-        // SAFETY: an aligned word inside the FILE_BYTES mapping, which lives as long as
-        // the Job (shared memory: reached only through atomics).
-        unsafe { &*(self.base.add(at) as *const AtomicU64) }
-    }
-
-    fn device(&self, device: usize) -> &DeviceWord {
-        debug_assert!(device < DEVICES);
-        // SAFETY: device < DEVICES: the word lies in the header page of the mapping.
-        unsafe { &*(self.base.add(layout::device_words_at(device)) as *const DeviceWord) }
-    }
-
-    fn waiter(&self, i: usize) -> &Waiter {
-        debug_assert!(i < WAITERS);
-        // SAFETY: i < WAITERS: the entry lies in the mapping.
-        unsafe { &*(self.base.add(layout::WAITERS_AT + i * layout::WAITER_BYTES) as *const Waiter) }
-    }
-
-    fn claim_at(&self, i: usize) -> &Claim {
-        debug_assert!(i < SLOTS);
-        // SAFETY: i < SLOTS: the claim lies in the mapping.
-        unsafe { &*(self.base.add(layout::claim_at(i)) as *const Claim) }
-    }
-
-    fn share_at(&self, slot: usize, device: usize) -> &Share {
-        debug_assert!(slot < SLOTS && device < DEVICES);
-        // SAFETY: both in range: the share lies in the mapping.
-        unsafe { &*(self.base.add(layout::share_at(slot, device)) as *const Share) }
-    }
-
-    /// Where the ledger is, for messages.
-    pub fn path(&self) -> &str {
-        &self.path
-    }
-}
 /// In the child of `fork()`: the child is not the parent's member of the job.
 pub fn after_fork() {
     JOINED.store(std::ptr::null_mut(), Ordering::Release);

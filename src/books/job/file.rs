@@ -1,7 +1,33 @@
 //! The ledger file: where it lives, how it is made (whole, by rename), opened and checked,
 //! its damage, and its removal by the last member.
 
-use super::*;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use cudabudget_spec::job_file as layout;
+use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
+
+use crate::sys::clock::monotonic_ms;
+use crate::sys::lock::Lock;
+
+use super::members::proc_stat;
+use super::sigbus::*;
+use super::words::*;
+
+/// Which job's ledger.
+#[derive(Clone, Copy, Debug)]
+pub enum Ledger<'a> {
+    /// `CUDABUDGET_SCOPE=job:<name>`.
+    Named(&'a str),
+    /// HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE` path.
+    Hami(&'a str),
+}
+
+/// One join at a time in this process (so that a slot being claimed by one thread is not
+/// taken by another for a previous image's).
+pub(super) static JOINING: Lock<()> = Lock::new(());
 
 /// The places a ledger may be, best first: (directory, file name) or why a place is
 /// unusable. The user's own directories are made where missing.

@@ -1,6 +1,17 @@
 //! Members: slots and claims, who is alive, and what the dead leave behind.
 
-use super::*;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::Ordering;
+
+use cudabudget_spec::job_file as layout;
+use cudabudget_spec::place::{self};
+use layout::TOMB;
+
+use crate::sys::clock::monotonic_ms;
+
+use super::liveness;
+use super::sigbus::*;
+use super::words::*;
 
 /// What `/proc/<pid>/stat` says of a process.
 #[derive(Clone, Copy, Debug)]

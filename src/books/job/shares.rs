@@ -1,7 +1,14 @@
 //! Shares: what each member holds, admission against the job's budget (Dekker's order
 //! under a lock that only orders admitters), and the job's budget words.
 
-use super::*;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cudabudget_spec::job_file as layout;
+
+use crate::sys::futex;
+
+use super::words::*;
 
 impl Job {
     /// Slot `i`'s share on `device`, read conservatively (the larger of its two words).

@@ -1,7 +1,11 @@
 //! The job's ledger cut under its members: a SIGBUS handler that maps zeroed memory
 //! over the mapping and marks the job damaged, and the mappings it watches.
 
-use super::*;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use super::words::*;
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
 
 // ---------------------------------------------------------------------------------------
 // Mappings this process holds, for the SIGBUS handler.

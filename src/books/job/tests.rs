@@ -1,4 +1,20 @@
+use super::file::*;
+use super::liveness;
+use super::members::*;
+use super::sigbus::*;
+use super::words::*;
 use super::*;
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::sys::clock::monotonic_ms;
+use cudabudget_spec::job_file as layout;
+use layout::TOMB;
+
+use cudabudget_spec::place::Dir;
 
 use std::os::unix::fs::FileExt;
 

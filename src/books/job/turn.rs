@@ -1,6 +1,11 @@
 //! Waits: a device's queue of waiting threads, in arrival order, with heartbeats.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::sys::{clock::monotonic_ms, futex};
+
+use super::words::*;
 
 impl Job {
     /// A place in `device`'s queue of waiters, in arrival order; leaving it (drop) lets
