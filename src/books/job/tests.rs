@@ -3,7 +3,6 @@ use super::liveness;
 use super::members::*;
 use super::sigbus::*;
 use super::words::*;
-use super::*;
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
