@@ -1104,7 +1104,7 @@ struct Failure {
 /// - a double free in a program of several threads (it may race with another thread's
 ///   allocation that got the same address back);
 /// - a limit set while a capture is on (passed through uncharged: the next change is
-///   charged from the value it left).
+///   charged from the value it left; README "Limits").
 ///
 /// For every other program the books must read exactly zero. Before the program has
 /// run (`seen` is `None`) this says whether it may end so; after, whether it did, on the

@@ -660,7 +660,7 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
     }
     // The driver may round the value: charged as it reports it.
     let now = cost(limit_now(limit).unwrap_or(value as u64));
-    let booked = charged + reservation.as_ref().map_or(0, Reservation::bytes);
+    let booked = charged.saturating_add(reservation.as_ref().map_or(0, Reservation::bytes));
     if now > booked
         && let Err(refused) = admit_held(call, device, d, now - booked)
     {

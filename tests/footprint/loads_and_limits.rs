@@ -162,7 +162,7 @@ fn a_device_heap_that_does_not_fit_is_refused_and_the_old_limit_stays() {
 }
 
 #[test]
-fn a_stack_that_does_not_fit_is_set_back_and_a_smaller_one_gives_memory_back() {
+fn a_stack_that_does_not_fit_is_refused_and_a_smaller_one_gives_memory_back() {
     // The fake pays a stack limit for 1024 threads: 64 KiB a thread is 63 MiB more.
     let run = budget_run(
         "gpa",
@@ -178,7 +178,11 @@ fn a_stack_that_does_not_fit_is_set_back_and_a_smaller_one_gives_memory_back() {
         &[("CUDABUDGET_LIMIT", "100Mi"), NVML_BLIND],
     );
     assert_eq!(run.rc("setlimit", 0), 2, "{run:?}");
-    assert_eq!(run.num("setlimit", 0, "now"), 1024, "set back\n{run:?}");
+    assert_eq!(
+        run.num("setlimit", 0, "now"),
+        1024,
+        "the old limit stays\n{run:?}"
+    );
     assert_eq!(used(&run, 0), 60 * MI, "{run:?}");
     assert_eq!(run.rc("setlimit", 1), 0, "{run:?}");
     assert_eq!(run.num("info", 0, "free"), 40 * MI - 15 * MI, "{run:?}");
