@@ -29,11 +29,11 @@ mistyped option is an error, never the command.
 
 The budget is handed to CMD through LD_PRELOAD and CUDABUDGET_* variables. The library \
 is $CUDABUDGET_LIB, else the libcudabudget.so next to this binary, else the copy this \
-binary carries (written once to a per-user cache directory: $XDG_CACHE_HOME, \
-$HOME/.cache, $XDG_RUNTIME_DIR or $TMPDIR; when another user holds the name there, a \
-directory of yours with an unpredictable name, and one line says what was in the way). \
-CMD is not started when the library would not load here (run `cudabudget doctor` to \
-see why), nor when another user could change it.
+binary carries (written once to a per-user cache directory: the first of \
+$XDG_CACHE_HOME, $HOME/.cache, $XDG_RUNTIME_DIR and $TMPDIR that no other user can \
+change; one line says what was in the way). CMD is not started when the library would \
+not load here (run `cudabudget doctor` to see why), nor when another user could change \
+it or any directory above it, sticky or not (nothing under /tmp, /var/tmp or /dev/shm).
 
 Exit status: 125 when `run` itself fails (a bad or missing option, a budget the library \
 would refuse, no library that can be preloaded here): CMD did not run; 126 when CMD \
