@@ -330,6 +330,14 @@ fn an_unknown_inherited_variable_runs_beside_a_budget_and_is_refused_alone() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "1Gi 1\n");
+    // ...but `run` names it, in one line, before the command starts.
+    let said = stderr(&out);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.starts_with("cudabudget: CUDABUDGET_NEW_KNOB is not a known variable")
+            && said.contains("is ignored"),
+        "{said}"
+    );
     // A typo of the limit, alone, is never run unbudgeted.
     let message = assert_refused_before_running("typo", &[], &[("CUDABUDGET_LIMT", "8Gi")]);
     assert!(
@@ -340,6 +348,43 @@ fn an_unknown_inherited_variable_runs_beside_a_budget_and_is_refused_alone() {
         message.contains("known variables: CUDABUDGET_LIMIT"),
         "{message}"
     );
+}
+
+#[test]
+fn a_budget_of_zero_is_refused_with_the_reason() {
+    for (test, options, envs, named) in [
+        (
+            "zero-limit",
+            &["--limit", "0"][..],
+            &[][..],
+            "--limit \"0\"",
+        ),
+        ("zero-gi", &["--limit", "0Gi"], &[], "--limit \"0Gi\""),
+        (
+            "zero-device",
+            &["--limit-device", "1=0"],
+            &[],
+            "--limit-device \"0\"",
+        ),
+        (
+            "zero-env",
+            &[],
+            &[("CUDABUDGET_LIMIT", "0")],
+            "CUDABUDGET_LIMIT=0",
+        ),
+        (
+            "zero-env-device",
+            &["--limit", "1Gi"],
+            &[("CUDABUDGET_LIMIT_2", "0")],
+            "CUDABUDGET_LIMIT_2=0",
+        ),
+    ] {
+        let message = assert_refused_before_running(test, options, envs);
+        assert!(
+            message.contains(named) && message.contains("0 bytes would refuse every allocation"),
+            "{test}: {message}"
+        );
+    }
 }
 
 #[test]
