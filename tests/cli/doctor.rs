@@ -1,7 +1,9 @@
 //! `cudabudget doctor`: each check passes where all is well and fails (or warns) with
 //! what to do where it is not; the exit status is 1 exactly when a check failed.
 
-use crate::util::cli::{cudabudget, library_for_a_newer_glibc, output, scratch, stderr, stdout};
+use crate::util::cli::{
+    closed_scratch, cudabudget, library_for_a_newer_glibc, output, scratch, stderr, stdout,
+};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -150,7 +152,7 @@ fn a_missing_library_fails_the_library_check() {
 
 #[test]
 fn a_library_for_a_newer_glibc_fails_the_library_and_glibc_checks() {
-    let dir = scratch("newer-glibc");
+    let dir = closed_scratch("newer-glibc");
     let library = library_for_a_newer_glibc(&dir);
     let (code, checks) = doctor(
         "newer-glibc",

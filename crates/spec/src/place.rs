@@ -6,7 +6,12 @@
 //!   `O_NOFOLLOW`, one component at a time, and accepts it only if every component is
 //!   a directory owned by root or by us that nobody else may write (a sticky
 //!   world-writable directory such as `/tmp` passes: others cannot remove or rename what
-//!   is ours in it).
+//!   is ours in it). That suits the runtime files, which live and die with their
+//!   processes in `/dev/shm`.
+//! - [`Dir::open_closed`] is the stricter walk for what is installed or preloaded: no
+//!   directory from `/` may be writable by anyone but its owner (root or us), sticky or
+//!   not. A path under `/tmp` outlives what is ours there (a cleaner removes it), and
+//!   whoever recreates it then decides what it names.
 //! - [`Dir::private`] is our own directory inside a trusted one (`cudabudget-<uid>`),
 //!   created 0700 or accepted only when we own it and nobody else may write it. Inside
 //!   it, no other user can create, replace or rename anything, so names there are ours.
@@ -176,6 +181,18 @@ impl Dir {
     /// such as `/run/user/<uid>`): every component root's or `me`'s, writable by nobody
     /// else unless sticky.
     pub fn open_trusted_for(path: &Path, me: u32) -> Result<Dir, PlaceError> {
+        Dir::walk(path, me, Way::StickyPasses)
+    }
+
+    /// `path` (absolute), if every directory from `/` to it is owned by root or by us
+    /// and writable by nobody else, sticky or not: a place for what other processes
+    /// will load by name later (an installed library, a preloaded copy). `/tmp`,
+    /// `/var/tmp`, `/dev/shm` and anything under them are refused, naming the directory.
+    pub fn open_closed(path: &Path) -> Result<Dir, PlaceError> {
+        Dir::walk(path, euid(), Way::Closed)
+    }
+
+    fn walk(path: &Path, me: u32, way: Way) -> Result<Dir, PlaceError> {
         if !path.is_absolute() {
             return Err(PlaceError::Untrusted {
                 path: path.to_path_buf(),
@@ -193,7 +210,7 @@ impl Dir {
         .map_err(|e| PlaceError::io(Path::new("/"), e))?;
         let mut walked = PathBuf::from("/");
         let mut st = fstat(fd.as_fd()).map_err(|e| PlaceError::io(&walked, e))?;
-        check_on_the_way(&walked, &st, me)?;
+        check_on_the_way(&walked, &st, me, way)?;
         for component in real.components() {
             let Component::Normal(name) = component else {
                 continue;
@@ -214,7 +231,7 @@ impl Dir {
                 _ => PlaceError::io(&walked, e),
             })?;
             st = fstat(fd.as_fd()).map_err(|e| PlaceError::io(&walked, e))?;
-            check_on_the_way(&walked, &st, me)?;
+            check_on_the_way(&walked, &st, me, way)?;
         }
         Ok(Dir {
             fd,
@@ -483,9 +500,18 @@ impl Dir {
     }
 }
 
+/// How strict a walk from `/` is with the directories on the way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    /// Sticky world-writable directories pass (`/dev/shm`, for runtime files).
+    StickyPasses,
+    /// Nobody but the owner may write any of them ([`Dir::open_closed`]).
+    Closed,
+}
+
 /// A directory on the way to a trusted one: root's or ours, and writable by nobody else
-/// unless sticky.
-fn check_on_the_way(path: &Path, st: &libc::stat, me: u32) -> Result<(), PlaceError> {
+/// (unless sticky, where `way` lets that pass).
+fn check_on_the_way(path: &Path, st: &libc::stat, me: u32, way: Way) -> Result<(), PlaceError> {
     if st.st_uid != 0 && st.st_uid != me {
         return Err(PlaceError::Untrusted {
             path: path.to_path_buf(),
@@ -494,16 +520,25 @@ fn check_on_the_way(path: &Path, st: &libc::stat, me: u32) -> Result<(), PlaceEr
     }
     let others_write = st.st_mode & 0o022 != 0;
     let sticky = st.st_mode & libc::S_ISVTX != 0;
-    if others_write && !sticky {
-        return Err(PlaceError::Untrusted {
+    let mode = st.st_mode & 0o7777;
+    match way {
+        Way::StickyPasses if others_write && !sticky => Err(PlaceError::Untrusted {
             path: path.to_path_buf(),
-            why: format!(
-                "others may write it and it is not sticky (mode {:o})",
-                st.st_mode & 0o7777
-            ),
-        });
+            why: format!("others may write it and it is not sticky (mode {mode:o})"),
+        }),
+        Way::Closed if others_write => Err(PlaceError::Untrusted {
+            path: path.to_path_buf(),
+            why: if sticky {
+                format!(
+                    "others may write it (mode {mode:o}): sticky or not, another user can \
+                     create a name there once ours is gone"
+                )
+            } else {
+                format!("others may write it (mode {mode:o})")
+            },
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// How [`Dir::open_file`] opens.
@@ -736,6 +771,37 @@ mod tests {
         assert!(error.to_string().contains("not sticky"), "{error}");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
         assert!(Dir::open_trusted(&open).is_ok());
+    }
+
+    #[test]
+    fn a_closed_walk_refuses_a_sticky_directory_on_the_way_naming_it() {
+        let root = scratch("closed");
+        let sticky = root.join("shared");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let lib = sticky.join("lib");
+        std::fs::create_dir(&lib).unwrap();
+        std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(
+            Dir::open_trusted(&lib).is_ok(),
+            "the runtime walk lets sticky pass"
+        );
+        let error = Dir::open_closed(&lib).unwrap_err();
+        // The first directory on the way that others may write: the system's temporary
+        // directory when it is one (/tmp), else the sticky one made here.
+        let tmp = std::fs::canonicalize(std::env::temp_dir()).unwrap();
+        let first_open = tmp
+            .ancestors()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .find(|d| std::fs::metadata(d).unwrap().permissions().mode() & 0o022 != 0)
+            .map_or_else(
+                || std::fs::canonicalize(&sticky).unwrap(),
+                Path::to_path_buf,
+            );
+        assert_eq!(error.path(), first_open, "{error}");
+        assert!(error.to_string().contains("others may write it"), "{error}");
     }
 
     #[test]
