@@ -8,7 +8,7 @@ fn a_killed_holders_share_comes_back_within_a_second() {
     let dir = job_dir("kill");
     let e = envs(&dir, "job:k", "1Gi");
     let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
-    settle();
+    util::wait_for_line(&mut holder, "alloc");
     let before = client(&["alloc:800Mi"], &e);
     assert_eq!(
         before.rc("alloc", 0),
@@ -41,12 +41,11 @@ fn a_member_that_exits_takes_only_its_own_share_out_of_the_job() {
     // The job's books then hold exactly the first member's 400 MiB.
     let dir = job_dir("ownshare");
     let e = envs(&dir, "job:own", "1Gi");
-    let holder = spawn(&["alloc:400Mi", "sleep:3000"], &e);
-    settle();
+    let holder = Holder::start(&["alloc:400Mi"], &e);
     let other = client(&["alloc:100Mi", "free:0", "alloc:300Mi"], &e);
     assert_eq!(other.rc("alloc", 1), 0, "{other:?}");
     let view = client(&["info"], &e);
-    finish(holder);
+    holder.finish();
     assert_eq!(view.num("info", 0, "free"), GI - 400 * MI, "{view:?}");
 }
 
@@ -56,10 +55,10 @@ fn a_member_whose_memory_went_with_its_context_holds_nothing_in_the_job() {
     // share of the job goes back with it.
     let dir = job_dir("teardown");
     let e = envs(&dir, "job:teardown", "1Gi");
-    let holder = spawn(&["alloc:700Mi", "ctxreset:0", "ctx:0", "sleep:1500"], &e);
+    let holder = Holder::start(&["alloc:700Mi", "ctxreset:0", "ctx:0"], &e);
     std::thread::sleep(Duration::from_millis(600));
     let view = client(&["info"], &e);
-    let holder = finish(holder);
+    let holder = holder.finish();
     assert_eq!(holder.rc("ctxreset", 0), 0, "{holder:?}");
     assert_eq!(view.num("info", 0, "free"), GI, "{view:?}");
 }
@@ -136,7 +135,6 @@ fn a_killed_member_not_yet_reaped_gives_its_share_back() {
     let dir = job_dir("zombie");
     let e = envs(&dir, "job:z", "1Gi");
     let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
-    settle();
     // SAFETY: a plain signal to our own child, which is not reaped (it stays a zombie).
     unsafe { libc::kill(holder.id() as i32, libc::SIGKILL) };
     std::thread::sleep(Duration::from_millis(100));
@@ -281,8 +279,8 @@ fn a_lock_word_naming_a_live_member_that_is_not_admitting_holds_nobody_up() {
     // bound; they do not spin.
     let dir = job_dir("stale-lock");
     let e = envs(&dir, "job:sl", "1Gi");
-    let idle = spawn(&["alloc:1Mi", "sleep:6000"], &e);
-    settle();
+    let mut idle = spawn(&["alloc:1Mi", "sleep:6000"], &e);
+    util::wait_for_line(&mut idle, "alloc");
     let path = ledger_file(&dir, "sl");
     // Slot 0 + 1 (its first generation): the idle member's slot.
     write_at(&path, lock_offset(&path), &1u64.to_le_bytes());
@@ -335,11 +333,10 @@ fn a_member_whose_name_is_not_utf8_keeps_its_share_counted() {
     holder
         .args(["gpa", "alloc:800Mi", "sleep:30000"])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut holder = holder.spawn().unwrap();
-    settle();
-    std::thread::sleep(Duration::from_millis(300));
+    util::wait_for_line(&mut holder, "alloc");
     let stat = std::fs::read(format!("/proc/{}/stat", holder.id())).unwrap();
     assert!(
         std::str::from_utf8(&stat).is_err(),
@@ -370,13 +367,12 @@ fn the_jobs_ledger_is_removed_when_its_last_member_exits_and_kept_while_one_rema
     let ledger = std::path::Path::new(&dir)
         .join(format!("cudabudget-{}", unsafe_uid()))
         .join("job-gone");
-    let holder = spawn(&["alloc:100Mi", "sleep:1500"], &e);
-    settle();
+    let holder = Holder::start(&["alloc:100Mi"], &e);
     assert!(ledger.exists(), "made by the first member");
     let other = client(&["alloc:100Mi"], &e);
     assert_eq!(other.rc("alloc", 0), 0, "{other:?}");
     assert!(ledger.exists(), "a member remains");
-    let holder = finish(holder);
+    let holder = holder.finish();
     assert_eq!(holder.rc("alloc", 0), 0, "{holder:?}");
     assert!(!ledger.exists(), "the last member removed it");
     // The job's next process starts a fresh ledger with the whole budget.

@@ -84,7 +84,7 @@ fn a_ledger_truncated_under_its_members_neither_kills_them_nor_is_made_anew() {
     // next to the live member (which would give each of them the whole budget).
     let dir = job_dir("truncate");
     let e = envs(&dir, "job:t", "1Gi");
-    let member = spawn(
+    let mut member = spawn(
         &[
             "alloc:700Mi",
             "sleep:800",
@@ -94,7 +94,7 @@ fn a_ledger_truncated_under_its_members_neither_kills_them_nor_is_made_anew() {
         ],
         &e,
     );
-    settle();
+    let first = util::wait_for_line(&mut member, "alloc");
     let path = ledger_file(&dir, "t");
     std::fs::OpenOptions::new()
         .write(true)
@@ -103,7 +103,8 @@ fn a_ledger_truncated_under_its_members_neither_kills_them_nor_is_made_anew() {
         .set_len(0)
         .unwrap();
     let next = client(&["alloc:500Mi"], &e);
-    let member = finish(member);
+    let mut member = finish(member);
+    member.lines.insert(0, first);
     assert!(member.status.success(), "the member died: {member:?}");
     assert_eq!(member.rc("free", 0), 0, "{member:?}");
     assert_eq!(
@@ -130,14 +131,13 @@ fn a_stray_write_of_where_the_jobs_total_was_kept_neither_denies_nor_admits_past
     // the budget. What the job holds is the sum of its members' own shares.
     let dir = job_dir("total");
     let e = envs(&dir, "job:tot", "1Gi");
-    let holder = spawn(&["alloc:700Mi", "sleep:2000"], &e);
-    settle();
+    let holder = Holder::start(&["alloc:700Mi"], &e);
     let path = ledger_file(&dir, "tot");
     write_at(&path, 56, &u64::MAX.to_le_bytes());
     let small = client(&["alloc:100Mi"], &e);
     write_at(&path, 56, &0u64.to_le_bytes());
     let large = client(&["alloc:500Mi"], &e);
-    finish(holder);
+    holder.finish();
     assert_eq!(small.rc("alloc", 0), 0, "denied for good: {small:?}");
     assert_eq!(
         large.rc("alloc", 0),

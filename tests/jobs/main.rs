@@ -64,8 +64,8 @@ struct Member(Child);
 
 impl Member {
     fn start(envs: &[(&str, &str)]) -> Member {
-        let member = Member(spawn(&["info", "sleep:30000"], envs));
-        settle();
+        let mut member = Member(spawn(&["info", "sleep:30000"], envs));
+        util::wait_for_line(&mut member.0, "info");
         member
     }
 }
@@ -77,9 +77,57 @@ impl Drop for Member {
     }
 }
 
-/// Waits until the job's file shows the process's first allocation (the holder is in).
-fn settle() {
-    std::thread::sleep(Duration::from_millis(300));
+/// A member that holds what its ops got until the test is done with it: started, and
+/// returned once it has answered every op (it is in the job, its allocations made); it
+/// ends when [`Holder::finish`] makes the file it waits for (or is dropped).
+struct Holder {
+    child: Option<Child>,
+    said: Vec<String>,
+    release: std::path::PathBuf,
+}
+
+impl Holder {
+    fn start(ops: &[&str], envs: &[(&str, &str)]) -> Holder {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let release = util::test_dir().join(format!(
+            "release-{}",
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&release);
+        let wait = format!("waitfile:{}", release.display());
+        let mut all = ops.to_vec();
+        all.push(&wait);
+        let mut child = spawn(&all, envs);
+        let said = ops
+            .iter()
+            .map(|op| util::wait_for_line(&mut child, op.split(':').next().unwrap()))
+            .collect();
+        Holder {
+            child: Some(child),
+            said,
+            release,
+        }
+    }
+
+    /// Lets it end, and what it printed.
+    fn finish(mut self) -> Run {
+        std::fs::write(&self.release, b"").unwrap();
+        let mut run = finish(self.child.take().unwrap());
+        let rest = std::mem::take(&mut run.lines);
+        run.lines = std::mem::take(&mut self.said);
+        run.lines.extend(rest);
+        run
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.release, b"");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn unsafe_uid() -> u32 {

@@ -7,10 +7,9 @@ use super::*;
 fn processes_of_one_job_share_one_budget() {
     let dir = job_dir("share");
     let e = envs(&dir, "job:train", "1Gi");
-    let holder = spawn(&["alloc:700Mi", "sleep:1500"], &e);
-    settle();
+    let holder = Holder::start(&["alloc:700Mi"], &e);
     let run = client(&["info", "alloc:500Mi", "alloc:300Mi", "phys"], &e);
-    let holder = finish(holder);
+    let holder = holder.finish();
     assert_eq!(holder.rc("alloc", 0), 0, "{holder:?}");
     assert_eq!(run.num("info", 0, "free"), GI - 700 * MI, "{run:?}");
     assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
@@ -24,10 +23,9 @@ fn a_denial_event_in_a_job_names_the_top_holders() {
     let events = format!("{dir}/denials.jsonl");
     let mut e = envs(&dir, "job:ev", "1Gi");
     e.push(("CUDABUDGET_EVENTS", events.as_str()));
-    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &e);
-    settle();
+    let holder = Holder::start(&["alloc:700Mi"], &e);
     let run = client(&["alloc:100Mi", "alloc:500Mi"], &e);
-    let holder = finish(holder);
+    let holder = holder.finish();
     assert_eq!(holder.rc("alloc", 0), 0, "{holder:?}");
     assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
     let text = std::fs::read_to_string(&events).unwrap();
@@ -43,11 +41,10 @@ fn a_denial_event_in_a_job_names_the_top_holders() {
 #[test]
 fn two_jobs_do_not_affect_each_other() {
     let dir = job_dir("two");
-    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &envs(&dir, "job:a", "1Gi"));
-    settle();
+    let holder = Holder::start(&["alloc:700Mi"], &envs(&dir, "job:a", "1Gi"));
     let other = client(&["alloc:900Mi"], &envs(&dir, "job:b", "1Gi"));
     let alone = client(&["alloc:900Mi"], &[("CUDABUDGET_LIMIT", "1Gi")]);
-    finish(holder);
+    holder.finish();
     assert_eq!(other.rc("alloc", 0), 0, "{other:?}");
     assert_eq!(alone.rc("alloc", 0), 0, "{alone:?}");
 }
@@ -113,12 +110,11 @@ fn processes_naming_one_hami_shared_cache_share_one_budget() {
         ("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache.as_str()),
         ("FAKE_NVML_PID_OFFSET", "100000"),
     ];
-    let holder = spawn(&["alloc:700Mi", "sleep:1200"], &e);
-    settle();
+    let holder = Holder::start(&["alloc:700Mi"], &e);
     let run = client(&["alloc:500Mi", "alloc:300Mi"], &e);
     let ledger = format!("{cache}.cudabudget");
     assert!(std::path::Path::new(&ledger).exists(), "beside the cache");
-    finish(holder);
+    holder.finish();
     assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
     assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
     assert!(
@@ -200,10 +196,9 @@ fn each_members_context_counts_against_the_jobs_budget() {
     let mut e = envs(&dir, "job:ctx", "1Gi");
     e.push(("FAKE_NVML_ABSENT", "1"));
     e.push(("CUDABUDGET_CONTEXT_MEMORY", "300Mi"));
-    let holder = spawn(&["info", "sleep:2000"], &e);
-    settle();
+    let holder = Holder::start(&["info"], &e);
     let view = client(&["info", "alloc:425Mi"], &e);
-    finish(holder);
+    holder.finish();
     assert_eq!(view.num("info", 0, "free"), GI - 600 * MI, "{view:?}");
     assert_eq!(view.rc("alloc", 0), 2, "{view:?}");
 }
@@ -213,10 +208,9 @@ fn a_member_whose_limit_differs_uses_the_jobs_budget_and_says_so_in_one_line() {
     // The first member's variables set the job's budget; a later member started with
     // another value is held to the job's, and told.
     let dir = job_dir("disagree");
-    let holder = spawn(&["alloc:100Mi", "sleep:1500"], &envs(&dir, "job:d", "1Gi"));
-    settle();
+    let holder = Holder::start(&["alloc:100Mi"], &envs(&dir, "job:d", "1Gi"));
     let other = client(&["info", "alloc:1200Mi"], &envs(&dir, "job:d", "4Gi"));
-    finish(holder);
+    holder.finish();
     assert_eq!(other.num("info", 0, "total"), GI, "{other:?}");
     assert_eq!(
         other.rc("alloc", 0),

@@ -8,8 +8,8 @@ use super::*;
 fn a_waiting_allocation_goes_through_when_a_peer_frees_and_times_out_otherwise() {
     let dir = job_dir("wait");
     let e = envs(&dir, "job:w", "1Gi");
-    let holder = spawn(&["alloc:700Mi", "sleep:700", "free:0", "sleep:1500"], &e);
-    settle();
+    let mut holder = spawn(&["alloc:700Mi", "sleep:700", "free:0", "sleep:1500"], &e);
+    util::wait_for_line(&mut holder, "alloc");
     let mut waiting = e.clone();
     waiting.push(("CUDABUDGET_ON_EXCEED", "wait:5s"));
     let t = Instant::now();
@@ -20,14 +20,13 @@ fn a_waiting_allocation_goes_through_when_a_peer_frees_and_times_out_otherwise()
     assert!(waited >= Duration::from_millis(250), "{waited:?}");
     assert!(waited < Duration::from_secs(3), "{waited:?}");
 
-    let holder = spawn(&["alloc:700Mi", "sleep:2000"], &e);
-    settle();
+    let holder = Holder::start(&["alloc:700Mi"], &e);
     let mut short = e.clone();
     short.push(("CUDABUDGET_ON_EXCEED", "wait:300ms"));
     let t = Instant::now();
     let run = client(&["alloc:700Mi"], &short);
     let waited = t.elapsed();
-    finish(holder);
+    holder.finish();
     assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
     assert!(waited >= Duration::from_millis(300), "{waited:?}");
 }
@@ -168,7 +167,7 @@ fn a_waiting_allocation_goes_through_soon_after_its_holder_is_killed() {
     let dir = job_dir("killwait");
     let e = envs(&dir, "job:kw", "1Gi");
     let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
-    settle();
+    util::wait_for_line(&mut holder, "alloc");
     let mut waiting = e.clone();
     waiting.push(("CUDABUDGET_ON_EXCEED", "wait:20s"));
     let t = Instant::now();
