@@ -431,6 +431,17 @@ fn every_switch_turned_still_renders_objects_that_validate() {
         node["runtimeDir"].as_str()
     );
     assert_eq!(option_of(&args, "--job-dir"), node["jobDir"].as_str());
+    // webhook.maxLimit: a cap per namespace, "*" for the others.
+    let caps: Vec<(&str, &str)> = args
+        .windows(2)
+        .filter(|w| w[0].starts_with("--max-limit"))
+        .map(|w| (w[0], w[1]))
+        .collect();
+    assert_eq!(
+        caps,
+        [("--max-limit-default", "80Gi"), ("--max-limit", "ml=40Gi")],
+        "{args:?}"
+    );
     // Its own Secret and CA: none made.
     assert!(!kinds(&objects).iter().any(|k| k.starts_with("Secret/")));
     assert_eq!(
@@ -800,6 +811,10 @@ fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_t
         Some("/run/cudabudget/records")
     );
     assert_eq!(option_of(&args, "--job-dir"), Some("/run/cudabudget/jobs"));
+    assert!(
+        !args.iter().any(|a| a.starts_with("--max-limit")),
+        "no cap by default: {args:?}"
+    );
     let configuration = find(
         &objects,
         "MutatingWebhookConfiguration/cb-cudabudget-webhook",
@@ -907,6 +922,8 @@ fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_t
         "/run/cudabudget/records",
         "/opt/cudabudget/libcudabudget.so",
         "CUDABUDGET_RUNTIME_DIR",
+        // The pod's own directory of the installer's runtime directory.
+        "\"subPathExpr\":\"pods/$(CUDABUDGET_POD_UID)\"",
     ] {
         assert!(patch.contains(wanted), "{wanted} not in {patch}");
     }
@@ -1039,6 +1056,29 @@ fn the_installer_writes_each_version_whole_and_switches_current_by_rename() {
             "{dir}: sticky and writable by every user, as /dev/shm"
         );
     }
+    // The webhook mounts a pod's own runtime/pods/<pod uid> and its namespace's
+    // jobs/namespaces/<namespace>: their parents are the installer's alone.
+    let me = std::fs::metadata(&root).unwrap().uid();
+    for dir in ["runtime/pods", "jobs/namespaces"] {
+        let meta = std::fs::symlink_metadata(root.join("node").join(dir)).unwrap();
+        assert!(meta.is_dir(), "{dir}");
+        assert_eq!(meta.uid(), me, "{dir}");
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o755, "{dir}");
+    }
+
+    // A link planted at one of them (the runtime directory is writable by every user)
+    // is refused, not followed.
+    let pods = root.join("node/runtime/pods");
+    std::fs::remove_dir(&pods).unwrap();
+    std::os::unix::fs::symlink(root.join("image"), &pods).unwrap();
+    let out = run_installer(&first, &root);
+    assert!(!out.status.success(), "{}", text_of(&out));
+    assert!(
+        text_of(&out).contains("runtime/pods (on the node) is not a directory of root's"),
+        "{}",
+        text_of(&out)
+    );
+    std::fs::remove_file(&pods).unwrap();
 
     let out = run_installer(&script_for("0.2.0"), &root);
     assert!(out.status.success(), "{}", text_of(&out));
