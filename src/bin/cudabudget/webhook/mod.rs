@@ -74,17 +74,30 @@ const RELOAD_EVERY: Duration = Duration::from_secs(10);
 #[derive(Args)]
 pub struct WebhookArgs {
     /// Address and port to serve HTTPS on (port 0: any free port, printed at start).
-    #[arg(long, value_name = "ADDR:PORT")]
-    listen: String,
+    #[arg(long, value_name = "ADDR:PORT", required_unless_present = "review")]
+    listen: Option<String>,
 
     /// The serving certificate (PEM, the chain after it), e.g. a kubernetes.io/tls
     /// Secret's tls.crt.
-    #[arg(long = "tls-cert", value_name = "FILE")]
-    tls_cert: PathBuf,
+    #[arg(
+        long = "tls-cert",
+        value_name = "FILE",
+        required_unless_present = "review"
+    )]
+    tls_cert: Option<PathBuf>,
 
     /// The certificate's private key (PEM).
-    #[arg(long = "tls-key", value_name = "FILE")]
-    tls_key: PathBuf,
+    #[arg(
+        long = "tls-key",
+        value_name = "FILE",
+        required_unless_present = "review"
+    )]
+    tls_key: Option<PathBuf>,
+
+    /// Serve nothing: answer the AdmissionReview in FILE ('-': standard input) on
+    /// standard output, as /mutate would, and exit (what the webhook does to a pod).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["listen", "tls_cert", "tls_key"])]
+    review: Option<PathBuf>,
 
     /// The node's library directory (the installer's <libraryDir>/current), mounted
     /// read-only into budgeted containers.
@@ -213,16 +226,23 @@ pub fn webhook(args: WebhookArgs) -> Result<ExitCode, Refusal> {
         job_dir: directory("--job-dir", &args.job_dir)?,
         caps: caps(&args.max_limit, args.max_limit_default.as_deref())?,
     };
-    let certificate = Certificate::load(args.tls_cert, args.tls_key).map_err(usage)?;
-    let listener = std::net::TcpListener::bind(args.listen.as_str()).map_err(|e| {
+    if let Some(file) = &args.review {
+        return review_file(file, &places);
+    }
+    let (Some(listen), Some(cert), Some(key)) = (args.listen, args.tls_cert, args.tls_key) else {
+        return Err(usage(
+            "give --listen, --tls-cert and --tls-key (or --review FILE)",
+        ));
+    };
+    let certificate = Certificate::load(cert, key).map_err(usage)?;
+    let listener = std::net::TcpListener::bind(listen.as_str()).map_err(|e| {
         usage(format!(
-            "--listen {:?}: cannot listen there ({e}); give ADDR:PORT, e.g. 0.0.0.0:8443",
-            args.listen
+            "--listen {listen:?}: cannot listen there ({e}); give ADDR:PORT, e.g. 0.0.0.0:8443"
         ))
     })?;
     let address = listener
         .local_addr()
-        .map_or_else(|_| args.listen.clone(), |a| a.to_string());
+        .map_or_else(|_| listen.clone(), |a| a.to_string());
     say(format!("webhook listening on https://{address}/mutate"));
     let read_timeout = Duration::from_secs(args.read_timeout);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -235,6 +255,40 @@ pub fn webhook(args: WebhookArgs) -> Result<ExitCode, Refusal> {
     runtime
         .block_on(serve(listener, certificate, Arc::new(places), read_timeout))
         .map_err(|message| Refusal { message, status: 1 })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--review FILE`: the answer to the AdmissionReview in `file` on standard output.
+fn review_file(file: &Path, places: &Places) -> Result<ExitCode, Refusal> {
+    use std::io::{Read, Write};
+    let mut body = Vec::new();
+    let read = if file == Path::new("-") {
+        std::io::stdin()
+            .take(MAX_BODY as u64 + 1)
+            .read_to_end(&mut body)
+    } else {
+        std::fs::File::open(file).and_then(|f| f.take(MAX_BODY as u64 + 1).read_to_end(&mut body))
+    };
+    read.map_err(|e| usage(format!("--review {}: cannot read it ({e})", file.display())))?;
+    if body.len() > MAX_BODY {
+        return Err(usage(format!(
+            "--review {}: larger than {MAX_BODY} bytes",
+            file.display()
+        )));
+    }
+    let answer = review(&body, places).map_err(|why| {
+        usage(format!(
+            "--review {}: not an AdmissionReview v1 of a pod: {why}",
+            file.display()
+        ))
+    })?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&answer)
+        .and_then(|()| out.write_all(b"\n"))
+        .map_err(|e| Refusal {
+            message: format!("cannot write the answer ({e})"),
+            status: 1,
+        })?;
     Ok(ExitCode::SUCCESS)
 }
 
