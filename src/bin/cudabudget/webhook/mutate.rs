@@ -40,6 +40,7 @@ use serde_json::{Value, json};
 
 use crate::config;
 use crate::quantity::{self, Limit};
+use crate::records::{NAMESPACES, PODS};
 
 /// Every annotation the webhook reads starts so.
 pub const PREFIX: &str = "cudabudget.io/";
@@ -59,10 +60,6 @@ const JOB_VOLUME: &str = "cudabudget-jobs";
 /// The variable the downward API fills with the pod's UID: the runtime mount's
 /// `subPathExpr` names the pod's own directory with it.
 pub const POD_UID: &str = "CUDABUDGET_POD_UID";
-/// Under the node's runtime directory, one directory per pod (`pods/<pod uid>`).
-pub const PODS: &str = "pods";
-/// Under the node's job directory, one directory per namespace (`namespaces/<name>`).
-pub const NAMESPACES: &str = "namespaces";
 
 /// `CUDABUDGET_*` variables a budgeted container may set itself: they change what is
 /// said, not what is allowed.
