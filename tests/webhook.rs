@@ -1051,3 +1051,40 @@ fn a_pod_reaches_the_nodes_cudabudget_directories_only_through_the_webhooks_own_
     let review = host_path("/var/log");
     assert_eq!(webhook.review(&review)["allowed"], true);
 }
+
+#[test]
+fn review_answers_one_admission_review_on_standard_output_as_the_server_does() {
+    let webhook = Webhook::start("review-file");
+    let review = fixture("trainer.json");
+    let served = webhook.review(&review);
+    let mut child = Command::new(BIN)
+        .args(["webhook", "--review", "-"])
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&serde_json::to_vec(&review).unwrap())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["response"], served);
+    // Not a review: a usage error naming the option.
+    let output = Command::new(BIN)
+        .args(["webhook", "--review"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--review"));
+}

@@ -268,21 +268,26 @@ struct Running {
 }
 
 impl Running {
-    /// The inode of the PID namespace of the pod's process (unshare's child).
-    fn pid_namespace(&self) -> u64 {
+    /// The pod's process (unshare's child) as the node sees it: its pid there, and the
+    /// inode of its own PID namespace.
+    fn on_the_node(&self) -> (u32, u64) {
         let pid = self.child.id();
         let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
             .expect("unshare's children");
-        let inner = children
+        let outer: u32 = children
             .split_whitespace()
             .next()
-            .expect("the pod's process");
-        let link = std::fs::read_link(format!("/proc/{inner}/ns/pid")).unwrap();
+            .expect("the pod's process")
+            .parse()
+            .unwrap();
+        let link = std::fs::read_link(format!("/proc/{outer}/ns/pid")).unwrap();
         let link = link.to_string_lossy();
-        link.trim_start_matches("pid:[")
+        let namespace = link
+            .trim_start_matches("pid:[")
             .trim_end_matches(']')
             .parse()
-            .unwrap_or_else(|_| panic!("{link}"))
+            .unwrap_or_else(|_| panic!("{link}"));
+        (outer, namespace)
     }
 
     /// The next line of output starting with `op` (the client writes one line per op).
@@ -383,7 +388,7 @@ fn a_pod_cannot_change_another_pods_budget_and_root_on_the_node_sees_both_pods()
     // The request A's library reads is named by A's pid and PID namespace.
     let name = cudabudget_spec::control::file_name(
         u32::try_from(pid.as_u64().unwrap()).unwrap(),
-        trainer.pid_namespace(),
+        trainer.on_the_node().1,
     );
     let runtime = node.runtime.display();
     let out = b.shell(&format!(
@@ -414,6 +419,21 @@ fn a_pod_cannot_change_another_pods_budget_and_root_on_the_node_sees_both_pods()
         allocation.contains("rc=0"),
         "A's next allocation: {allocation}"
     );
+
+    // Root on the node names A's process by its pid there (another than in the pod).
+    let outer = trainer.on_the_node().0.to_string();
+    let out = on_the_node(&node, &["limit", "--pid", &outer, "2Gi"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("budget 2.00 GiB"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let now = shown_on_the_node(&node, &[&a], |p| {
+        p["devices"][0]["limit_bytes"] == 2u64 << 30
+    });
+    assert_eq!(now[0]["namespace"], "team-a", "{now:#?}");
 }
 
 #[test]
