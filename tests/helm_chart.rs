@@ -721,6 +721,9 @@ fn values_that_would_put_files_in_the_wrong_place_or_are_misspelt_are_refused() 
             ("image.repository=", "image.repository"),
             ("webhook.failurePolicy=fail", "webhook.failurePolicy"),
             ("webhook.replicas=-1", "webhook.replicas"),
+            // A cap is a size, per namespace name (or "*").
+            ("webhook.maxLimit.ml=40%", "maxLimit"),
+            ("webhook.maxLimit.ML_team=40Gi", "ML_team"),
             // values.schema.json: a key the chart does not know is an error, not ignored.
             ("exporter.hamiName=true", "hamiName"),
             ("serviceMonitor.honorLabel=true", "honorLabel"),
