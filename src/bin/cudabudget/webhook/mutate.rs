@@ -328,8 +328,9 @@ fn no_host_path_over_ours(existing: Option<&[Volume]>, places: &Places) -> Resul
         }
         if let Some((dir, what)) = guarded.iter().find(|(dir, _)| overlaps(&path, dir)) {
             return Err(format!(
-                "volume {:?} is the node's {}, which is or holds the node's cudabudget \
-                 {what} {dir}: a pod reaches it only through the webhook's own mounts",
+                "volume {:?} is the node's {}, which is, holds or lies inside the node's \
+                 cudabudget {what} {dir}: a pod reaches it only through the webhook's own \
+                 mounts",
                 volume.name, host.path
             ));
         }
