@@ -59,7 +59,7 @@ const JOB_VOLUME: &str = "cudabudget-jobs";
 
 /// The variable the downward API fills with the pod's UID: the runtime mount's
 /// `subPathExpr` names the pod's own directory with it.
-pub const POD_UID: &str = "CUDABUDGET_POD_UID";
+const POD_UID: &str = config::POD_UID;
 
 /// `CUDABUDGET_*` variables a budgeted container may set itself: they change what is
 /// said, not what is allowed.
