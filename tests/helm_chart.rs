@@ -8,8 +8,9 @@
 //! objects; a real Prometheus scrapes an exporter-shaped page as the chart's
 //! ServiceMonitor has it scraped, and keeps the workloads' labels; the installer's script
 //! runs against a directory laid out like a node's; and, as root (CI), a budgeted
-//! process of another user in its own PID namespace (a pod) is seen by `cudabudget
-//! status` run as the chart runs the exporter (root with DAC_OVERRIDE only).
+//! process of another user in its own PID and mount namespaces (a pod, in its own
+//! directory) is seen by `cudabudget status` run as the chart runs the exporter (root
+//! with DAC_OVERRIDE only).
 //!
 //! The tools come from package registries (see `tests/helm_chart/install_tools.sh`):
 //! `helm` ($CB_HELM, else on PATH), `helm3` ($CB_HELM3, optional), `kubernetes-validate`
@@ -1372,10 +1373,10 @@ fn status_as_the_exporter(cli: &Path, env: &[(String, String)], capabilities: &s
 }
 
 /// The node as the chart lays it out: the runtime directory root's and 1777 as the
-/// installer leaves it; a workload of an unprivileged user in its own PID namespace (a
-/// pod) publishes there; `cudabudget status` run as the exporter container runs
-/// (root, every capability dropped but DAC_OVERRIDE, the DaemonSet's environment) shows
-/// the process with its pod's labels. Without DAC_OVERRIDE it cannot read the user's
+/// installer leaves it; a workload of an unprivileged user in its own PID and mount
+/// namespaces (a pod) publishes in its pod's own directory there; `cudabudget status`
+/// run as the exporter container runs (root, every capability dropped but DAC_OVERRIDE,
+/// the DaemonSet's environment) shows the process with its pod's labels. Without DAC_OVERRIDE it cannot read the user's
 /// directory: the capability the chart adds is the one it needs.
 #[test]
 fn the_exporter_as_the_chart_runs_it_sees_a_pods_budgeted_process() {
@@ -1422,13 +1423,31 @@ fn the_exporter_as_the_chart_runs_it_sees_a_pods_budgeted_process() {
     let fake = t.share_dir(Path::new(util::fake_dir()));
     let cli = t.share(Path::new(util::cli::BIN));
     let alice = &t.alice;
+    // The pod's own directory as the installer and the kubelet make it (pods/ root's
+    // 0755, pods/<pod uid> with the runtime directory's mode), mounted over the runtime
+    // directory's path in the pod as the webhook's subPathExpr mount is.
+    let own = runtime.join("pods/0b1c2d3e-pod");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::set_permissions(runtime.join("pods"), PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&own, PermissionsExt::from_mode(0o1777)).unwrap();
+    let mount = format!(
+        "mount --bind '{}' '{}' && exec \"$@\"",
+        own.display(),
+        runtime.display()
+    );
     let mut pod = Command::new("unshare");
     pod.args([
         "--pid",
         "--fork",
         "--kill-child",
         "--mount-proc",
+        "--propagation",
+        "private",
         "--",
+        "sh",
+        "-c",
+        &mount,
+        "sh",
         "setpriv",
     ])
     .arg(format!("--reuid={}", alice.uid))
