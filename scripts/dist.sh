@@ -174,7 +174,10 @@ verdict() {  # verdict NAME DETAIL COMMAND...: PASS when COMMAND succeeds
 
 if [[ $WHEEL == 1 && " ${BUILT[*]} " == *" x86_64 "* && $(uname -m) == x86_64 ]]; then
   say "the x86_64 wheel in a fresh virtual environment"
-  VCHECK=$(mktemp -d)
+  # Not under /tmp: `cudabudget run` preloads nothing from a directory other users may
+  # write (sticky or not), and the wheel's CLI finds its library beside it in the venv.
+  mkdir -p "$ROOT/target"
+  VCHECK=$(mktemp -d "$ROOT/target/dist-check.XXXXXX")
   trap 'rm -rf "$FAKE" "$VCHECK"' EXIT
   "$PYTHON" -m venv "$VCHECK/venv"
   "$VCHECK/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \

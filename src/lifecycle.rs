@@ -184,16 +184,20 @@ fn decide() -> Result<Mode, ConfigError> {
                 unsafe { libc::atexit(leave_job) };
             }
             Joined::Alone { in_the_way } => {
+                // Alone, each member would have the job's whole budget: never.
                 if say() {
                     crate::sys::log::line(
-                        LogLevel::Warn,
+                        LogLevel::Error,
                         format_args!(
-                            "{}; {what} has no place for its ledger, so this process runs \
-                             under its own budget alone",
+                            "{}; {what} has no place for its ledger; CUDA is disabled for \
+                             this process (a job's budget is never replaced by a \
+                             per-process one; set CUDABUDGET_JOB_DIR to a directory only \
+                             you or root can write)",
                             in_the_way.join("; ")
                         ),
                     );
                 }
+                return Ok(Mode::Refused);
             }
             Joined::Refused { path, why } => {
                 if say() {

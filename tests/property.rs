@@ -1,12 +1,13 @@
 //! The budget as a property: for any sequence of driver calls a process makes — valid or
-//! not, from several threads, with captures, graphs, VMM, pools, contexts, forks, two
-//! devices (graph objects, which CUDA says are not thread-safe, from one thread) — the
-//! device memory the process physically holds (the fake driver's own
-//! counter: its peak over the whole sequence and its use sampled after every op) never
-//! exceeds the budget, no call crashes or hangs the process, and once the process has
-//! freed everything the library's books read zero (`cuMemGetInfo_v2`: free == budget).
-//! A second check, on single-threaded programs far below the budget: every call that
-//! succeeds without the library still succeeds with it.
+//! not, from several threads, with captures, graphs, VMM, pools, contexts, limits (the
+//! device heap and the printf FIFO, set from any thread), forks, two devices (graph
+//! objects, which CUDA says are not thread-safe, from one thread) — the device memory
+//! the process physically holds (the fake driver's own counter: its peak over the whole
+//! sequence and its use sampled after every op) never exceeds the budget, no call
+//! crashes or hangs the process, and once the process has freed everything the
+//! library's books read zero (`cuMemGetInfo_v2`: free == budget). A second check, on
+//! single-threaded programs far below the budget: every call that succeeds without the
+//! library still succeeds with it.
 //!
 //! Programs come from a u64 seed (splitmix64); `tests/fake_driver/prop_client.c` runs them
 //! (format in `tests/fake_driver/README.md`). Environment:
@@ -279,6 +280,7 @@ const TEARDOWN_OPS: &[&str] = &["ctxdestroy", "reset", "release"];
 /// Op families, for `PROPTEST_ONLY`.
 const FAMILIES: &[&str] = &[
     "sync", "async", "pool", "vmm", "array", "ctx", "stream", "capture", "graph", "fork", "misc",
+    "limit",
 ];
 
 struct Gen<'a> {
@@ -419,6 +421,7 @@ impl Gen<'_> {
             ("graph", 1, "graphattr"),
             ("fork", 2, "fork"),
             ("misc", 1, "yield"),
+            ("limit", 3, "setlimit"),
         ];
         let weights: Vec<u64> = OPS
             .iter()
@@ -581,6 +584,26 @@ impl Gen<'_> {
             }
             "execdestroy" => format!("execdestroy {}", self.rng.below(NE)),
             "graphdestroy" => format!("graphdestroy {}", self.rng.below(NG)),
+            "setlimit" => {
+                // The device heap mostly, else the printf FIFO: neither holds memory
+                // before a kernel's launch (none here), so what they are charged is in
+                // the books alone, and the executor sets both back at the cleanup.
+                let l = if self.rng.pct(80) { 2 } else { 1 };
+                let v = if self.small {
+                    *self.rng.pick(&[0, MIB, 8 * MIB, 16 * MIB])
+                } else {
+                    let b = self.budget();
+                    match self.rng.below(6) {
+                        0 => 8 * MIB,
+                        1 => MIB,
+                        2 => self.rng.range(1, 64) * 2 * MIB,
+                        3 => b / 2,
+                        4 => b + 2 * MIB,
+                        _ => 8_650_752,
+                    }
+                };
+                format!("setlimit {l} {v}")
+            }
             "graphattr" => {
                 let (d, a) = (self.dev(), self.rng.below(5));
                 format!("graphattr {d} {a}")
@@ -1079,7 +1102,9 @@ struct Failure {
 /// - a context torn down while stream-ordered or graph memory survives it (charged with
 ///   the next context, reconciled within a second);
 /// - a double free in a program of several threads (it may race with another thread's
-///   allocation that got the same address back).
+///   allocation that got the same address back);
+/// - a limit set while a capture is on (passed through uncharged: the next change is
+///   charged from the value it left; README "Limits").
 ///
 /// For every other program the books must read exactly zero. Before the program has
 /// run (`seen` is `None`) this says whether it may end so; after, whether it did, on the
@@ -1110,6 +1135,9 @@ fn over_count_reason(prog: &Program, seen: Option<(&Outcome, usize)>) -> Option<
     }
     if threads && seen.is_some_and(|(o, _)| o.stale_free) {
         return Some("racing double free (stale pointer)");
+    }
+    if has("setlimit") && has("capture") {
+        return Some("limit set during a capture");
     }
     None
 }

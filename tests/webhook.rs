@@ -5,13 +5,17 @@
 //! it was sent, and the result must be exactly the expected pod.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+#[path = "util/servers.rs"]
+mod servers;
+use servers::{connect_from, idle_connections, run_briefly};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cudabudget");
 
@@ -65,8 +69,8 @@ impl Webhook {
         Webhook::start_with(test, &[])
     }
 
-    /// The subcommand with `options` besides the listener and the certificate.
-    fn start_with(test: &str, options: &[&str]) -> Webhook {
+    /// The subcommand with `extra` options.
+    fn start_with(test: &str, extra: &[&str]) -> Webhook {
         let dir = scratch(test);
         let ca = self_signed(&dir);
         let mut child = Command::new(BIN)
@@ -74,7 +78,7 @@ impl Webhook {
             .arg(dir.join("cert.pem"))
             .arg("--tls-key")
             .arg(dir.join("key.pem"))
-            .args(options)
+            .args(extra)
             .env_remove("LD_PRELOAD")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -120,6 +124,11 @@ impl Webhook {
     /// A TLS client trusting only the webhook's certificate, as the API server trusts its
     /// caBundle, and its connection.
     fn connect(&self) -> (rustls::ClientConnection, TcpStream) {
+        self.connect_from(Ipv4Addr::LOCALHOST)
+    }
+
+    /// [`Webhook::connect`] from the client at `source`.
+    fn connect_from(&self, source: Ipv4Addr) -> (rustls::ClientConnection, TcpStream) {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, ServerName};
         let mut roots = rustls::RootCertStore::empty();
@@ -138,14 +147,25 @@ impl Webhook {
             ServerName::try_from("localhost").unwrap(),
         )
         .unwrap();
-        let tcp = TcpStream::connect(&self.address).unwrap();
+        let tcp = connect_from(source, &self.address).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         (connection, tcp)
     }
 
     /// (status code, head, body) of a request over TLS.
     fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
-        let (connection, tcp) = self.connect();
+        self.request_from(Ipv4Addr::LOCALHOST, method, path, body)
+    }
+
+    /// [`Webhook::request`] from the client at `source`.
+    fn request_from(
+        &self,
+        source: Ipv4Addr,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, String, Vec<u8>) {
+        let (connection, tcp) = self.connect_from(source);
         let mut stream = rustls::StreamOwned::new(connection, tcp);
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
@@ -1087,4 +1107,67 @@ fn review_answers_one_admission_review_on_standard_output_as_the_server_does() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--review"));
+}
+
+#[test]
+fn one_client_holding_idle_connections_cannot_keep_the_api_server_or_the_probes_out() {
+    const FLOODER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+    const OTHER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
+    let webhook = Webhook::start_with(
+        "flood",
+        &[
+            "--max-connections",
+            "16",
+            "--max-connections-per-client",
+            "4",
+            "--read-timeout",
+            "600",
+        ],
+    );
+    // More idle connections than the whole cap, from one client.
+    let (_held, open) = idle_connections(FLOODER, &webhook.address, 40);
+    assert_eq!(open, 4, "connections of one client held open");
+
+    let (code, _, body) = webhook.request_from(OTHER, "GET", "/healthz", b"");
+    assert_eq!((code, body.as_slice()), (200, &b"ok\n"[..]));
+    let review = serde_json::to_vec(&fixture("untouched.json")).unwrap();
+    let (code, _, body) = webhook.request_from(OTHER, "POST", "/mutate", &review);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+}
+
+/// The exit status and stderr of `cudabudget args`, killed if still running after 10 s
+
+#[test]
+fn a_certificate_or_key_that_is_not_a_regular_file_refuses_the_start_naming_it() {
+    let dir = scratch("not-regular");
+    self_signed(&dir);
+    let fifo = dir.join("fifo");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    let zero = Path::new("/dev/zero");
+    for (cert, key, named) in [
+        (
+            zero,
+            key.as_path(),
+            "--tls-cert /dev/zero: not a regular file",
+        ),
+        (fifo.as_path(), key.as_path(), "--tls-cert"),
+        (cert.as_path(), fifo.as_path(), "--tls-key"),
+    ] {
+        let (status, text) = run_briefly(Command::new(BIN).args([
+            "webhook".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--tls-cert".as_ref(),
+            cert.as_os_str(),
+            "--tls-key".as_ref(),
+            key.as_os_str(),
+        ]));
+        assert_eq!(status, Some(2), "{text}");
+        assert!(text.contains(named), "{named} not in {text}");
+        assert!(text.contains("not a regular file"), "{text}");
+    }
 }

@@ -25,7 +25,7 @@ ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform ja
 ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
 ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
 ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml job_gpu"
-ALL_CASES+=" load_neighbour job_tenants live_limit"
+ALL_CASES+=" load_neighbour compressed_fatbin job_tenants live_limit"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) ONLY="$2"; shift 2 ;;
@@ -459,12 +459,17 @@ EOS
   fi
 fi
 # A case of its own that prints PASS/FAIL/SKIP lines and a "NAME: ..." summary line:
-# py_case NAME WHAT TIMEOUT_S SCRIPT ARGS...
+# own_case NAME WHAT TIMEOUT_S CMD ARGS...; py_case NAME WHAT TIMEOUT_S SCRIPT ARGS...
 py_case() {
   local name=$1 what=$2 limit=$3
   shift 3
+  own_case "$name" "$what" "$limit" "$PY" "$@"
+}
+own_case() {
+  local name=$1 what=$2 limit=$3
+  shift 3
   echo "-- $name $what ..."
-  timeout -k 10 "$limit" "$PY" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+  timeout -k 10 "$limit" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
   local rc=$?
   tee -a "$LOG" <"$WORK/$name.out"
   grep -E '^(PASS|FAIL|SKIP) ' "$WORK/$name.out" >>"$RESULTS"
@@ -489,6 +494,13 @@ fi
 # allocates and frees 1 GiB (scripts/gpu/cases/load_neighbour.py prints PASS/FAIL lines).
 if selected load_neighbour; then
   py_case load_neighbour "(tenant under 2 GiB loading 3 GiB of globals beside a 1 GiB neighbour)" 300 "$C/load_neighbour.py" --lib "$LIB" --seconds 5
+fi
+# A module with 1.5 GiB of globals in a compressed fatbinary (nvcc -Xfatbin=-compress-all, and
+# --compress-mode=size/speed), 20 loads under 1 GiB, an outside NVML sampler watching the card
+# (scripts/gpu/compressed_fatbin.sh prints PASS/FAIL lines).
+if selected compressed_fatbin; then
+  own_case compressed_fatbin "(1.5 GiB of globals in compressed fatbinaries, 20 loads under 1 GiB, NVML watching)" 300 \
+    bash "$HERE/compressed_fatbin.sh" --lib "$LIB" --python "$PY"
 fi
 # A job's members beside one SIGSTOPped and one SIGKILLed at any point of its calls
 # (scripts/gpu/cases/job_tenants.py prints PASS/FAIL lines and a summary line).

@@ -1,16 +1,19 @@
 //! What a module image says it places on the device, read before the driver loads it:
 //! a cubin's (ELF64) global, constant and code sections; from a fatbinary, the entry the
 //! driver would choose for the device (the cubin of the device's architecture, else the
-//! best lower one of the same major, else the newest PTX it can JIT); PTX's declared
-//! `.global` and `.const` variables.
+//! best lower one of the same major, else the newest PTX it can JIT), expanded first where
+//! it is compressed (LZ4 or Zstandard, as nvcc writes them); PTX's declared `.global` and
+//! `.const` variables.
 //!
 //! Every image is untrusted input: all of it is read through [`Source`] (bounds-checked
 //! copies, never a pointer past what was read), arithmetic saturates, sizes of tables are
-//! bounded, and nothing here panics. Pure: no driver, no I/O of its own.
+//! bounded, a compressed entry is expanded to no more than it says and [`MAX_UNPACKED`],
+//! and nothing here panics (the decoders run under `catch_unwind` all the same). Pure: no
+//! driver, no I/O of its own.
 //!
-//! What it cannot say, it says so ([`Unknown`]): a compressed fatbinary entry (its
-//! sections are inside the compressed bytes), a format other than these three, an image
-//! with no entry for the device, a malformed one.
+//! What it cannot say, it says so ([`Unknown`]): a compressed fatbinary entry that does not
+//! expand here, a format other than these three, an image with no entry for the device, a
+//! malformed one.
 
 /// Bytes an image is read from: copies `buf.len()` bytes at `at`, or says they are not
 /// all there.
@@ -89,8 +92,12 @@ pub struct Placed {
 pub enum Unknown {
     /// Not a cubin, a fatbinary or PTX text.
     Format,
-    /// The entry the driver would load is compressed.
+    /// The entry the driver would load is compressed and does not expand here: a codec
+    /// not known here, bytes that do not decode, or more than [`MAX_UNPACKED`].
     Compressed,
+    /// The entry the driver would load is compressed, and was not expanded: asked of
+    /// [`footprint_unexpanded`].
+    Unexpanded,
     /// A fatbinary with nothing for this device (the driver will refuse it).
     NoEntry,
     /// Headers that point outside the image, or tables past the bounds kept here.
@@ -117,9 +124,23 @@ const MAX_SECTION_TABLE: u64 = 1 << 24;
 const MAX_NAMES: u64 = 1 << 24;
 const MAX_ENTRIES: usize = 4096;
 const MAX_PTX: u64 = 1 << 28;
+/// The most a compressed fatbinary entry is expanded to (and read of its compressed
+/// bytes): as much PTX as is read uncompressed; a cubin for one architecture is far
+/// smaller (sizes of NOBITS globals are numbers in it, not bytes).
+pub const MAX_UNPACKED: u64 = MAX_PTX;
 
 /// The device memory `image` says its load takes on a device of `arch`.
 pub fn footprint(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
+    footprint_in(image, arch, true)
+}
+
+/// As [`footprint`], without expanding a compressed entry (the costly part, for an image
+/// that may never be used): [`Unknown::Unexpanded`] instead.
+pub fn footprint_unexpanded(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
+    footprint_in(image, arch, false)
+}
+
+fn footprint_in(image: &(impl Source + ?Sized), arch: Arch, expand: bool) -> Footprint {
     let mut magic = [0u8; 4];
     if !image.read(0, &mut magic) {
         // Shorter than four bytes: PTX text at most ("" is not a module).
@@ -129,7 +150,7 @@ pub fn footprint(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
         return cubin(image);
     }
     match u32::from_le_bytes(magic) {
-        FATBIN_MAGIC => fatbin(image, arch),
+        FATBIN_MAGIC => fatbin(image, arch, expand),
         WRAPPER_MAGIC => Footprint::Unknown(Unknown::Format),
         _ => ptx_or_unknown(image),
     }
@@ -242,19 +263,58 @@ fn cubin_sections(image: &(impl Source + ?Sized)) -> Option<Placed> {
 struct Entry {
     kind: u16,
     arch: u32,
-    compressed: bool,
-    /// Where its payload starts, and its length.
+    /// How its payload is stored.
+    packing: Packing,
+    /// Where its payload starts, and its length (padded to 8 bytes where compressed).
     at: u64,
     len: u64,
+    /// A compressed payload's own length, and the length it expands to.
+    packed: u64,
+    unpacked: u64,
 }
 
 const KIND_PTX: u16 = 1;
 const KIND_ELF: u16 = 2;
-/// Compressed payloads: LZ4 (older toolkits) and Zstandard (CUDA 12.8 on).
-const FLAG_COMPRESSED: u64 = 0x2000 | 0x8000;
 
-/// A fatbinary: the entry the driver would choose for `arch`, sized.
-fn fatbin(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
+/// How an entry's payload is stored, from its flags (the word at 40 of its header).
+///
+/// The format, which NVIDIA does not document: the entry header's fields (the payload's
+/// length padded to 8 bytes at 8, its compressed length at 16, the flags at 40, the
+/// expanded length at 56) are those that ZLUDA (vosen/ZLUDA, `dark_api/src/fatbin.rs` and
+/// `FatbinFileHeader`), n-eiling/cuda-fatbin-decompression, jiegec/fatbinary and
+/// GrigoryEvko/nvopen-tools (`fatbin/FORMAT_SPECIFICATION.md`, from cuobjdump 11–13) read;
+/// `0x2000` marks a raw LZ4 block (what `-Xfatbin=-compress-all` wrote before CUDA 12.8,
+/// and `--compress-mode=speed` writes) and `0x8000` one Zstandard frame (CUDA 12.8 on:
+/// the default mode, `size`, and cubins under `-compress-all`), as ZLUDA decodes them
+/// (`LZ4_decompress_safe`, `ZSTD_decompress`) and a public test of libnvfatbin 13.0 saw
+/// them written. What `--compress-mode=balance` writes was not confirmed: either of the
+/// two is read; a flag of another codec is not, and such an entry is measured at its load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Packing {
+    Stored,
+    Lz4,
+    Zstd,
+    /// Both flags: nothing nvcc writes.
+    Unknown,
+}
+
+const FLAG_LZ4: u64 = 0x2000;
+const FLAG_ZSTD: u64 = 0x8000;
+
+impl Packing {
+    fn of(flags: u64) -> Packing {
+        match (flags & FLAG_LZ4 != 0, flags & FLAG_ZSTD != 0) {
+            (false, false) => Packing::Stored,
+            (true, false) => Packing::Lz4,
+            (false, true) => Packing::Zstd,
+            (true, true) => Packing::Unknown,
+        }
+    }
+}
+
+/// A fatbinary: the entry the driver would choose for `arch`, sized (`expand`: expanded
+/// first where it is compressed).
+fn fatbin(image: &(impl Source + ?Sized), arch: Arch, expand: bool) -> Footprint {
     let Some(entries) = fatbin_entries(image) else {
         return MALFORMED;
     };
@@ -276,25 +336,93 @@ fn fatbin(image: &(impl Source + ?Sized), arch: Arch) -> Footprint {
     let Some(chosen) = exact.or_else(lower).or_else(jit) else {
         return Footprint::Unknown(Unknown::NoEntry);
     };
-    if chosen.compressed {
-        return Footprint::Unknown(Unknown::Compressed);
+    if chosen.packing != Packing::Stored && !expand {
+        return Footprint::Unknown(Unknown::Unexpanded);
+    }
+    if chosen.packing != Packing::Stored {
+        return match unpack(image, chosen) {
+            Some(payload) => entry_footprint(&payload[..], chosen.kind),
+            None => Footprint::Unknown(Unknown::Compressed),
+        };
     }
     let payload = Window {
         src: image,
         base: chosen.at,
         len: chosen.len,
     };
-    if chosen.kind == KIND_ELF {
-        cubin(&payload)
+    entry_footprint(&payload, chosen.kind)
+}
+
+fn entry_footprint(payload: &(impl Source + ?Sized), kind: u16) -> Footprint {
+    if kind == KIND_ELF {
+        cubin(payload)
     } else {
-        ptx(&payload).map_or(MALFORMED, ptx_placed)
+        ptx(payload).map_or(MALFORMED, ptx_placed)
     }
+}
+
+/// A compressed entry's payload, expanded: `None` when it does not expand to exactly what
+/// its header says, or that is more than [`MAX_UNPACKED`]. The compressed bytes are read
+/// whole (bounded as well); nothing is allocated for the expanded bytes beyond what the
+/// header says, and for LZ4 beyond what its compressed length can expand to.
+fn unpack(image: &(impl Source + ?Sized), entry: &Entry) -> Option<Vec<u8>> {
+    // The compressed length, within the padded one; 0 where a writer left it out.
+    let packed = if entry.packed == 0 || entry.packed > entry.len {
+        entry.len
+    } else {
+        entry.packed
+    };
+    if entry.unpacked == 0 || entry.unpacked > MAX_UNPACKED {
+        return None;
+    }
+    let bytes = read_vec(image, entry.at, packed, MAX_UNPACKED)?;
+    let unpacked = usize::try_from(entry.unpacked).ok()?;
+    let packing = entry.packing;
+    // The decoders return errors for bad input; a panic in one of them must not end the
+    // load (here, the hook's guard would make it CUDA_ERROR_UNKNOWN): it cannot say.
+    std::panic::catch_unwind(move || match packing {
+        Packing::Lz4 => unlz4(&bytes, unpacked),
+        Packing::Zstd => unzstd(&bytes, unpacked),
+        Packing::Stored | Packing::Unknown => None,
+    })
+    .ok()
+    .flatten()
+}
+
+/// One raw LZ4 block (no frame, no size prefix), expanding to `unpacked` bytes.
+fn unlz4(packed: &[u8], unpacked: usize) -> Option<Vec<u8>> {
+    // An LZ4 byte expands to 255 at most (a match length's continuation byte): a header
+    // saying more than that is not believed.
+    if unpacked > packed.len().saturating_mul(255) {
+        return None;
+    }
+    let mut out = vec![0u8; unpacked];
+    let n = lz4_flex::block::decompress_into(packed, &mut out).ok()?;
+    (n == unpacked).then_some(out)
+}
+
+/// One Zstandard frame, expanding to `unpacked` bytes: the output grows with what decodes,
+/// and the frame's window (the decoder's own buffer, reserved at the frame's start) may
+/// not exceed the expanded size rounded up to a power of two (zstd's window for an input
+/// of known size) or 8 MiB (its window up to level 19 for one of unknown size), whichever
+/// is larger.
+fn unzstd(packed: &[u8], unpacked: usize) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let window = (unpacked.max(8 << 20) as u64).checked_next_power_of_two()?;
+    let mut decoder =
+        ruzstd::decoding::StreamingDecoder::new_with_max_window_size(packed, window).ok()?;
+    let mut out = Vec::new();
+    (&mut decoder)
+        .take(unpacked as u64 + 1)
+        .read_to_end(&mut out)
+        .ok()?;
+    (out.len() == unpacked).then_some(out)
 }
 
 /// The entries of the fatbinary at the start of `image`: its 16-byte header (magic,
 /// version, header size, size of what follows), then entries, each a header (kind,
-/// its own size, the payload's size, …, the architecture at 28, flags at 40) and its
-/// payload.
+/// its own size, the payload's size padded, …, the compressed size at 16, the
+/// architecture at 28, flags at 40, the expanded size at 56) and its payload.
 fn fatbin_entries(image: &(impl Source + ?Sized)) -> Option<Vec<Entry>> {
     let header_size = u64::from(read_u16(image, 6)?);
     let size = read_u64(image, 8)?;
@@ -319,9 +447,11 @@ fn fatbin_entries(image: &(impl Source + ?Sized)) -> Option<Vec<Entry>> {
         entries.push(Entry {
             kind: u16_at(&head, 0),
             arch: u32_at(&head, 28),
-            compressed: u64_at(&head, 40) & FLAG_COMPRESSED != 0,
+            packing: Packing::of(u64_at(&head, 40)),
             at: payload,
             len,
+            packed: u64::from(u32_at(&head, 16)),
+            unpacked: u64_at(&head, 56),
         });
         at = next;
     }
@@ -621,20 +751,59 @@ mod tests {
         elf
     }
 
-    fn fatbin_with(entries: &[(u16, u32, u64, &[u8])]) -> Vec<u8> {
-        let mut body = Vec::new();
-        for (kind, arch, flags, payload) in entries {
-            // nvcc 13 gives PTX entries an 80-byte header, cubins 64 bytes.
-            let mut head = vec![0u8; if *kind == KIND_PTX { 80 } else { 64 }];
-            head[0..2].copy_from_slice(&kind.to_le_bytes());
-            let head_size = head.len() as u32;
-            head[4..8].copy_from_slice(&head_size.to_le_bytes());
-            head[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-            head[28..32].copy_from_slice(&arch.to_le_bytes());
-            head[40..48].copy_from_slice(&flags.to_le_bytes());
-            body.extend_from_slice(&head);
-            body.extend_from_slice(payload);
+    /// One fatbinary entry, header and payload: `packed` and `unpacked` are the header's
+    /// compressed and expanded lengths (0 for a stored payload), and a compressed payload
+    /// is padded to 8 bytes, as nvcc writes them.
+    fn entry(
+        kind: u16,
+        arch: u32,
+        flags: u64,
+        payload: &[u8],
+        packed: u32,
+        unpacked: u64,
+    ) -> Vec<u8> {
+        // nvcc 13 gives PTX entries an 80-byte header, cubins 64 bytes.
+        let mut head = vec![0u8; if kind == KIND_PTX { 80 } else { 64 }];
+        let mut payload = payload.to_vec();
+        if packed != 0 {
+            payload.resize(payload.len().next_multiple_of(8), 0);
         }
+        head[0..2].copy_from_slice(&kind.to_le_bytes());
+        head[2..4].copy_from_slice(&0x0101u16.to_le_bytes());
+        let head_size = head.len() as u32;
+        head[4..8].copy_from_slice(&head_size.to_le_bytes());
+        head[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        head[16..20].copy_from_slice(&packed.to_le_bytes());
+        head[28..32].copy_from_slice(&arch.to_le_bytes());
+        head[40..48].copy_from_slice(&flags.to_le_bytes());
+        head[56..64].copy_from_slice(&unpacked.to_le_bytes());
+        head.extend_from_slice(&payload);
+        head
+    }
+
+    /// `raw` compressed with `packing` and framed as nvcc frames it (flags 0x11 beside the
+    /// codec's, as nvcc sets them on Linux for 64-bit code).
+    fn packed_entry(kind: u16, arch: u32, packing: Packing, raw: &[u8]) -> Vec<u8> {
+        let (flag, bytes) = match packing {
+            Packing::Lz4 => (FLAG_LZ4, lz4_flex::block::compress(raw)),
+            Packing::Zstd => (
+                FLAG_ZSTD,
+                ruzstd::encoding::compress_to_vec(raw, ruzstd::encoding::CompressionLevel::Fastest),
+            ),
+            Packing::Stored | Packing::Unknown => unreachable!(),
+        };
+        entry(
+            kind,
+            arch,
+            0x11 | flag,
+            &bytes,
+            bytes.len() as u32,
+            raw.len() as u64,
+        )
+    }
+
+    fn fatbin_of(entries: &[Vec<u8>]) -> Vec<u8> {
+        let body = entries.concat();
         let mut fat = Vec::new();
         fat.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
         fat.extend_from_slice(&1u16.to_le_bytes());
@@ -642,6 +811,14 @@ mod tests {
         fat.extend_from_slice(&(body.len() as u64).to_le_bytes());
         fat.extend_from_slice(&body);
         fat
+    }
+
+    fn fatbin_with(entries: &[(u16, u32, u64, &[u8])]) -> Vec<u8> {
+        let entries: Vec<Vec<u8>> = entries
+            .iter()
+            .map(|&(kind, arch, flags, payload)| entry(kind, arch, flags, payload, 0, 0))
+            .collect();
+        fatbin_of(&entries)
     }
 
     const H200: Arch = Arch(90);
@@ -727,25 +904,143 @@ mod tests {
     }
 
     #[test]
-    fn a_compressed_entry_cannot_say_and_says_so() {
-        let big = cubin_with(&[(".nv.global", 3 << 30)]);
-        let fat = fatbin_with(&[(KIND_ELF, 90, 0x8000, &big), (KIND_ELF, 80, 0, &big)]);
-        assert_eq!(
-            footprint(&fat[..], H200),
-            Footprint::Unknown(Unknown::Compressed)
-        );
-        // As nvcc 13 makes them: the PTX compressed (Zstandard), the cubins not.
-        let zstd_ptx = [0x28, 0xb5, 0x2f, 0xfd, 1, 2, 3];
-        let fat = fatbin_with(&[
-            (KIND_PTX, 90, 0x8011, &zstd_ptx),
-            (KIND_ELF, 90, 0x11, &big),
-            (KIND_ELF, 80, 0x11, &big),
+    fn a_compressed_entry_is_sized_after_it_is_expanded() {
+        let big = cubin_with(&[(".nv.global", 3 << 30), (".text.touch", 0x300)]);
+        let small = cubin_with(&[(".nv.global", 1 << 20)]);
+        let ptx =
+            b".version 8.8\n.target sm_90\n.address_size 64\n.global .align 1 .b8 g[1536];\n\0";
+        for packing in [Packing::Lz4, Packing::Zstd] {
+            // As `nvcc -Xfatbin=-compress-all` makes them: every entry compressed.
+            let fat = fatbin_of(&[
+                packed_entry(KIND_ELF, 80, packing, &small),
+                packed_entry(KIND_ELF, 90, packing, &big),
+                packed_entry(KIND_PTX, 90, packing, ptx),
+            ]);
+            assert_eq!(
+                footprint(&fat[..], H200),
+                placed(3 << 30, 0x300),
+                "{packing:?}"
+            );
+            assert_eq!(
+                footprint(&fat[..], Arch(86)),
+                placed(1 << 20, 0),
+                "{packing:?}"
+            );
+            assert_eq!(
+                footprint(&fat[..], Arch(100)),
+                placed(1536, 0),
+                "{packing:?}"
+            );
+        }
+        // Not expanded where not asked to: the compressed entry only, not a stored one.
+        let fat = fatbin_of(&[packed_entry(KIND_ELF, 90, Packing::Zstd, &big)]);
+        let unexpanded = Footprint::Unknown(Unknown::Unexpanded);
+        assert_eq!(footprint_unexpanded(&fat[..], H200), unexpanded);
+        let fat = fatbin_with(&[(KIND_ELF, 90, 0x11, &big)]);
+        assert_eq!(footprint_unexpanded(&fat[..], H200), placed(3 << 30, 0x300));
+        // As nvcc 13 makes them by default: the PTX compressed (Zstandard), the cubins not.
+        let fat = fatbin_of(&[
+            packed_entry(KIND_PTX, 90, Packing::Zstd, ptx),
+            entry(KIND_ELF, 90, 0x11, &big, 0, 0),
         ]);
-        assert_eq!(footprint(&fat[..], H200), placed(3 << 30, 0));
+        assert_eq!(footprint(&fat[..], H200), placed(3 << 30, 0x300));
+        assert_eq!(footprint(&fat[..], Arch(100)), placed(1536, 0));
+    }
+
+    #[test]
+    fn a_compressed_entry_that_does_not_expand_as_its_header_says_cannot_say() {
+        let big = cubin_with(&[(".nv.global", 3 << 30)]);
+        let cannot = Footprint::Unknown(Unknown::Compressed);
+        let zstd = packed_entry(KIND_ELF, 90, Packing::Zstd, &big);
+        let lz4 = packed_entry(KIND_ELF, 90, Packing::Lz4, &big);
+        let head = |e: &[u8], at: usize, v: u64| {
+            let mut e = e.to_vec();
+            let n = if at == 56 { 8 } else { 4 };
+            e[at..at + n].copy_from_slice(&v.to_le_bytes()[..n]);
+            e
+        };
+        for (what, e) in [
+            (
+                "bytes that are neither",
+                entry(
+                    KIND_ELF,
+                    90,
+                    0x8011,
+                    &big,
+                    big.len() as u32,
+                    big.len() as u64,
+                ),
+            ),
+            ("an LZ4 block as Zstandard", head(&lz4, 40, 0x8011)),
+            ("both codecs' flags", head(&zstd, 40, 0xa011)),
+            (
+                "an expanded size too small (zstd)",
+                head(&zstd, 56, big.len() as u64 - 1),
+            ),
+            (
+                "an expanded size too small (lz4)",
+                head(&lz4, 56, big.len() as u64 - 1),
+            ),
+            ("no expanded size", head(&zstd, 56, 0)),
+            ("a compressed size cut short (zstd)", head(&zstd, 16, 20)),
+            ("a compressed size cut short (lz4)", head(&lz4, 16, 20)),
+            (
+                "an LZ4 block said to expand more than LZ4 can",
+                head(&lz4, 56, 1 << 27),
+            ),
+        ] {
+            let fat = fatbin_of(&[e]);
+            assert_eq!(footprint(&fat[..], H200), cannot, "{what}");
+        }
+        // A payload cut short inside the image: the entry ends past the fatbinary's end.
+        let mut fat = fatbin_of(std::slice::from_ref(&zstd));
+        fat.truncate(fat.len() - 8);
+        assert!(matches!(footprint(&fat[..], H200), Footprint::Unknown(_)));
+    }
+
+    /// A header's sizes are bounded before anything is read or allocated for them: an
+    /// entry saying it expands past [`MAX_UNPACKED`] is not read at all, and a Zstandard
+    /// frame is not given a window (the decoder's buffer) larger than its expanded size.
+    #[test]
+    fn a_compressed_entry_is_not_expanded_past_the_bounds_kept_here() {
+        struct Counted<'a>(&'a [u8], std::cell::Cell<u64>);
+        impl Source for Counted<'_> {
+            fn read(&self, at: u64, buf: &mut [u8]) -> bool {
+                self.1.set(self.1.get() + buf.len() as u64);
+                self.0.read(at, buf)
+            }
+        }
+        let big = cubin_with(&[(".nv.global", 3 << 30)]);
+        let mut e = packed_entry(KIND_ELF, 90, Packing::Zstd, &big);
+        e[56..64].copy_from_slice(&(MAX_UNPACKED + 1).to_le_bytes());
+        let fat = fatbin_of(&[e]);
+        let image = Counted(&fat, std::cell::Cell::new(0));
         assert_eq!(
-            footprint(&fat[..], Arch(100)),
+            footprint(&image, H200),
             Footprint::Unknown(Unknown::Compressed)
         );
+        assert!(image.1.get() < 256, "{} bytes read", image.1.get());
+        // One raw block of one byte in a frame whose window is 16 MiB (and no content
+        // size): decoded under a window bound of 16 MiB, refused under 8 MiB (an entry
+        // expanding to 1 byte); the expanded length must be the header's too.
+        let frame = |window_descriptor: u8| {
+            [
+                0x28,
+                0xb5,
+                0x2f,
+                0xfd,
+                0x00,
+                window_descriptor,
+                0x09,
+                0x00,
+                0x00,
+                b'x',
+            ]
+        };
+        let (w8mi, w16mi) = (13 << 3, 14 << 3);
+        assert_eq!(unzstd(&frame(w8mi), 1), Some(b"x".to_vec()));
+        assert_eq!(unzstd(&frame(w16mi), 1), None);
+        assert_eq!(unzstd(&frame(w8mi), 2), None);
     }
 
     #[test]
@@ -822,7 +1117,15 @@ mod tests {
         let elf = cubin_with(&[(".nv.global", 3 << 30), (".text.k", 64)]);
         let ptx = b".version 8.0\n.target sm_90\n.global .b8 g[1000];\n".to_vec();
         let fat = fatbin_with(&[(KIND_ELF, 90, 0, &elf), (KIND_PTX, 90, 0, &ptx)]);
-        let seeds = [elf, ptx, fat];
+        let lz4 = fatbin_of(&[
+            packed_entry(KIND_ELF, 90, Packing::Lz4, &elf),
+            packed_entry(KIND_PTX, 90, Packing::Lz4, &ptx),
+        ]);
+        let zstd = fatbin_of(&[
+            packed_entry(KIND_ELF, 90, Packing::Zstd, &elf),
+            packed_entry(KIND_PTX, 90, Packing::Zstd, &ptx),
+        ]);
+        let seeds = [elf, ptx, fat, lz4, zstd];
         // IMAGE_FUZZ_ROUNDS: more rounds than CI's, by hand.
         let rounds = std::env::var("IMAGE_FUZZ_ROUNDS")
             .ok()
@@ -832,7 +1135,7 @@ mod tests {
             let mut image = if round % 4 == 0 {
                 (0..next() % 512).map(|_| next() as u8).collect()
             } else {
-                seeds[round % 3].clone()
+                seeds[round % seeds.len()].clone()
             };
             for _ in 0..next() % 8 {
                 if image.is_empty() {

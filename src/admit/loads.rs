@@ -17,32 +17,51 @@
 //! globals), and a load that does not fit is refused before the driver holds any of it.
 //! The image is read as the driver reads it: from the caller's memory through
 //! `process_vm_readv` (an unmapped address is a failed read, never a fault), or from the
-//! file, if it is a regular one. A lazily loaded library's image is read
-//! at its load and admitted at its first look-up. The load or look-up is then measured:
-//! the device's free memory before and after (`cuMemGetInfo`, a microsecond against the
-//! milliseconds of a load), and what it grew by beyond the image's figure is admitted
-//! too (the charge is the larger of the two). Where the image cannot say (a compressed
-//! fatbinary entry, a format it does not know), the measurement alone decides, after the
-//! call: a load whose growth does not fit is undone (the module unloaded) and returns
-//! `CUDA_ERROR_OUT_OF_MEMORY`; a look-up cannot be undone, so its growth stays charged
-//! and the look-up returns `CUDA_ERROR_OUT_OF_MEMORY` (the memory goes with the
-//! library's unload). What a module or library holds is kept against its
-//! handle and given back at its unload. The heap and the FIFO are charged when they are
-//! set, by the change of the limit, before the driver is asked: a limit that does not fit
-//! is never set. The stack is measured, and a stack that does not fit is set back.
+//! file, if it is a regular one; a compressed fatbinary entry is expanded first. A lazily
+//! loaded library's image is read at its load and admitted at its first look-up; where its
+//! entry is compressed, it is expanded only at that look-up, read again from the caller's
+//! memory then (cudart loads every fatbinary of a process this way at start-up, most never
+//! used: expanding all of a framework's could cost its start-up seconds). The load or
+//! look-up is then measured: the device's free memory before and after (`cuMemGetInfo`, a
+//! microsecond against the milliseconds of a load), and what it grew by beyond the image's
+//! figure is admitted too (the charge is the larger of the two). Where the image cannot
+//! say (a format it does not know, a compressed entry that does not expand), the
+//! measurement alone decides, after the call: a load whose growth does not fit is undone
+//! (the module unloaded) and returns `CUDA_ERROR_OUT_OF_MEMORY`; a look-up cannot be
+//! undone, so its growth stays charged and the look-up returns `CUDA_ERROR_OUT_OF_MEMORY`
+//! (the memory goes with the library's unload). What a module or library holds is kept
+//! against its handle and given back at its unload.
 //!
-//! The reading is device-wide: another thread's or process's allocation during a load is
-//! counted with it (an over-charge until the unload), a free during a load hides part of
-//! it (an under-charge that the footprint re-read corrects where NVML can see the
+//! Limits are never measured. The driver accepts `cuCtxSetLimit` from any thread, and a
+//! reading of the device's free memory around the call counts whatever another thread
+//! allocates or frees meanwhile as the limit's: charged to the limit, that would stay in
+//! the books after everything was freed. A limit is charged by what it costs instead:
+//! the heap and the FIFO their value above the one they had when first seen (the
+//! driver's default; they are allocated at the next launch), the stack its value above
+//! that times the device's resident threads (multiprocessors × threads per
+//! multiprocessor: on the H200, 63 KiB × 132 × 2048 is the 16.2 GiB measured for 64
+//! KiB). The charge is admitted before the driver is asked (a limit that does not fit is
+//! never set), and a smaller limit gives back exactly what the larger one was charged
+//! (a context's destruction gives back all its limits were). The change is made whole
+//! under one lock — the old value's reading, the admission, the driver's call and the
+//! settling — so that two threads setting a limit at once never both start from the same
+//! old value (one would give back what the other then never charges). The lock is taken
+//! only here: no allocation waits on it. Where the figure is off (a driver that rounds
+//! the stack otherwise, or allocates the heap at once), the footprint re-read corrects
+//! it where NVML sees the process.
+//!
+//! The loads' reading is device-wide: another thread's or process's allocation during a
+//! load is counted with it (an over-charge until the unload), a free during a load hides
+//! part of it (an under-charge that the footprint re-read corrects where NVML can see the
 //! process). Kernels that lazy loading brings in at their first launch, and local memory
 //! a spilling kernel grows at its launch, are not seen by any call: the footprint re-read
 //! charges them (within a second, where NVML sees the process).
 
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::admit::flow;
-use crate::admit::image::{self, Arch, Footprint, Placed, Source};
+use crate::admit::image::{self, Arch, Footprint, Placed, Source, Unknown};
 use crate::admit::{Fixed, admit};
 use crate::books::ledger::{DeviceLedger, MAX_DEVICES, Reservation, clamp_i64};
 use crate::config::LogLevel;
@@ -66,6 +85,9 @@ struct Load {
     resident: bool,
     /// What its image says its first look-up brings (a lazily loaded library).
     pending: u64,
+    /// Where its image is in the caller's memory, when its compressed entry is to be
+    /// expanded at its first look-up (0: `pending` says it all).
+    later: usize,
     /// The context it was loaded in, which takes it along when destroyed (0: unknown).
     context: usize,
 }
@@ -74,16 +96,17 @@ static LOADS: Lock<Vec<Load>> = Lock::new(Vec::new());
 
 /// Keeps what `handle` holds on `device` (charged in `d`'s current books) until it goes.
 fn remember(handle: Handle, device: usize, d: &DeviceLedger, bytes: u64, resident: bool) {
-    remember_pending(handle, device, d, bytes, resident, 0);
+    remember_pending(handle, device, d, bytes, resident, (0, 0));
 }
 
+/// As [`remember`], with what the first look-up brings: `(bytes, later)` (see [`Load`]).
 fn remember_pending(
     handle: Handle,
     device: usize,
     d: &DeviceLedger,
     bytes: u64,
     resident: bool,
-    pending: u64,
+    (pending, later): (u64, usize),
 ) {
     if !resident {
         LAZY.fetch_add(1, Ordering::AcqRel);
@@ -100,6 +123,7 @@ fn remember_pending(
         books: d.books_epoch(),
         resident,
         pending,
+        later,
         context: context as usize,
     });
 }
@@ -152,11 +176,18 @@ impl Source for File {
     }
 }
 
-/// What `image` says its load places on `device` (`None`: it cannot say, and why is
-/// told at debug level): its data, and its code too where modules load eagerly (with
-/// lazy loading a kernel's code arrives at its first use, which no call here sees).
-fn predicted(call: &str, image: Image, device: usize) -> Option<u64> {
-    let placed = placed(call, image, device)?;
+/// What `image` says its load places on `device` (`Err`: it cannot say, and why, told at
+/// debug level; `None` where there is no image or device to ask about): its data, and its
+/// code too where modules load eagerly (with lazy loading a kernel's code arrives at its
+/// first use, which no call here sees). `expand`: a compressed entry is expanded (else it
+/// cannot say, [`Unknown::Unexpanded`]).
+fn predicted(
+    call: &str,
+    image: Image,
+    device: usize,
+    expand: bool,
+) -> Result<u64, Option<Unknown>> {
+    let placed = placed(call, image, device, expand)?;
     let bytes = if lazy_loading() {
         placed.data
     } else {
@@ -170,27 +201,46 @@ fn predicted(call: &str, image: Image, device: usize) -> Option<u64> {
             Bytes(placed.code)
         ),
     );
-    Some(bytes)
+    Ok(bytes)
 }
 
-fn placed(call: &str, image: Image, device: usize) -> Option<Placed> {
-    let arch = arch(device)?;
+fn placed(
+    call: &str,
+    image: Image,
+    device: usize,
+    expand: bool,
+) -> Result<Placed, Option<Unknown>> {
+    let arch = arch(device).ok_or(None)?;
+    let footprint = |src: &dyn Source| {
+        if expand {
+            image::footprint(src, arch)
+        } else {
+            image::footprint_unexpanded(src, arch)
+        }
+    };
     let said = match image {
         Image::Memory(p) if !p.is_null() => {
             let memory = Memory(p as usize);
             match image::wrapped(&memory) {
-                Some(fatbin) => image::footprint(&Memory(fatbin as usize), arch),
-                None => image::footprint(&memory, arch),
+                Some(fatbin) => footprint(&Memory(fatbin as usize)),
+                None => footprint(&memory),
             }
         }
         Image::File(path) if !path.is_null() => match open_regular(path) {
-            Some(file) => image::footprint(&File(file), arch),
-            None => return None,
+            Some(file) => footprint(&File(file)),
+            None => return Err(None),
         },
-        _ => return None,
+        _ => return Err(None),
     };
     match said {
-        Footprint::Placed(placed) => Some(placed),
+        Footprint::Placed(placed) => Ok(placed),
+        Footprint::Unknown(Unknown::Unexpanded) => {
+            crate::sys::log::line(
+                LogLevel::Debug,
+                format_args!("{call}: the image's entry is compressed: read at the first look-up"),
+            );
+            Err(Some(Unknown::Unexpanded))
+        }
         Footprint::Unknown(why) => {
             crate::sys::log::line(
                 LogLevel::Debug,
@@ -199,7 +249,7 @@ fn placed(call: &str, image: Image, device: usize) -> Option<Placed> {
                      measured at the load"
                 ),
             );
-            None
+            Err(Some(why))
         }
     }
 }
@@ -230,18 +280,25 @@ fn arch(device: usize) -> Option<Arch> {
     /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR`, `…_MINOR`.
     const MAJOR: i32 = 75;
     const MINOR: i32 = 76;
-    let (mut handle, mut major, mut minor) = (0, 0, 0);
-    // SAFETY: valid out-pointers; a device ordinal the driver checks.
-    let ok = unsafe {
-        real::cuDeviceGet(&mut handle, i32::try_from(device).ok()?).is_ok()
-            && real::cuDeviceGetAttribute(&mut major, MAJOR, handle).is_ok()
-            && real::cuDeviceGetAttribute(&mut minor, MINOR, handle).is_ok()
-    };
-    let arch = Arch::new(u32::try_from(major).ok()?, u32::try_from(minor).ok()?);
-    (ok && arch.0 > 0).then(|| {
+    let (major, minor) = attributes(device, MAJOR, MINOR)?;
+    let arch = Arch::new(major, minor);
+    (arch.0 > 0).then(|| {
         known.store(arch.0, Ordering::Relaxed);
         arch
     })
+}
+
+/// Two attributes of `device`, from the driver (`None`: it did not say, or said a
+/// negative number).
+fn attributes(device: usize, a: i32, b: i32) -> Option<(u32, u32)> {
+    let (mut handle, mut first, mut second) = (0, 0, 0);
+    // SAFETY: valid out-pointers; a device ordinal the driver checks.
+    let ok = unsafe {
+        real::cuDeviceGet(&mut handle, i32::try_from(device).ok()?).is_ok()
+            && real::cuDeviceGetAttribute(&mut first, a, handle).is_ok()
+            && real::cuDeviceGetAttribute(&mut second, b, handle).is_ok()
+    };
+    ok.then_some((u32::try_from(first).ok()?, u32::try_from(second).ok()?))
 }
 
 /// Reserves what the image says, before the driver's call: `Err` is the refusal.
@@ -333,19 +390,24 @@ pub fn load(
         return real();
     }
     crate::admit::footprint::settle_before_admission(device);
-    let predicted = predicted(call, image, device);
     if lazy && lazy_loading() {
         // Nothing arrives at a lazily loaded library's load (cudart makes hundreds of
-        // them at start-up): its first look-up is admitted and measured instead.
+        // them at start-up): its first look-up is admitted and measured instead, and a
+        // compressed entry is expanded then.
+        let pending = match (predicted(call, image, device, false), image) {
+            (Ok(bytes), _) => (bytes, 0),
+            (Err(Some(Unknown::Unexpanded)), Image::Memory(p)) => (0, p as usize),
+            _ => (0, 0),
+        };
         let rc = real();
         if rc.is_ok() && !out.is_null() {
             // SAFETY: the driver just wrote the handle.
             let handle = unsafe { *out };
-            remember_pending(handle, device, d, 0, false, predicted.unwrap_or(0));
+            remember_pending(handle, device, d, 0, false, pending);
         }
         return rc;
     }
-    let predicted = predicted.unwrap_or(0);
+    let predicted = predicted(call, image, device, true).unwrap_or(0);
     let reservation = match admit_predicted(call, device, d, predicted) {
         Ok(r) => r,
         Err(refusal) => return refusal,
@@ -384,12 +446,21 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
         .lock()
         .iter()
         .find(|l| l.handle == library as usize && !l.resident)
-        .map(|l| (l.device, l.pending));
-    let Some((device, predicted)) = pending else {
+        .map(|l| (l.device, l.pending, l.later));
+    let Some((device, predicted, later)) = pending else {
         return real();
     };
     let Some(d) = crate::runtime::budgeted(device) else {
         return real();
+    };
+    // The library's image, read again where its entry is compressed: if the caller has
+    // freed or changed it since, it cannot say (or says less), and the measurement is
+    // the charge.
+    let predicted = if later == 0 {
+        predicted
+    } else {
+        let image = Image::Memory(later as *const c_void);
+        self::predicted(call, image, device, true).unwrap_or(0)
     };
     let books = d.books_epoch();
     // What the image said, admitted before the globals arrive: a look-up that does not
@@ -504,11 +575,95 @@ pub fn another_context(
     rc
 }
 
-/// What each device's context limits hold, as charged, with the books they were
-/// charged in: `[stack, printf FIFO, heap]`.
-static LIMITS: Lock<[[(u64, u64); 3]; MAX_DEVICES]> = Lock::new([[(0, 0); 3]; MAX_DEVICES]);
+/// What one limit of one context holds, as charged: the bytes of its value above
+/// `base`, the value it had when first seen (the driver's default; nothing is charged
+/// for a limit at or below it), in the books `books` of its device.
+struct LimitHeld {
+    context: usize,
+    device: usize,
+    /// 0 stack, 1 printf FIFO, 2 heap.
+    limit: usize,
+    base: u64,
+    charged: u64,
+    books: u64,
+}
+
+/// The limits of every context that set one.
+static LIMITS: Lock<Vec<LimitHeld>> = Lock::new(Vec::new());
+
+/// Held across a whole `cuCtxSetLimit`: the old value's reading, the admission, the
+/// driver's call and the settling of what it charges. Limit changes are rare; one at a
+/// time in the process is one at a time per context.
+static SETTING: Lock<()> = Lock::new(());
+
+/// What `unit` bytes a step of the limit cost on `device` (`None`: unknown): one for the
+/// heap and the FIFO, the device's resident threads for the stack (asked once).
+fn unit_bytes(limit: usize, device: usize) -> Option<u64> {
+    if limit as i32 != LIMIT_STACK_SIZE {
+        return Some(1);
+    }
+    static THREADS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+    let known = THREADS.get(device)?;
+    let seen = known.load(Ordering::Relaxed);
+    if seen != 0 {
+        return Some(seen);
+    }
+    /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`, `…_MAX_THREADS_PER_MULTIPROCESSOR`.
+    const SMS: i32 = 16;
+    const THREADS_PER_SM: i32 = 39;
+    let (sms, per_sm) = attributes(device, SMS, THREADS_PER_SM)?;
+    let threads = u64::from(sms) * u64::from(per_sm);
+    (threads > 0).then(|| {
+        known.store(threads, Ordering::Relaxed);
+        threads
+    })
+}
+
+/// The current context's `limit` (`CU_LIMIT_*`), from the driver.
+fn limit_now(limit: i32) -> Option<u64> {
+    let mut value = 0usize;
+    // SAFETY: a valid out-pointer.
+    unsafe { real::cuCtxGetLimit(&mut value, limit) }
+        .is_ok()
+        .then_some(value as u64)
+}
+
+/// The base and the charge of `context`'s `limit` in `books`, which is `now` when the
+/// limit was never seen (or its record is from books cleared since).
+fn held(context: usize, device: usize, limit: usize, now: u64, books: u64) -> (u64, u64) {
+    let mut limits = LIMITS.lock();
+    let fresh = LimitHeld {
+        context,
+        device,
+        limit,
+        base: now,
+        charged: 0,
+        books,
+    };
+    match limits
+        .iter_mut()
+        .find(|h| h.context == context && h.limit == limit)
+    {
+        Some(h) if h.books == books && h.device == device => (h.base, h.charged),
+        Some(h) => {
+            *h = fresh;
+            (now, 0)
+        }
+        None => {
+            limits.push(fresh);
+            (now, 0)
+        }
+    }
+}
 
 /// `cuCtxSetLimit(limit, value)` on the current context (`real`).
+///
+/// A limit costs its value above the one it had when first seen, times what a step costs
+/// ([`unit_bytes`]): charged in full before the driver is asked (a limit that does not
+/// fit is never set), and given back when the limit comes down, exactly what it was
+/// charged. Nothing is measured: a reading of the device's free memory around the call
+/// would count any allocation another thread makes meanwhile as the limit's. The whole
+/// change is made under [`SETTING`], so two threads never both start from one old value.
 pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuResult) -> CuResult {
     let Some((device, d)) = flow::budgeted_device(cx, None) else {
         return real(value);
@@ -519,21 +674,25 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
     if slot > 2 || crate::admit::capture::any() {
         return real(value);
     }
-    let mut old = 0usize;
+    let _setting = SETTING.lock();
+    let mut context = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
-    if !unsafe { real::cuCtxGetLimit(&mut old, limit) }.is_ok() {
+    let current = unsafe { real::cuCtxGetCurrent(&mut context) }.is_ok() && !context.is_null();
+    let (Some(old), Some(unit), true) = (limit_now(limit), unit_bytes(slot, device), current)
+    else {
+        // No current context (the driver refuses), or a stack whose cost the device
+        // does not say: the footprint re-read charges what it holds.
         return real(value);
-    }
-    let call = "cuCtxSetLimit";
-    // The heap and the FIFO are allocated later, at a launch: charged now by the change.
-    let predicted = if limit == LIMIT_STACK_SIZE {
-        0
-    } else {
-        (value as u64).saturating_sub(old as u64)
     };
-    let reservation = if predicted > 0 {
+    let context = context as usize;
+    let books = d.books_epoch();
+    let (base, charged) = held(context, device, slot, old, books);
+    let cost = |v: u64| v.saturating_sub(base).saturating_mul(unit);
+    let call = "cuCtxSetLimit";
+    let wanted = cost(value as u64);
+    let reservation = if wanted > charged {
         let ask = &mut Fixed {
-            bytes: predicted,
+            bytes: wanted - charged,
             wait: false,
         };
         match admit(call, device, d, ask) {
@@ -543,40 +702,54 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
     } else {
         None
     };
-    let (rc, change) = measure(|| real(value));
+    let rc = real(value);
     if !rc.is_ok() {
         return rc;
     }
-    let grown = change.max(0).unsigned_abs();
-    let extra = grown.saturating_sub(predicted);
-    if extra > 0
-        && let Err(refused) = admit_held(call, device, d, extra)
+    // The driver may round the value: charged as it reports it.
+    let now = cost(limit_now(limit).unwrap_or(value as u64));
+    let booked = charged.saturating_add(reservation.as_ref().map_or(0, Reservation::bytes));
+    if now > booked
+        && let Err(refused) = admit_held(call, device, d, now - booked)
     {
-        let _ = real(old);
+        let _ = real(old as usize);
         return refused;
     }
     if let Some(r) = reservation {
         r.commit();
     }
-    // A smaller limit gives back what the larger one was charged: the stack what the
-    // driver gave back, the others the change of the limit (never more than charged).
-    let shrink = if limit == LIMIT_STACK_SIZE {
-        change.min(0).unsigned_abs()
-    } else {
-        (old as u64).saturating_sub(value as u64)
-    };
-    let books = d.books_epoch();
-    let mut limits = LIMITS.lock();
-    let held = &mut limits[device][slot];
-    if held.1 != books {
-        *held = (0, books);
+    if booked > now {
+        d.release(booked - now);
     }
-    held.0 = held.0.saturating_add(predicted + extra);
-    let shrink = shrink.min(held.0);
-    held.0 -= shrink;
-    drop(limits);
-    d.release(shrink);
+    let mut limits = LIMITS.lock();
+    if let Some(h) = limits
+        .iter_mut()
+        .find(|h| h.context == context && h.limit == slot)
+    {
+        h.charged = now;
+    }
     CuResult::SUCCESS
+}
+
+/// `context` was destroyed: what its limits were charged is given back (the driver
+/// freed their memory with it).
+pub fn context_destroyed(context: Handle) {
+    let key = context as usize;
+    let gone: Vec<LimitHeld> = {
+        let mut limits = LIMITS.lock();
+        let (gone, kept) = std::mem::take(&mut *limits)
+            .into_iter()
+            .partition(|h| h.context == key);
+        *limits = kept;
+        gone
+    };
+    for h in gone {
+        if let Some(d) = crate::runtime::ledger().device(h.device)
+            && d.books_epoch() == h.books
+        {
+            d.release(h.charged);
+        }
+    }
 }
 
 /// The device's last context is gone, its modules and limits with it.
@@ -591,9 +764,7 @@ pub fn context_gone(device: usize) {
     debug_assert!(loads.len() <= before);
     drop(loads);
     LAZY.fetch_sub(lazy_gone, Ordering::AcqRel);
-    if let Some(limits) = LIMITS.lock().get_mut(device) {
-        *limits = [(0, 0); 3];
-    }
+    LIMITS.lock().retain(|h| h.device != device);
 }
 
 /// In the child of `fork()`: the parent's modules are not the child's (it has no context).
@@ -604,7 +775,8 @@ pub unsafe fn after_fork() {
     // SAFETY: the caller's guarantee.
     unsafe {
         LOADS.reset_in_child(Vec::new());
-        LIMITS.reset_in_child([[(0, 0); 3]; MAX_DEVICES]);
+        LIMITS.reset_in_child(Vec::new());
+        SETTING.reset_in_child(());
     }
     LAZY.store(0, Ordering::Release);
 }

@@ -1,5 +1,6 @@
 //! Contexts: their creation and end (whose memory the footprint charges) and their
-//! limits (`cuCtxSetLimit`, charged by what the change costs, [`crate::admit::loads`]).
+//! limits (`cuCtxSetLimit`, charged by what the change costs, one change at a time,
+//! [`crate::admit::loads`]).
 
 use std::ffi::{c_int, c_void};
 
@@ -181,6 +182,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
         let _cx = enter!(books, destroy);
         let rc = loads::unload(ctx, destroy);
         if rc.is_ok() {
+            loads::context_destroyed(ctx);
             let device = {
                 let created = &mut footprint::context_books().created;
                 created

@@ -18,8 +18,13 @@
 //! - whole lines or nothing: each line is one `write(2)` with `O_APPEND` (lines of many
 //!   processes never interleave on a local filesystem); a short write (a full disk, a
 //!   file-size limit) is cut back to where the file ended before it;
-//! - a path that cannot be used gets one line at `warn`; the process runs on, budgeted,
-//!   without events.
+//! - a path that cannot be used (a FIFO, a link, a directory, another user's file at the
+//!   name, a directory on the way that others may change, a missing directory) moves the
+//!   events to the same file name in `events/` of the user's own records directory
+//!   (`cudabudget-<uid>` in the runtime directory, or in `$XDG_RUNTIME_DIR` or `~/.cache`
+//!   when that name is taken), with one line at `warn` that says why and where; only
+//!   when that fails too are they not recorded (one line). The process runs on,
+//!   budgeted, either way.
 //!
 //! At exit the queue is flushed for at most [`EXIT_FLUSH`].
 
@@ -34,7 +39,7 @@ use std::sync::atomic::{
 };
 use std::time::Duration;
 
-use cudabudget_spec::place::{Dir, FileOpen};
+use cudabudget_spec::place::{Dir, FileOpen, PlaceError};
 
 use crate::books::ledger::Denial;
 use crate::config::LogLevel;
@@ -539,23 +544,47 @@ fn open(path: &Path) -> Result<File, String> {
     else {
         return Err("not a file path".to_string());
     };
-    Dir::open_trusted(parent)
-        .and_then(|dir| dir.open_file(name, FileOpen::APPEND))
-        .map_err(|e| e.to_string())
+    let dir = Dir::open_trusted(parent).map_err(|e| e.to_string())?;
+    let file = dir.path().join(name);
+    // The line names the path already: what is wrong with the file itself is said
+    // without it again (a line holds 512 bytes).
+    dir.open_file(name, FileOpen::APPEND).map_err(|e| match e {
+        PlaceError::Taken { what, .. } => format!("taken by {what}"),
+        PlaceError::Untrusted { path, why } if path == file => why,
+        PlaceError::Io { path, error } if path == file => error.to_string(),
+        other => other.to_string(),
+    })
 }
 
 fn writer() {
-    let Some(path) = crate::runtime::config().and_then(|c| c.events.clone()) else {
+    let Some(config) = crate::runtime::config() else {
         WRITER.store(OFF, Ordering::Release);
         return;
     };
-    let file = match open(&path) {
-        Ok(file) => file,
-        Err(why) => {
-            WRITER.store(OFF, Ordering::Release);
-            warn_unusable(&path, &why);
-            return;
-        }
+    let Some(named) = config.events.clone() else {
+        WRITER.store(OFF, Ordering::Release);
+        return;
+    };
+    let (file, path) = match open(&named) {
+        Ok(file) => (file, named),
+        Err(why) => match fallback(&named, &config.runtime_dirs) {
+            Ok((file, moved)) => {
+                crate::sys::log::line(
+                    LogLevel::Warn,
+                    format_args!(
+                        "cannot append denial events to {} ({why}); they go to {} instead",
+                        named.display(),
+                        moved.display()
+                    ),
+                );
+                (file, moved)
+            }
+            Err(_) => {
+                WRITER.store(OFF, Ordering::Release);
+                warn_unusable(&named, &why);
+                return;
+            }
+        },
     };
     let fd = file.into_raw_fd();
     FD.store(fd, Ordering::Release);
@@ -595,6 +624,28 @@ fn writer() {
         }
         futex_wait(&SIGNAL, seen, Duration::from_secs(1));
     }
+}
+
+/// Where the events go when `named` cannot be used: its file name in `events/` of our
+/// records directory (our private directory in the first of the runtime `roots` that
+/// gives one, as the records find it), made 0700 if missing.
+fn fallback(
+    named: &Path,
+    roots: &[std::path::PathBuf],
+) -> Result<(File, std::path::PathBuf), String> {
+    let name = named
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| "not a file path".to_string())?;
+    let (dir, _) = crate::tell::publish::records_dir(roots);
+    let dir = dir
+        .ok_or_else(|| "no place of the user's own".to_string())?
+        .private("events", 0o700)
+        .map_err(|e| e.to_string())?;
+    let file = dir
+        .open_file(name, FileOpen::APPEND)
+        .map_err(|e| e.to_string())?;
+    Ok((file, dir.path().join(name)))
 }
 
 fn warn_unusable(path: &Path, why: &str) {

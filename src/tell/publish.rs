@@ -228,7 +228,7 @@ impl Identity {
 /// fallback root is missing (a fresh `$HOME/.cache`), it is made (0700) and the roots
 /// are tried again. Returns the directory and the one line that says what was in the
 /// way before it, if anything was.
-fn records_dir(roots: &[PathBuf]) -> (Option<Dir>, Option<String>) {
+pub(crate) fn records_dir(roots: &[PathBuf]) -> (Option<Dir>, Option<String>) {
     let (mut dir, mut in_the_way) = place::first_private(roots, DIR_MODE);
     if dir.is_none() && roots.iter().skip(1).any(|root| !root.exists()) {
         for root in roots.iter().skip(1).filter(|root| !root.exists()) {

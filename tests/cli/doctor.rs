@@ -1,7 +1,9 @@
 //! `cudabudget doctor`: each check passes where all is well and fails (or warns) with
 //! what to do where it is not; the exit status is 1 exactly when a check failed.
 
-use crate::util::cli::{cudabudget, library_for_a_newer_glibc, output, scratch, stderr, stdout};
+use crate::util::cli::{
+    closed_scratch, cudabudget, library_for_a_newer_glibc, output, scratch, stderr, stdout,
+};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -150,7 +152,7 @@ fn a_missing_library_fails_the_library_check() {
 
 #[test]
 fn a_library_for_a_newer_glibc_fails_the_library_and_glibc_checks() {
-    let dir = scratch("newer-glibc");
+    let dir = closed_scratch("newer-glibc");
     let library = library_for_a_newer_glibc(&dir);
     let (code, checks) = doctor(
         "newer-glibc",
@@ -346,8 +348,8 @@ fn the_runtime_dir_check_names_the_directory_records_go_to() {
 
 #[test]
 fn a_name_in_the_way_in_the_runtime_directory_warns_and_no_place_at_all_fails() {
-    // Another user's directory at our name: records go to the fallback ($HOME/.cache,
-    // made when missing), and the check says what is in the way.
+    // Another user's directory at our name: records go to our next name in the same
+    // directory (where root's readers look too), and the check says what is in the way.
     let runtime = scratch("runtime-foreign");
     let home = scratch("runtime-foreign-home");
     // SAFETY: geteuid cannot fail.
@@ -362,11 +364,10 @@ fn a_name_in_the_way_in_the_runtime_directory_warns_and_no_place_at_all_fails() 
     }
     let (code, check) = runtime_dir_check("runtime-foreign", &runtime, &home);
     assert_eq!(check["status"], "warn", "{check:#}");
-    let fallback = home
+    let fallback = runtime
         .canonicalize()
         .unwrap()
-        .join(".cache")
-        .join(user_dir_name());
+        .join(format!("{}.1", user_dir_name()));
     assert_eq!(
         check["details"]["dir"],
         fallback.to_str().unwrap(),

@@ -2,6 +2,7 @@
 //! refuses before anything runs, with a line saying why), and `cudabudget doctor` checks
 //! a machine and says what to do about each problem.
 
+mod closed_pipe;
 mod doctor;
 mod run;
 #[path = "../util/mod.rs"]

@@ -115,7 +115,7 @@ fn assert_refused_before_running(test: &str, options: &[&str], envs: &[(&str, &s
 #[test]
 fn run_preloads_the_library_beside_the_binary_and_passes_the_limit() {
     // An install: the binary and the library side by side, no CUDABUDGET_LIB.
-    let dir = crate::util::test_dir().join("install");
+    let dir = crate::util::closed_test_dir().join("install");
     std::fs::create_dir_all(&dir).unwrap();
     let (bin, lib) = (dir.join("cudabudget"), dir.join("libcudabudget.so"));
     std::fs::copy(BIN, &bin).unwrap();
@@ -330,6 +330,14 @@ fn an_unknown_inherited_variable_runs_beside_a_budget_and_is_refused_alone() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "1Gi 1\n");
+    // ...but `run` names it, in one line, before the command starts.
+    let said = stderr(&out);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.starts_with("cudabudget: CUDABUDGET_NEW_KNOB is not a known variable")
+            && said.contains("is ignored"),
+        "{said}"
+    );
     // A typo of the limit, alone, is never run unbudgeted.
     let message = assert_refused_before_running("typo", &[], &[("CUDABUDGET_LIMT", "8Gi")]);
     assert!(
@@ -340,6 +348,43 @@ fn an_unknown_inherited_variable_runs_beside_a_budget_and_is_refused_alone() {
         message.contains("known variables: CUDABUDGET_LIMIT"),
         "{message}"
     );
+}
+
+#[test]
+fn a_budget_of_zero_is_refused_with_the_reason() {
+    for (test, options, envs, named) in [
+        (
+            "zero-limit",
+            &["--limit", "0"][..],
+            &[][..],
+            "--limit \"0\"",
+        ),
+        ("zero-gi", &["--limit", "0Gi"], &[], "--limit \"0Gi\""),
+        (
+            "zero-device",
+            &["--limit-device", "1=0"],
+            &[],
+            "--limit-device \"0\"",
+        ),
+        (
+            "zero-env",
+            &[],
+            &[("CUDABUDGET_LIMIT", "0")],
+            "CUDABUDGET_LIMIT=0",
+        ),
+        (
+            "zero-env-device",
+            &["--limit", "1Gi"],
+            &[("CUDABUDGET_LIMIT_2", "0")],
+            "CUDABUDGET_LIMIT_2=0",
+        ),
+    ] {
+        let message = assert_refused_before_running(test, options, envs);
+        assert!(
+            message.contains(named) && message.contains("0 bytes would refuse every allocation"),
+            "{test}: {message}"
+        );
+    }
 }
 
 #[test]
@@ -590,7 +635,7 @@ fn a_command_that_exists_but_cannot_be_executed_exits_126() {
 
 #[test]
 fn a_library_the_loader_refuses_is_never_preloaded_into_the_command() {
-    let dir = crate::util::test_dir().join("glibc");
+    let dir = crate::util::closed_test_dir().join("glibc");
     std::fs::create_dir_all(&dir).unwrap();
     // Needs GLIBC_9.x: as a library built on a newer system than this one.
     let library = util_cli::library_for_a_newer_glibc(&dir);
@@ -630,7 +675,7 @@ fn a_library_others_could_change_is_never_preloaded() {
     let mode = |path: &Path, mode: u32| {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
     };
-    let dir = crate::util::test_dir().join("open");
+    let dir = crate::util::closed_test_dir().join("open");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     mode(&dir, 0o755);
@@ -670,4 +715,68 @@ fn a_library_others_could_change_is_never_preloaded() {
     let message = assert_refused_as_changeable("beside", &bin, &[]);
     assert!(message.contains(group.to_str().unwrap()), "{message}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A copy of this run's library in `dir` (made, with `mode`, under a parent of ours).
+fn library_in(dir: &Path, mode: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    let library = dir.join("lib/libcudabudget.so");
+    std::fs::copy(fresh_library(), &library).unwrap();
+    std::fs::set_permissions(&library, std::fs::Permissions::from_mode(0o755)).unwrap();
+    library
+}
+
+#[test]
+fn a_library_under_a_directory_others_may_write_is_never_preloaded_sticky_or_not() {
+    // Under the system's temporary directory: once a cleaner removes the copy, any user
+    // could recreate the path, and every process that inherited LD_PRELOAD loads theirs.
+    let under_tmp = library_in(&crate::util::test_dir().join("under-tmp"), 0o755);
+    match crate::util::first_open_ancestor(&under_tmp) {
+        Some(open) => {
+            let message = assert_refused_as_changeable(
+                "under-tmp",
+                Path::new(BIN),
+                &[("CUDABUDGET_LIB", &under_tmp)],
+            );
+            assert!(message.contains("CUDABUDGET_LIB"), "{message}");
+            assert!(
+                message.contains(&format!("{} cannot be trusted", open.display())),
+                "the line names {}: {message}",
+                open.display()
+            );
+        }
+        None => crate::util::skip("the temporary directory is closed to other users here"),
+    }
+
+    // Under a sticky world-writable directory of ours, all the way closed above it.
+    let sticky = crate::util::closed_test_dir().join("sticky");
+    let _ = std::fs::remove_dir_all(&sticky);
+    let library = library_in(&sticky, 0o1777);
+    let message =
+        assert_refused_as_changeable("sticky", Path::new(BIN), &[("CUDABUDGET_LIB", &library)]);
+    assert!(
+        message.contains(&format!("{} cannot be trusted", sticky.display())),
+        "{message}"
+    );
+    assert!(message.contains("sticky or not"), "{message}");
+
+    // Under another user's directory that its group may write.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        crate::util::skip("the case of another user's directory needs root to chown");
+        return;
+    }
+    let theirs = crate::util::closed_test_dir().join("theirs");
+    let _ = std::fs::remove_dir_all(&theirs);
+    let library = library_in(&theirs, 0o775);
+    std::os::unix::fs::chown(&theirs, Some(54321), Some(54321)).unwrap();
+    let message =
+        assert_refused_as_changeable("theirs", Path::new(BIN), &[("CUDABUDGET_LIB", &library)]);
+    assert!(
+        message.contains(&format!("{} cannot be trusted", theirs.display()))
+            && message.contains("uid 54321"),
+        "{message}"
+    );
 }

@@ -492,6 +492,112 @@ static struct race *run_threads(u64 threads, u64 iters, u64 size, void *(*fn)(vo
     return &r;
 }
 
+/* limitrace and limitalloc: concurrent cuCtxSetLimit calls ordered through the fake's
+ * limit hook (fake_cuda_limit_hook). Each thread has a role; the hook acts only on the
+ * calls of threads with one. */
+static __thread int t_limit_role; /* 1: the first setter (or the only one), 2: the second */
+static pthread_mutex_t g_lim_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_lim_cv = PTHREAD_COND_INITIALIZER;
+static int g_lim_read[3], g_lim_set1, g_lim_alloc_go, g_lim_alloc_done;
+static u64 g_lim_alloc_size;
+static CUdeviceptr g_lim_alloc_ptr;
+static int g_lim_alloc_rc;
+static CUcontext g_lim_ctx;
+
+/* Waits (g_lim_mu held) until *flag is set, for at most a second: the ordering is asked
+ * for, not required (a library that serialises the calls never lets the other thread
+ * arrive while it waits). */
+static void lim_wait(const int *flag) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 1;
+    while (!*flag)
+        if (pthread_cond_timedwait(&g_lim_cv, &g_lim_mu, &until) != 0) break;
+}
+
+/* limitrace: each setter's first cuCtxGetLimit waits for the other's (both read the old
+ * value), and the second setter's cuCtxSetLimit waits until the first's is done. */
+static void race_hook(int phase, int limit, size_t value) {
+    (void)limit, (void)value;
+    int role = t_limit_role;
+    if (!role) return;
+    pthread_mutex_lock(&g_lim_mu);
+    if (phase == 0 && !g_lim_read[role]) {
+        g_lim_read[role] = 1;
+        pthread_cond_broadcast(&g_lim_cv);
+        lim_wait(&g_lim_read[3 - role]);
+    } else if (phase == 1 && role == 2) {
+        lim_wait(&g_lim_set1);
+    } else if (phase == 2 && role == 1) {
+        g_lim_set1 = 1;
+        pthread_cond_broadcast(&g_lim_cv);
+    }
+    pthread_mutex_unlock(&g_lim_mu);
+}
+
+struct limit_setter {
+    int role, limit;
+    size_t value;
+    int rc;
+};
+
+static void *limit_setter_thread(void *arg) {
+    struct limit_setter *s = arg;
+    api.cuCtxSetCurrent(g_lim_ctx);
+    t_limit_role = s->role;
+    s->rc = api.cuCtxSetLimit(s->limit, s->value);
+    return NULL;
+}
+
+/* limitalloc: inside the setter's cuCtxSetLimit, another thread allocates (cuMemAlloc)
+ * and the call goes on once the allocation returned. */
+static void alloc_hook(int phase, int limit, size_t value) {
+    (void)limit, (void)value;
+    if (t_limit_role != 1 || phase != 1) return;
+    pthread_mutex_lock(&g_lim_mu);
+    g_lim_alloc_go = 1;
+    pthread_cond_broadcast(&g_lim_cv);
+    while (!g_lim_alloc_done) pthread_cond_wait(&g_lim_cv, &g_lim_mu);
+    pthread_mutex_unlock(&g_lim_mu);
+}
+
+static void *limit_alloc_thread(void *arg) {
+    (void)arg;
+    api.cuCtxSetCurrent(g_lim_ctx);
+    pthread_mutex_lock(&g_lim_mu);
+    while (!g_lim_alloc_go) pthread_cond_wait(&g_lim_cv, &g_lim_mu);
+    pthread_mutex_unlock(&g_lim_mu);
+    CUdeviceptr p = 0;
+    int rc = api.cuMemAlloc_v2(&p, g_lim_alloc_size);
+    pthread_mutex_lock(&g_lim_mu);
+    g_lim_alloc_rc = rc;
+    g_lim_alloc_ptr = p;
+    g_lim_alloc_done = 1;
+    pthread_cond_broadcast(&g_lim_cv);
+    pthread_mutex_unlock(&g_lim_mu);
+    return NULL;
+}
+
+static void set_limit_hook(void (*hook)(int, int, size_t)) {
+    void (*set)(void (*)(int, int, size_t)) = (void (*)(void (*)(int, int, size_t)))helper("fake_cuda_limit_hook");
+    if (!set) {
+        fprintf(stderr, "client: the driver has no fake_cuda_limit_hook\n");
+        exit(4);
+    }
+    set(hook);
+}
+
+static void join_or_die(pthread_t t) {
+    if (pthread_join(t, NULL) != 0) exit(4);
+}
+
+static void start_or_die(pthread_t *t, void *(*fn)(void *), void *arg) {
+    if (pthread_create(t, NULL, fn, arg) != 0) {
+        perror("client: pthread_create");
+        exit(4);
+    }
+}
+
 /* ---------- NVML ---------- */
 
 typedef struct { unsigned long long total, free, used; } nvml_mem1;
@@ -806,6 +912,54 @@ static void run_op(const char *text) {
         size_t now = 0;
         int grc = api.cuCtxGetLimit(&now, limit);
         out("setlimit rc=%d now=%zu (get rc=%d)", rc, now, grc);
+    } else if (!strcmp(name, "limitrace")) {
+        /* limitrace:LIMIT:FIRST:SECOND: two threads set LIMIT at once, to FIRST and SECOND */
+        need_fields(op, 4);
+        int limit = (int)num_field(op, 1);
+        api.cuCtxGetCurrent(&g_lim_ctx);
+        memset(g_lim_read, 0, sizeof g_lim_read);
+        g_lim_set1 = 0;
+        struct limit_setter s1 = {1, limit, num_field(op, 2), -1}, s2 = {2, limit, num_field(op, 3), -1};
+        set_limit_hook(race_hook);
+        pthread_t t1, t2;
+        start_or_die(&t1, limit_setter_thread, &s1);
+        start_or_die(&t2, limit_setter_thread, &s2);
+        join_or_die(t1);
+        join_or_die(t2);
+        set_limit_hook(NULL);
+        size_t now = 0;
+        int grc = api.cuCtxGetLimit(&now, limit);
+        out("limitrace rc=0 first=%d second=%d now=%zu (get rc=%d)", s1.rc, s2.rc, now, grc);
+    } else if (!strcmp(name, "limitalloc")) {
+        /* limitalloc:LIMIT:VALUE:SIZE: cuCtxSetLimit(LIMIT, VALUE), inside which another
+         * thread allocates SIZE (takes a slot when it succeeds) */
+        need_fields(op, 4);
+        int limit = (int)num_field(op, 1);
+        api.cuCtxGetCurrent(&g_lim_ctx);
+        g_lim_alloc_go = g_lim_alloc_done = 0;
+        g_lim_alloc_size = num_field(op, 3);
+        g_lim_alloc_ptr = 0;
+        g_lim_alloc_rc = -1;
+        struct limit_setter s1 = {1, limit, num_field(op, 2), -1};
+        set_limit_hook(alloc_hook);
+        pthread_t t1, t2;
+        start_or_die(&t2, limit_alloc_thread, NULL);
+        start_or_die(&t1, limit_setter_thread, &s1);
+        join_or_die(t1);
+        if (!g_lim_alloc_go) { /* the hook never ran: let the allocation go after the call */
+            pthread_mutex_lock(&g_lim_mu);
+            g_lim_alloc_go = 1;
+            pthread_cond_broadcast(&g_lim_cv);
+            pthread_mutex_unlock(&g_lim_mu);
+        }
+        join_or_die(t2);
+        set_limit_hook(NULL);
+        if (g_lim_alloc_rc == CUDA_SUCCESS) {
+            size_t k = add_slot(S_PTR, g_lim_alloc_ptr, g_lim_alloc_size);
+            out("limitalloc rc=%d alloc=%d slot=%zu", s1.rc, g_lim_alloc_rc, k);
+        } else {
+            out("limitalloc rc=%d alloc=%d", s1.rc, g_lim_alloc_rc);
+        }
     } else if (!strcmp(name, "kernel")) {
         need_fields(op, 1);
         out("kernel rc=%d", api.cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
@@ -1112,6 +1266,7 @@ static const char *const k_ops[] = {
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",
     "modload", "libload", "modimage", "libimage", "modfile", "loads", "libglobal", "libkernel", "unload", "setlimit", "kernel",
+    "limitrace", "limitalloc",
 };
 
 /* Unknown op names are refused before anything runs. */

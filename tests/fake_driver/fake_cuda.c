@@ -975,7 +975,9 @@ CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
     BEGIN;
     if (!value) FAIL(CUDA_ERROR_INVALID_VALUE);
     if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
-    *value = attrib == 75 ? g_cc_major : attrib == 76 ? g_cc_minor : 1;
+    /* Compute capability (75, 76); one multiprocessor (16) of g_stack_threads threads
+     * (39: MAX_THREADS_PER_MULTIPROCESSOR), the threads a stack limit is paid for. */
+    *value = attrib == 75 ? g_cc_major : attrib == 76 ? g_cc_minor : attrib == 39 ? (int)g_stack_threads : 1;
     END
 }
 
@@ -1659,7 +1661,22 @@ CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *nam
     return rc;
 }
 
-CUresult cuCtxGetLimit(size_t *value, int limit) {
+/* fake_cuda_limit_hook: a test's function, called outside the fake's lock at the start of
+ * cuCtxGetLimit (phase 0) and cuCtxSetLimit (phase 1), and at the end of a cuCtxSetLimit
+ * that succeeded (phase 2), so that a test can order concurrent limit calls (or run
+ * other calls inside one). NULL (the default): nothing is called. */
+static void (*volatile g_limit_hook)(int phase, int limit, size_t value);
+
+void fake_cuda_limit_hook(void (*hook)(int phase, int limit, size_t value)) {
+    __atomic_store_n(&g_limit_hook, hook, __ATOMIC_SEQ_CST);
+}
+
+static void limit_hook(int phase, int limit, size_t value) {
+    void (*hook)(int, int, size_t) = __atomic_load_n(&g_limit_hook, __ATOMIC_SEQ_CST);
+    if (hook) hook(phase, limit, value);
+}
+
+static CUresult get_limit(size_t *value, int limit) {
     BEGIN;
     if (g_caps) g_queries_in_capture++;
     int dev;
@@ -1669,9 +1686,14 @@ CUresult cuCtxGetLimit(size_t *value, int limit) {
     END
 }
 
+CUresult cuCtxGetLimit(size_t *value, int limit) {
+    limit_hook(0, limit, 0);
+    return get_limit(value, limit);
+}
+
 /* CU_LIMIT_STACK_SIZE (0) is paid at once; CU_LIMIT_PRINTF_FIFO_SIZE (1) and
  * CU_LIMIT_MALLOC_HEAP_SIZE (2) at the context's first launch, and refused after it. */
-CUresult cuCtxSetLimit(int limit, size_t value) {
+static CUresult set_limit(int limit, size_t value) {
     BEGIN;
     int dev;
     TRY(cur_device(&dev));
@@ -1687,6 +1709,13 @@ CUresult cuCtxSetLimit(int limit, size_t value) {
         else t_cur->heap = value;
     }
     END
+}
+
+CUresult cuCtxSetLimit(int limit, size_t value) {
+    limit_hook(1, limit, value);
+    CUresult rc = set_limit(limit, value);
+    if (rc == CUDA_SUCCESS) limit_hook(2, limit, value);
+    return rc;
 }
 
 /* ---------- virtual memory management ---------- */

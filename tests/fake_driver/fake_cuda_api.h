@@ -267,5 +267,6 @@ FAKE_EXPORT unsigned long long fake_cuda_used(int ordinal);
 FAKE_EXPORT unsigned long long fake_cuda_peak(int ordinal);
 FAKE_EXPORT unsigned long long fake_cuda_phys_used(int physical_index);
 FAKE_EXPORT void fake_cuda_reset_peak(int ordinal);
+FAKE_EXPORT void fake_cuda_limit_hook(void (*hook)(int phase, int limit, size_t value));
 
 #endif

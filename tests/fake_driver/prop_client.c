@@ -35,6 +35,7 @@ typedef unsigned long long u64;
     X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 0)                                  \
     X(cuCtxSynchronize, "cuCtxSynchronize", 0)                                   \
     X(cuCtxGetLimit, "cuCtxGetLimit", 0)                                         \
+    X(cuCtxSetLimit, "cuCtxSetLimit", 0)                                         \
     X(cuMemAlloc_v2, "cuMemAlloc", 0)                                            \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 0)                                  \
     X(cuMemAllocManaged, "cuMemAllocManaged", 0)                                 \
@@ -146,7 +147,7 @@ enum opcode {
     O_POOL, O_THRESHOLD, O_TRIM, O_POOLATTR, O_POOLDESTROY, O_SETPOOL, O_SYNC, O_CTXSYNC, O_INFO, O_RETAINPRIMARY,
     O_RELEASE, O_RESET, O_SETPRIMARY, O_CTXCREATE, O_CTXDESTROY, O_SETCTX, O_CTXPOP, O_STREAM, O_STREAMDESTROY,
     O_CAPTURE, O_ENDCAPTURE, O_CAPTURING, O_CAPMODE, O_GRAPH, O_MEMNODE, O_FREENODE, O_INSTANTIATE, O_UPLOAD,
-    O_LAUNCH, O_EXECDESTROY, O_GRAPHDESTROY, O_GRAPHTRIM, O_GRAPHATTR, O_FORK, O_YIELD, O_COUNT
+    O_LAUNCH, O_EXECDESTROY, O_GRAPHDESTROY, O_GRAPHTRIM, O_GRAPHATTR, O_FORK, O_YIELD, O_SETLIMIT, O_COUNT
 };
 
 static const struct {
@@ -207,6 +208,7 @@ static const struct {
     [O_GRAPHATTR] = {"graphattr", 2},   /* DEV ATTR */
     [O_FORK] = {"fork", 0},
     [O_YIELD] = {"yield", 0},
+    [O_SETLIMIT] = {"setlimit", 2},     /* LIMIT VALUE */
 };
 
 #define MAX_ARGS 7
@@ -321,6 +323,9 @@ static void reg_add2(int r, u64 v, int r2, u64 v2) {
 static void reg_add(int r, u64 v) { reg_add2(r, v, -1, 0); }
 
 static CUcontext g_prim[MAX_DEVS]; /* primary contexts, retained at start */
+/* The limits (stack, printf FIFO, heap) of each primary context at start: the cleanup
+ * sets them back. */
+static size_t g_limit0[MAX_DEVS][3];
 static int g_cleanup_retained[MAX_DEVS];
 
 /* First sample over budget, fork problems. */
@@ -738,6 +743,7 @@ static int run_op(int t, size_t idx, const struct op *o) {
         break;
     }
     case O_FORK: do_fork(t, idx); break;
+    case O_SETLIMIT: rc = api.cuCtxSetLimit((int)a[0], (size_t)a[1]); break;
     case O_YIELD: {
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
@@ -888,6 +894,10 @@ static void cleanup(void) {
     for (size_t i = 0; i < g_reg[R_CTX].n; i++) api.cuCtxDestroy_v2((CUcontext)(uintptr_t)g_reg[R_CTX].v[i]);
     for (int d = 0; d < g_case.ndev; d++) {
         api.cuCtxSetCurrent(g_prim[d]);
+        for (int l = 0; l < 3; l++) api.cuCtxSetLimit(l, g_limit0[d][l]);
+    }
+    for (int d = 0; d < g_case.ndev; d++) {
+        api.cuCtxSetCurrent(g_prim[d]);
         api.cuCtxSynchronize();
         api.cuDeviceGraphMemTrim(d);
     }
@@ -1009,6 +1019,9 @@ int main(int argc, char **argv) {
         CUdevice dev;
         if (api.cuDeviceGet(&dev, d) != CUDA_SUCCESS) break;
         if (api.cuDevicePrimaryCtxRetain(&g_prim[d], dev) != CUDA_SUCCESS) die("retain %d", d);
+        api.cuCtxSetCurrent(g_prim[d]);
+        for (int l = 0; l < 3; l++)
+            if (api.cuCtxGetLimit(&g_limit0[d][l], l) != CUDA_SUCCESS) die("limit %d of device %d", l, d);
         ndev = d + 1;
     }
     api.cuCtxSetCurrent(g_prim[0]);

@@ -162,7 +162,7 @@ fn a_device_heap_that_does_not_fit_is_refused_and_the_old_limit_stays() {
 }
 
 #[test]
-fn a_stack_that_does_not_fit_is_set_back_and_a_smaller_one_gives_memory_back() {
+fn a_stack_that_does_not_fit_is_refused_and_a_smaller_one_gives_memory_back() {
     // The fake pays a stack limit for 1024 threads: 64 KiB a thread is 63 MiB more.
     let run = budget_run(
         "gpa",
@@ -178,7 +178,11 @@ fn a_stack_that_does_not_fit_is_set_back_and_a_smaller_one_gives_memory_back() {
         &[("CUDABUDGET_LIMIT", "100Mi"), NVML_BLIND],
     );
     assert_eq!(run.rc("setlimit", 0), 2, "{run:?}");
-    assert_eq!(run.num("setlimit", 0, "now"), 1024, "set back\n{run:?}");
+    assert_eq!(
+        run.num("setlimit", 0, "now"),
+        1024,
+        "the old limit stays\n{run:?}"
+    );
     assert_eq!(used(&run, 0), 60 * MI, "{run:?}");
     assert_eq!(run.rc("setlimit", 1), 0, "{run:?}");
     assert_eq!(run.num("info", 0, "free"), 40 * MI - 15 * MI, "{run:?}");
@@ -594,4 +598,109 @@ fn a_context_created_after_the_last_one_went_is_charged_once() {
     assert_eq!(run.num("info", 0, "free"), GI - 300 * MI, "{run:?}");
     assert_eq!(run.rc("ctxcreate", 0), 0, "{run:?}");
     assert_eq!(run.num("info", 1, "free"), GI - 300 * MI, "{run:?}");
+}
+
+/// Two threads set the device heap at once: one shrinks it back to its 8 MiB default,
+/// the other grows it to 512 MiB again, each reading the old limit first where the
+/// library lets them (the fake driver orders the calls: both reads, then the shrink,
+/// then the growth). Whichever limit stays, the books charge it: once a launch allocates
+/// the heap, the view equals what the device holds, and an allocation of more than is
+/// left never takes the device over the budget.
+#[test]
+fn two_threads_setting_the_heap_at_once_leave_it_charged_as_it_stays() {
+    for limit in ["2", "1"] {
+        let grow = format!("setlimit:{limit}:536870912");
+        let race = format!("limitrace:{limit}:1048576:536870912");
+        let run = budget_run(
+            "gpa",
+            &[
+                &grow,
+                &race,
+                "kernel",
+                "info",
+                "phys",
+                "alloc:600Mi",
+                "phys",
+            ],
+            &[("CUDABUDGET_LIMIT", "1Gi"), NVML_BLIND],
+        );
+        run.assert_completed();
+        assert_eq!(run.rc("setlimit", 0), 0, "{run:?}");
+        assert_eq!(run.num("limitrace", 0, "first"), 0, "{run:?}");
+        assert_eq!(run.num("limitrace", 0, "second"), 0, "{run:?}");
+        assert_eq!(run.rc("kernel", 0), 0, "{run:?}");
+        let now = run.num("limitrace", 0, "now");
+        assert!(now == MI || now == 512 * MI, "{run:?}");
+        assert_eq!(
+            GI - run.num("info", 0, "free"),
+            used(&run, 0),
+            "the view is what the device holds (limit {limit} at {now})\n{run:?}"
+        );
+        assert!(run.num("phys", 1, "peak") <= GI, "over the budget\n{run:?}");
+    }
+}
+
+/// A limit set while another thread allocates: the allocation (made inside the
+/// driver's `cuCtxSetLimit`, where a measurement around the call would see it) is the
+/// allocation's, never the limit's. Once it is freed and the limit set back, the books
+/// read zero again (the context costs nothing here).
+#[test]
+fn a_limit_set_while_another_thread_allocates_charges_only_the_limit() {
+    // The heap and the FIFO are charged their growth above their defaults (8 MiB, and
+    // 8650752 B); the stack 3 KiB for each of the fake's 1024 threads.
+    for (limit, value, back, charged) in [
+        ("2", "16Mi", "8Mi", 8 * MI),
+        ("1", "16Mi", "8650752", 16 * MI - 8650752),
+        ("0", "4096", "1024", 3 * MI),
+    ] {
+        let set = format!("limitalloc:{limit}:{value}:100Mi");
+        let back = format!("setlimit:{limit}:{back}");
+        let run = budget_run(
+            "gpa",
+            &[&set, "info", "free:0", &back, "info", "phys"],
+            &[("CUDABUDGET_LIMIT", "1Gi"), NVML_BLIND],
+        );
+        run.assert_completed();
+        assert_eq!(run.rc("limitalloc", 0), 0, "{run:?}");
+        assert_eq!(run.num("limitalloc", 0, "alloc"), 0, "{run:?}");
+        assert_eq!(
+            run.num("info", 0, "free"),
+            GI - 100 * MI - charged,
+            "limit {limit}\n{run:?}"
+        );
+        assert_eq!(run.rc("free", 0), 0, "{run:?}");
+        assert_eq!(run.rc("setlimit", 0), 0, "{run:?}");
+        assert_eq!(used(&run, 0), 0, "{run:?}");
+        assert_eq!(
+            run.num("info", 1, "free"),
+            GI,
+            "limit {limit}: books at zero\n{run:?}"
+        );
+    }
+}
+
+/// A second context's limits are its own: the stack set in it is charged, and given
+/// back when the context is destroyed (the driver frees it then), while the device's
+/// first context lives on.
+#[test]
+fn the_limits_of_a_destroyed_context_are_given_back_with_it() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "ctxcreate:0",
+            "setlimit:0:4096",
+            "info",
+            "ctxdestroy:0",
+            "ctx:0",
+            "phys",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi"), NVML_BLIND],
+    );
+    run.assert_completed();
+    assert_eq!(run.rc("setlimit", 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), GI - 3 * MI, "{run:?}");
+    assert_eq!(run.rc("ctxdestroy", 0), 0, "{run:?}");
+    assert_eq!(used(&run, 0), 0, "{run:?}");
+    assert_eq!(run.num("info", 1, "free"), GI, "{run:?}");
 }

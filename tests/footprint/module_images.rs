@@ -79,18 +79,64 @@ const COMPRESSED: u64 = 0x8000;
 
 /// A fatbinary of these entries: (kind, sm arch, flags, payload).
 fn fatbin(entries: &[(u16, u32, u64, &[u8])]) -> Vec<u8> {
-    let mut body = Vec::new();
-    for (kind, arch, flags, payload) in entries {
-        let mut head = [0u8; 64];
-        head[0..2].copy_from_slice(&kind.to_le_bytes());
-        head[2..4].copy_from_slice(&0x0101u16.to_le_bytes());
-        head[4..8].copy_from_slice(&64u32.to_le_bytes());
-        head[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        head[28..32].copy_from_slice(&arch.to_le_bytes());
-        head[40..48].copy_from_slice(&(flags | 0x11).to_le_bytes());
-        body.extend_from_slice(&head);
-        body.extend_from_slice(payload);
+    let entries: Vec<Vec<u8>> = entries
+        .iter()
+        .map(|&(kind, arch, flags, payload)| entry(kind, arch, flags, payload, None))
+        .collect();
+    fatbin_of(&entries)
+}
+
+/// One fatbinary entry: its header, then its payload. `compressed`: the payload's
+/// compressed and expanded lengths, and the payload padded to 8 bytes, as nvcc writes a
+/// compressed entry.
+fn entry(
+    kind: u16,
+    arch: u32,
+    flags: u64,
+    payload: &[u8],
+    compressed: Option<(u32, u64)>,
+) -> Vec<u8> {
+    let mut payload = payload.to_vec();
+    let (packed, unpacked) = compressed.unwrap_or((0, 0));
+    if compressed.is_some() {
+        payload.resize(payload.len().next_multiple_of(8), 0);
     }
+    let mut e = vec![0u8; 64];
+    e[0..2].copy_from_slice(&kind.to_le_bytes());
+    e[2..4].copy_from_slice(&0x0101u16.to_le_bytes());
+    e[4..8].copy_from_slice(&64u32.to_le_bytes());
+    e[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    e[16..20].copy_from_slice(&packed.to_le_bytes());
+    e[28..32].copy_from_slice(&arch.to_le_bytes());
+    e[40..48].copy_from_slice(&(flags | 0x11).to_le_bytes());
+    e[56..64].copy_from_slice(&unpacked.to_le_bytes());
+    e.extend_from_slice(&payload);
+    e
+}
+
+/// How nvcc compresses an entry: LZ4 (`-Xfatbin=-compress-all` before CUDA 12.8,
+/// `--compress-mode=speed`), Zstandard (the default mode from CUDA 12.8, `size`).
+#[derive(Clone, Copy, Debug)]
+enum Codec {
+    Lz4,
+    Zstd,
+}
+
+/// A cubin for `arch` compressed with `codec` and framed as nvcc frames it.
+fn compressed(codec: Codec, arch: u32, raw: &[u8]) -> Vec<u8> {
+    let (flag, bytes) = match codec {
+        Codec::Lz4 => (0x2000, lz4_flex::block::compress(raw)),
+        Codec::Zstd => (
+            0x8000,
+            ruzstd::encoding::compress_to_vec(raw, ruzstd::encoding::CompressionLevel::Fastest),
+        ),
+    };
+    let sizes = (bytes.len() as u32, raw.len() as u64);
+    entry(KIND_ELF, arch, flag, &bytes, Some(sizes))
+}
+
+fn fatbin_of(entries: &[Vec<u8>]) -> Vec<u8> {
+    let body = entries.concat();
     let mut fat = 0xBA55_ED50u32.to_le_bytes().to_vec();
     fat.extend_from_slice(&1u16.to_le_bytes());
     fat.extend_from_slice(&16u16.to_le_bytes());
@@ -256,10 +302,105 @@ fn a_lazily_loaded_librarys_globals_are_admitted_before_its_first_look_up_brings
     assert_eq!(eager.num("phys", 0, "peak"), 0, "{eager:?}");
 }
 
+/// What the driver holds for a compressed entry (the fake does not expand it): the
+/// module's footprint, so that a load the library let through would show on the device.
+fn fake_holds(globals: u64) -> (&'static str, String) {
+    ("FAKE_CUDA_MODULE_BYTES", footprint_of(globals).to_string())
+}
+
+#[test]
+fn a_compressed_fatbinary_whose_globals_exceed_the_budget_is_refused_before_the_driver_loads_it() {
+    for codec in [Codec::Lz4, Codec::Zstd] {
+        // As `nvcc -Xfatbin=-compress-all` writes it: every architecture's cubin compressed.
+        let fat = fatbin_of(&[
+            compressed(codec, 80, &module_of(MI)),
+            compressed(codec, 90, &module_of(1536 * MI)),
+        ]);
+        let image = image_file(&format!("1536mi-{codec:?}.fatbin"), &fat);
+        let by_data = op("modimage", &image);
+        let by_path = op("modfile", &image);
+        let as_library = op("libimage", &image);
+        let (var, bytes) = fake_holds(1536 * MI);
+        let ops = [
+            by_data.as_str(),
+            &by_path,
+            &as_library,
+            "libglobal:0",
+            "loads",
+            "phys",
+            "info",
+        ];
+        let run = budget_run(
+            "gpa",
+            &ops,
+            &[("CUDABUDGET_LIMIT", "1Gi"), NVML_BLIND, (var, &bytes)],
+        );
+        assert_eq!(run.rc("modimage", 0), 2, "{codec:?}\n{run:?}");
+        assert_eq!(run.rc("modfile", 0), 2, "{codec:?}\n{run:?}");
+        // A library loads lazily: its globals would come at its first look-up, refused.
+        assert_eq!(run.rc("libimage", 0), 0, "{codec:?}\n{run:?}");
+        assert_eq!(run.rc("libglobal", 0), 2, "{codec:?}\n{run:?}");
+        assert_eq!(
+            run.num("loads", 0, "calls"),
+            1,
+            "the driver saw only the library's load, which places nothing\n{codec:?}\n{run:?}"
+        );
+        assert_eq!(
+            run.num("phys", 0, "peak"),
+            0,
+            "the device never held any of it\n{codec:?}\n{run:?}"
+        );
+        assert_eq!(run.num("info", 0, "free"), GI, "{codec:?}\n{run:?}");
+    }
+}
+
+/// cudart loads every fatbinary of a process as a lazily loaded library at start-up, most
+/// of them never used: a compressed entry is expanded at the library's first look-up, not
+/// at its load.
+#[test]
+fn a_lazily_loaded_librarys_compressed_entry_is_expanded_at_its_first_look_up_only() {
+    let fat = fatbin_of(&[compressed(Codec::Zstd, 90, &module_of(1536 * MI))]);
+    let image = image_file("1536mi-lazy.fatbin", &fat);
+    let load = op("libimage", &image);
+    let debug = ("CUDABUDGET_LOG", "debug");
+    let unused = run(&[&load, "unload:0"], &[debug]);
+    assert_eq!(unused.rc("libimage", 0), 0, "{unused:?}");
+    assert!(
+        unused.stderr.contains("read at the first look-up")
+            && !unused.stderr.contains("the image places"),
+        "expanded at the load\n{unused:?}"
+    );
+    // Under 2 GiB it fits, and is charged what the expanded cubin says (the fake holds
+    // nothing for it).
+    let used = run(&[&load, "libglobal:0", "info"], &[debug]);
+    assert_eq!(used.rc("libglobal", 0), 0, "{used:?}");
+    assert_eq!(used.num("info", 0, "free"), 512 * MI, "{used:?}");
+    assert!(
+        used.stderr.contains("the image places 1.50 GiB of data"),
+        "{used:?}"
+    );
+}
+
+#[test]
+fn a_compressed_fatbinary_that_fits_is_charged_what_its_cubin_says_until_its_unload() {
+    for codec in [Codec::Lz4, Codec::Zstd] {
+        let fat = fatbin_of(&[compressed(codec, 90, &module_of(GI))]);
+        let image = image_file(&format!("1gi-{codec:?}.fatbin"), &fat);
+        let load = op("modimage", &image);
+        // The fake holds nothing for it: what is charged is what the image said, its
+        // globals (its code comes at a kernel's first use, with lazy loading).
+        let run = run(&[&load, "info", "unload:0", "info"], &[]);
+        assert_eq!(run.rc("modimage", 0), 0, "{codec:?}\n{run:?}");
+        assert_eq!(run.num("info", 0, "free"), GI, "{codec:?}\n{run:?}");
+        assert_eq!(run.num("info", 1, "free"), 2 * GI, "{codec:?}\n{run:?}");
+    }
+}
+
 #[test]
 fn an_image_that_cannot_say_is_measured_at_its_load_and_undone_when_it_does_not_fit() {
-    // A compressed entry: neither the library nor the fake reads inside it, and the
-    // fake charges FAKE_CUDA_MODULE_BYTES for it.
+    // A compressed entry whose bytes do not decode (a cubin stored as it is, flagged as
+    // Zstandard): neither the library nor the fake reads inside it, and the fake charges
+    // FAKE_CUDA_MODULE_BYTES for it.
     let big = module_of(3 * GI);
     let fat = image_file(
         "compressed.fatbin",

@@ -3,8 +3,8 @@
 //! gives) works alone; `--version` names the commit.
 
 use crate::util::cli::{
-    BIN, cli_at, cudabudget, fresh_library, library_for_a_newer_glibc, output, scratch, stderr,
-    stdout,
+    BIN, cli_at, closed_scratch, cudabudget, fresh_library, library_for_a_newer_glibc, output,
+    scratch, stderr, stdout,
 };
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -16,7 +16,7 @@ fn same_bytes(a: &Path, b: &Path) -> bool {
 
 #[test]
 fn install_writes_the_library_and_the_cli_and_prints_the_preload_line() {
-    let dir = scratch("install").join("opt/cudabudget");
+    let dir = closed_scratch("install").join("opt/cudabudget");
     let out = output(&mut cudabudget(&["install", dir.to_str().unwrap()]));
     assert!(out.status.success(), "{}", stderr(&out));
     let dir = std::fs::canonicalize(&dir).unwrap();
@@ -58,7 +58,7 @@ fn install_writes_the_library_and_the_cli_and_prints_the_preload_line() {
 
 #[test]
 fn install_replaces_an_old_library_by_renaming_a_new_file_over_it() {
-    let dir = scratch("reinstall");
+    let dir = closed_scratch("reinstall");
     let library = dir.join("libcudabudget.so");
     std::fs::write(&library, b"an old library").unwrap();
     let old_inode = std::fs::metadata(&library).unwrap().ino();
@@ -87,7 +87,7 @@ fn install_replaces_an_old_library_by_renaming_a_new_file_over_it() {
 
 #[test]
 fn install_refuses_a_directory_ld_preload_cannot_name() {
-    let dir = scratch("install-space").join("with space");
+    let dir = closed_scratch("install-space").join("with space");
     let out = output(&mut cudabudget(&["install", dir.to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
@@ -99,7 +99,7 @@ fn install_refuses_a_directory_ld_preload_cannot_name() {
 
 #[test]
 fn install_says_when_the_library_does_not_load_where_it_was_installed() {
-    let dir = scratch("install-glibc");
+    let dir = closed_scratch("install-glibc");
     let newer = library_for_a_newer_glibc(&dir);
     let target = dir.join("target");
     let out = output(
@@ -148,7 +148,7 @@ fn version_names_the_commit_it_was_built_from() {
 /// its own for the cache.
 #[cfg(cudabudget_embed)]
 fn bare_cli(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let dir = scratch(test);
+    let dir = closed_scratch(test);
     let bin = dir.join("bin/cudabudget");
     std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
     std::fs::copy(BIN, &bin).unwrap();
@@ -266,7 +266,7 @@ fn a_cli_alone_installs_the_library_it_carries() {
 
 #[test]
 fn install_refuses_a_directory_others_can_write() {
-    let scratch = scratch("install-open");
+    let scratch = closed_scratch("install-open");
     for mode in [0o777, 0o1777, 0o775] {
         let dir = scratch.join(format!("open-{mode:o}"));
         std::fs::create_dir(&dir).unwrap();
@@ -318,6 +318,115 @@ fn a_cache_directory_linked_to_a_place_of_ours_is_used_without_a_word() {
             preloaded.starts_with(std::fs::canonicalize(&elsewhere).unwrap()),
             "{preloaded:?}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Asserts `install DIR` was refused (125, one line naming `open` and saying `words`)
+/// and wrote nothing.
+fn assert_install_refused(dir: &Path, open: &Path, words: &str) {
+    let out = output(&mut cudabudget(&["install", dir.to_str().unwrap()]));
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(125), "{said}");
+    assert!(
+        said.contains(&format!("{} cannot be trusted", open.display())) && said.contains(words),
+        "the line names {}: {said}",
+        open.display()
+    );
+    assert_eq!(said.trim_end().lines().count(), 1, "{said}");
+    assert!(stdout(&out).is_empty(), "no LD_PRELOAD line");
+    assert!(!dir.join("libcudabudget.so").exists());
+    assert!(!dir.join("cudabudget").exists());
+}
+
+#[test]
+fn install_refuses_a_directory_under_one_others_may_write_sticky_or_not_naming_it() {
+    // Under the system's temporary directory: once a cleaner removes the install, any
+    // user could recreate the path with their own library.
+    let under_tmp = scratch("install-under-tmp");
+    match crate::util::first_open_ancestor(&under_tmp) {
+        Some(open) => assert_install_refused(&under_tmp.join("opt/cudabudget"), &open, ""),
+        None => crate::util::skip("the temporary directory is closed to other users here"),
+    }
+
+    // Under a sticky world-writable directory, closed all the way above it.
+    let sticky = closed_scratch("install-sticky").join("shared");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    assert_install_refused(&sticky.join("opt/cudabudget"), &sticky, "sticky or not");
+
+    // Under another user's directory that its group may write.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        crate::util::skip("the case of another user's directory needs root to chown");
+        return;
+    }
+    let theirs = closed_scratch("install-theirs").join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o775)).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(54321), Some(54321)).unwrap();
+    assert_install_refused(&theirs.join("lib"), &theirs, "uid 54321");
+}
+
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_cli_alone_never_writes_the_library_it_carries_under_a_directory_others_may_write() {
+    #[cfg(cudabudget_embed)]
+    {
+        let (dir, bin) = bare_cli("bare-sticky");
+        let sticky = dir.join("shared");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let home = sticky.join("home");
+        let marker = dir.join("ran");
+        // Every place it could use is under the sticky directory: nothing runs.
+        let mut command = bare(&bin, &home, &["run", "--limit", "1Gi", "--", "touch"]);
+        command.arg(&marker).env("TMPDIR", &sticky);
+        let out = output(&mut command);
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(125), "{said}");
+        assert!(
+            said.contains(&format!("{} cannot be trusted", sticky.display())),
+            "{said}"
+        );
+        assert_eq!(said.trim_end().lines().count(), 1, "{said}");
+        assert!(!marker.exists(), "the command ran despite: {said}");
+
+        // With a runtime directory of its own, the copy goes there, and one line says
+        // what was in the way.
+        let runtime = dir.join("runtime");
+        std::fs::create_dir(&runtime).unwrap();
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let mut command = bare(
+            &bin,
+            &home,
+            &[
+                "run",
+                "--limit",
+                "1Gi",
+                "--",
+                "sh",
+                "-c",
+                "echo $LD_PRELOAD",
+            ],
+        );
+        command
+            .env("TMPDIR", &sticky)
+            .env("XDG_RUNTIME_DIR", &runtime);
+        let out = output(&mut command);
+        let said = stderr(&out);
+        assert!(out.status.success(), "{said}");
+        let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
+        assert!(preloaded.starts_with(&runtime), "{preloaded:?}");
+        assert!(
+            said.contains(&format!("{} cannot be trusted", sticky.display()))
+                && said.contains(preloaded.to_str().unwrap()),
+            "{said}"
+        );
+        assert_eq!(said.trim_end().lines().count(), 1, "{said}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -222,9 +222,11 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
-    /// Where the node has cudabudget (the recipe's `/opt/cudabudget`).
+    /// Where the node has cudabudget (the recipe's `/opt/cudabudget`): in a directory no
+    /// other user can write, all the way from `/` (`cudabudget run` preloads nothing
+    /// from under `/tmp`), and not in the cluster's own, whose sockets need a short path.
     fn install(&self) -> PathBuf {
-        self.dir.join("opt-cudabudget")
+        crate::util::closed_binary_dir().join("slurm-opt-cudabudget")
     }
 
     fn marker(&self) -> String {

@@ -93,6 +93,43 @@ view.wait()
 }
 
 #[test]
+fn a_killed_members_forked_child_does_not_keep_its_share_in_the_job() {
+    // The child of fork() inherits its parent's descriptors, the ledger's among them; it
+    // must not keep a killed parent alive to the job.
+    let dir = job_dir("fork-kill");
+    let out = python_job(
+        &dir,
+        "forkkill",
+        r#"
+import os, signal
+holder = member("""
+import os, time
+rc, p = alloc(700 * MI); assert rc == 0
+child = os.fork()
+if child == 0:
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1); os.dup2(quiet, 2)
+    time.sleep(30)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(30)
+""")
+child = int(holder.stdout.readline())
+rc, p = alloc(700 * MI)
+print("while it lives", rc)
+os.kill(holder.pid, signal.SIGKILL)
+holder.wait()
+rc, p = alloc(700 * MI)
+print("after it was killed", rc)
+os.kill(child, signal.SIGKILL)
+"#,
+        "fail",
+    );
+    assert!(out.contains("while it lives 2"), "{out}");
+    assert!(out.contains("after it was killed 0"), "{out}");
+}
+
+#[test]
 fn a_killed_member_not_yet_reaped_gives_its_share_back() {
     // A zombie runs nothing and holds nothing: its share comes back before its parent
     // reaps it (this test reaps it only at the end).

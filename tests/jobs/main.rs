@@ -7,6 +7,7 @@
 
 mod leaving;
 mod ledger;
+mod pods;
 mod sharing;
 #[path = "../util/mod.rs"]
 mod util;

@@ -132,3 +132,80 @@ fn a_job_that_is_not_there_is_refused_with_one_line() {
         stderr(&out)
     );
 }
+
+#[test]
+fn limit_never_dies_reading_or_writing_a_ledger_its_owner_cuts_meanwhile() {
+    use cudabudget_spec::job_file;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+    use std::os::unix::process::ExitStatusExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    // The ledger of job `cut`, laid out as its first member would (no member runs).
+    let dir = util::test_dir()
+        .join("jobs")
+        .join(format!("cudabudget-{}", my_uid()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let path = std::fs::canonicalize(&dir).unwrap().join("job-cut");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    let header = job_file::header();
+    file.set_len(job_file::FILE_BYTES as u64).unwrap();
+    file.write_all_at(&header, 0).unwrap();
+
+    // The owner cuts the file to nothing and makes it whole again, over and over, while
+    // `limit` reads it and writes it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let cutter = std::thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || {
+            let mut cuts = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                file.set_len(0).unwrap();
+                file.set_len(job_file::FILE_BYTES as u64).unwrap();
+                file.write_all_at(&header, 0).unwrap();
+                cuts += 1;
+            }
+            cuts
+        }
+    });
+    let (mut succeeded, mut refused) = (0, 0);
+    let mut failures = Vec::new();
+    for round in 0..300 {
+        let args: &[&str] = if round % 2 == 0 {
+            &["--job", "cut"]
+        } else {
+            &["--job", "cut", "1Gi"]
+        };
+        let out = limit(args);
+        let said = stderr(&out);
+        if let Some(signal) = out.status.signal() {
+            failures.push(format!("limit {args:?} died of signal {signal}: {said}"));
+        } else if out.status.success() {
+            succeeded += 1;
+        } else if out.status.code() == Some(1)
+            && said.contains(&format!("job ledger {}: ", path.display()))
+            && said.trim_end().lines().count() == 1
+        {
+            refused += 1;
+        } else {
+            failures.push(format!("limit {args:?}: {:?}: {said}", out.status));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let cuts = cutter.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of 300 runs ({succeeded} succeeded, {refused} refused naming the ledger, \
+         {cuts} cuts):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

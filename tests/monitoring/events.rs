@@ -302,7 +302,7 @@ fn mkfifo(path: &std::path::Path) {
 }
 
 #[test]
-fn a_fifo_at_the_events_path_never_holds_up_an_allocation_or_the_exit() {
+fn a_fifo_at_the_events_path_moves_the_events_with_one_line_and_never_holds_up_the_process() {
     let dir = scratch("events-fifo");
     let fifo = dir.join("events.jsonl");
     mkfifo(&fifo);
@@ -323,18 +323,47 @@ fn a_fifo_at_the_events_path_never_holds_up_an_allocation_or_the_exit() {
         run.stdout
     );
     assert_still_budgeted(&run);
+    let warned = assert_moved_with_one_line(&run, &fifo);
+    assert!(warned.contains("FIFO"), "{warned}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Where the library moves the events when the path named `named` cannot be used: the
+/// same file name in `events/` of the user's records directory.
+fn moved_events(named: &std::path::Path) -> std::path::PathBuf {
+    crate::util::cli::records_dir()
+        .join("events")
+        .join(named.file_name().unwrap())
+}
+
+/// Asserts that the two denials of [`DENIED_ADMITTED_DENIED`] went to the moved events
+/// file, and that one line said why and where; returns that line.
+fn assert_moved_with_one_line(run: &Bounded, named: &std::path::Path) -> String {
+    let moved = moved_events(named);
     let warned: Vec<&str> = run
         .stderr
         .lines()
         .filter(|l| l.contains("cannot append denial events"))
         .collect();
     assert_eq!(warned.len(), 1, "one line says why: {}", run.stderr);
-    assert!(warned[0].contains("FIFO"), "{}", warned[0]);
-    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        warned[0].contains(named.to_str().unwrap())
+            && warned[0].contains(&format!("they go to {} instead", moved.display())),
+        "the line names both places: {}",
+        warned[0]
+    );
+    let text = std::fs::read_to_string(&moved)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", moved.display(), run.stderr));
+    let outcomes: Vec<String> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["outcome"].to_string())
+        .collect();
+    assert_eq!(outcomes, ["\"denied\"", "\"denied\""], "{text}");
+    warned[0].to_string()
 }
 
 #[test]
-fn a_symbolic_link_at_the_events_path_is_not_followed() {
+fn a_symbolic_link_at_the_events_path_is_not_followed_and_moves_the_events_with_one_line() {
     let dir = scratch("events-link");
     let precious = dir.join("precious");
     std::fs::write(&precious, "precious\n").unwrap();
@@ -354,11 +383,32 @@ fn a_symbolic_link_at_the_events_path_is_not_followed() {
     assert!(run.finished);
     assert_still_budgeted(&run);
     assert_eq!(std::fs::read_to_string(&precious).unwrap(), "precious\n");
-    assert!(
-        run.stderr.contains("cannot append denial events") && run.stderr.contains("symbolic link"),
-        "{}",
-        run.stderr
+    let warned = assert_moved_with_one_line(&run, &link);
+    assert!(warned.contains("symbolic link"), "{warned}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_directory_at_the_events_path_moves_the_events_with_one_line() {
+    let dir = scratch("events-dir");
+    let named = dir.join("events.jsonl");
+    std::fs::create_dir(&named).unwrap();
+    let library = fresh_library();
+    let command = client_command(
+        "gpa",
+        DENIED_ADMITTED_DENIED,
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_EVENTS", named.to_str().unwrap()),
+        ],
+        Some(&library),
     );
+    let run = run_within(command, Duration::from_secs(30));
+    assert!(run.finished);
+    assert_still_budgeted(&run);
+    let warned = assert_moved_with_one_line(&run, &named);
+    assert!(warned.contains("a directory"), "{warned}");
+    assert_eq!(std::fs::read_dir(&named).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

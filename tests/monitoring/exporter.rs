@@ -3,11 +3,12 @@
 //! authentication when a web configuration file asks for them.
 
 use crate::util::cli::{Budgeted, cudabudget, output, scratch, stderr};
+use crate::util::servers::{connect_from, idle_connections};
 use crate::util::{GI, MI};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, TcpStream};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,9 +54,19 @@ impl Exporter {
 
     /// (status code, head, body) of `GET path` with `headers`, over plain HTTP.
     fn request(&self, path: &str, headers: &[&str]) -> (u16, String, String) {
-        let mut stream = TcpStream::connect(&self.address).expect("connect to the exporter");
+        self.request_from(Ipv4Addr::LOCALHOST, path, headers)
+    }
+
+    /// [`Exporter::request`] from the client at `source`.
+    fn request_from(
+        &self,
+        source: Ipv4Addr,
+        path: &str,
+        headers: &[&str],
+    ) -> (u16, String, String) {
+        let mut stream = connect_from(source, &self.address).expect("connect to the exporter");
         stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
+            .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
         let mut response = Vec::new();
         exchange(&mut stream, path, headers, &mut response);
@@ -708,6 +719,8 @@ fn with_basic_auth_users_only_the_right_credentials_get_the_metrics() {
         assert!(head.contains("www-authenticate: Basic"), "{head}");
         assert!(!body.contains("cudabudget_"), "{body}");
     }
+    // The health check asks for no credentials.
+    assert_eq!(exporter.get("/healthz"), (200, "ok\n".to_string()));
     let right = basic("prometheus", "s3cret pass");
     for _ in 0..2 {
         let (code, head, body) = exporter.request("/metrics", &[right.as_str()]);
@@ -717,34 +730,9 @@ fn with_basic_auth_users_only_the_right_credentials_get_the_metrics() {
     }
 }
 
-/// The exit status and stderr of `cudabudget args`, killed if still running after 5 s.
+/// The exit status and stderr of `cudabudget args`, killed if still running after 10 s.
 fn run_briefly(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = cudabudget(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code();
-        }
-        if started.elapsed() > Duration::from_secs(5) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut text = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut text)
-        .unwrap();
-    (status, text)
+    crate::util::servers::run_briefly(&mut cudabudget(args))
 }
 
 #[test]
@@ -819,5 +807,141 @@ fn a_budget_changed_with_limit_is_the_budget_the_exporter_serves() {
         value(&parse(&body), "cudabudget_memory_limit_bytes", &labels),
         Some(3.0 * GI as f64),
         "{body}"
+    );
+}
+
+/// 127.0.0.2: the client that floods; 127.0.0.3: another client.
+const FLOODER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+const OTHER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
+
+#[test]
+fn one_client_holding_idle_connections_cannot_keep_another_from_the_metrics_or_the_health_check() {
+    let exporter = Exporter::start(&[
+        "--max-connections",
+        "16",
+        "--max-connections-per-client",
+        "4",
+        "--read-timeout",
+        "600",
+    ]);
+    // More idle connections than the whole cap, from one client.
+    let (_held, open) = idle_connections(FLOODER, &exporter.address, 40);
+    assert_eq!(open, 4, "connections of one client held open");
+
+    let (code, _, body) = exporter.request_from(OTHER, "/healthz", &[]);
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let (code, _, body) = exporter.request_from(OTHER, "/metrics", &[]);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("cudabudget_processes "), "{body}");
+}
+
+#[test]
+fn wrong_passwords_from_one_client_do_not_hold_up_a_right_one_from_another() {
+    let dir = scratch("exporter-auth-flood");
+    // Slow enough that fifty checks queued before the right one would outlast the
+    // client's patience (30 s) when checked in one queue.
+    let hash = bcrypt::hash("right", 11).unwrap();
+    let config = dir.join("web.yml");
+    std::fs::write(
+        &config,
+        format!("basic_auth_users:\n  prometheus: '{hash}'\n"),
+    )
+    .unwrap();
+    let exporter = Exporter::start(&["--web-config-file", config.to_str().unwrap()]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = Arc::new(std::sync::Barrier::new(51));
+    let wrong = basic("prometheus", "wrong");
+    let flood: Vec<_> = (0..50)
+        .map(|_| {
+            let (address, stop, sent, wrong) = (
+                exporter.address.clone(),
+                stop.clone(),
+                sent.clone(),
+                wrong.clone(),
+            );
+            std::thread::spawn(move || {
+                let request = format!("GET /metrics HTTP/1.0\r\nHost: test\r\n{wrong}\r\n\r\n");
+                let mut first = true;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Ok(mut stream) = connect_from(FLOODER, &address) else {
+                        break;
+                    };
+                    let _ = stream.write_all(request.as_bytes());
+                    if first {
+                        sent.wait();
+                        first = false;
+                    }
+                    let mut answer = Vec::new();
+                    let _ = stream.read_to_end(&mut answer);
+                }
+            })
+        })
+        .collect();
+    // Every flooder has its request in before the right one.
+    sent.wait();
+    let right = basic("prometheus", "right");
+    for _ in 0..2 {
+        let (code, head, body) = exporter.request_from(OTHER, "/metrics", &[right.as_str()]);
+        assert_eq!(code, 200, "{head}");
+        assert!(body.contains("cudabudget_processes "), "{body}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The flooders' connections end with the exporter.
+    drop(exporter);
+    for thread in flood {
+        thread.join().unwrap();
+    }
+}
+
+#[test]
+fn a_certificate_or_configuration_that_is_not_a_regular_file_refuses_the_start_naming_it() {
+    let dir = scratch("exporter-not-regular");
+    self_signed(&dir);
+    let fifo = dir.join("fifo");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let fifo = fifo.to_str().unwrap();
+    let cases = [
+        (
+            "zero.yml",
+            "/dev/zero",
+            "cert_file /dev/zero: not a regular file",
+        ),
+        ("fifo-cert.yml", fifo, "cert_file"),
+        ("dir-cert.yml", "/", "cert_file /: not a regular file"),
+    ];
+    for (name, cert, said) in cases {
+        let config = dir.join(name);
+        std::fs::write(
+            &config,
+            format!("tls_server_config:\n  cert_file: {cert}\n  key_file: key.pem\n"),
+        )
+        .unwrap();
+        let config = config.to_str().unwrap();
+        let (status, text) = run_briefly(&[
+            "exporter",
+            "--listen",
+            "127.0.0.1:0",
+            "--web-config-file",
+            config,
+        ]);
+        assert_eq!(status, Some(2), "{name}: {text}");
+        assert!(text.contains(said), "{name}: {text}");
+        assert!(text.contains("not a regular file"), "{name}: {text}");
+        assert_eq!(text.lines().count(), 1, "{name}: {text}");
+    }
+    // The configuration itself.
+    let (status, text) = run_briefly(&[
+        "exporter",
+        "--listen",
+        "127.0.0.1:0",
+        "--web-config-file",
+        fifo,
+    ]);
+    assert_eq!(status, Some(2), "{text}");
+    assert_eq!(
+        text.trim_end(),
+        format!("cudabudget: --web-config-file {fifo}: not a regular file")
     );
 }

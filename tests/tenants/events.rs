@@ -1,6 +1,7 @@
-//! Another user cannot make alice's job write where it was never meant to: an events
-//! file, a FIFO or a directory that mallory planted at the path named by
-//! `CUDABUDGET_EVENTS` is refused with one line, and alice's job runs on, budgeted.
+//! Another user cannot make alice's job write where it was never meant to, nor lose its
+//! events: an events file, a FIFO or a directory that mallory planted at the path named
+//! by `CUDABUDGET_EVENTS` moves alice's events to a place of her own with one line, and
+//! alice's job runs on, budgeted.
 //! Needs root to create the users; skipped otherwise.
 
 use crate::util::tenants::{Tenants, as_user};
@@ -79,6 +80,38 @@ fn assert_budgeted(stdout: &str, stderr: &str) {
     );
 }
 
+/// Asserts that alice's two denials went to the events file's name in `events/` of her
+/// records directory (in the runtime directory `as_user` gives), hers and closed to
+/// others, and that one line said where.
+fn assert_moved_to_her_own_place(t: &Tenants, events: &Path, stderr: &str) {
+    let test = crate::util::test_dir();
+    let moved = t
+        .shared
+        .join(format!(
+            "places-{}",
+            test.file_name().unwrap().to_string_lossy()
+        ))
+        .join("runtime")
+        .join(format!("cudabudget-{}", t.alice.uid))
+        .join("events")
+        .join(events.file_name().unwrap());
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("cannot append denial events"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains(&format!("they go to {} instead", moved.display())),
+        "{stderr}"
+    );
+    let text =
+        std::fs::read_to_string(&moved).unwrap_or_else(|e| panic!("{}: {e}", moved.display()));
+    assert_eq!(text.lines().count(), 2, "{text}");
+    let meta = std::fs::metadata(&moved).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), t.alice.uid);
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+}
+
 fn chown(path: &Path, user: &crate::util::tenants::User) {
     std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid)).unwrap();
 }
@@ -118,6 +151,7 @@ fn an_events_file_planted_by_mallory_is_not_written_by_alice_s_job() {
         stderr.contains("cannot append denial events") && stderr.contains("uid"),
         "one line names the file and its owner: {stderr}"
     );
+    assert_moved_to_her_own_place(t, &events, &stderr);
 }
 
 #[test]
@@ -140,6 +174,7 @@ fn a_directory_planted_by_mallory_on_the_events_path_is_not_used() {
         stderr.contains("cannot append denial events") && stderr.contains("cannot be trusted"),
         "{stderr}"
     );
+    assert_moved_to_her_own_place(t, &events, &stderr);
 }
 
 #[test]
@@ -158,4 +193,5 @@ fn a_fifo_planted_by_mallory_does_not_hold_up_alice_s_job() {
         "alice's job was still running after 10 s: {stdout}"
     );
     assert_budgeted(&stdout, &stderr);
+    assert_moved_to_her_own_place(t, &events, &stderr);
 }

@@ -8,7 +8,8 @@ use crate::util::cli::cudabudget;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Idle connections the flood test opens (scaled down when this process cannot have
@@ -27,7 +28,11 @@ impl Exporter {
     fn start(extra: &[&str], limits: &[(libc::__rlimit_resource_t, u64)]) -> Exporter {
         let mut args = vec!["exporter", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        let mut command = cudabudget(&args);
+        Exporter::launch(cudabudget(&args), limits)
+    }
+
+    /// The exporter that `command` starts, under `limits`.
+    fn launch(mut command: Command, limits: &[(libc::__rlimit_resource_t, u64)]) -> Exporter {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -216,7 +221,12 @@ fn a_scrape_is_answered_within_a_second_while_thousands_of_idle_connections_and_
     }
     // Under a limit on its address space (as a service's unit may set), so that a thread
     // per connection cannot be had.
-    let mut exporter = Exporter::start(&[], &[(libc::RLIMIT_AS, 1 << 30)]);
+    // Every connection from this one address counts here: without a per-client cap,
+    // the server's own cap and its memory are what hold.
+    let mut exporter = Exporter::start(
+        &["--max-connections-per-client", "1000000"],
+        &[(libc::RLIMIT_AS, 1 << 30)],
+    );
     let mut open = Vec::with_capacity(idle);
     let connecting = Instant::now();
     for i in 0..idle {
@@ -377,4 +387,94 @@ fn running_out_of_descriptors_does_not_stop_the_exporter() {
     drop(held);
     exporter.scrape_within(Duration::from_secs(1));
     exporter.assert_alive();
+}
+
+/// `GET /metrics` (the body) on a connection whose socket belongs to `uid`: made with
+/// that file-system uid, which the kernel records as the socket's owner.
+fn scrape_as(address: &str, uid: u32) -> String {
+    // SAFETY: setfsuid changes this thread's file-system uid only; it is set back
+    // before anything else runs on the thread.
+    let stream = unsafe {
+        libc::setfsuid(uid);
+        let stream = TcpStream::connect(address);
+        libc::setfsuid(0);
+        stream
+    };
+    let mut stream = stream.expect("connect to the exporter");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(
+        head.starts_with("HTTP/1.") && head[8..].starts_with(" 200"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+#[test]
+fn on_a_loopback_listener_without_passwords_a_local_user_sees_only_their_own_series() {
+    use crate::records::{budgeted, kit};
+    use crate::util::tenants::{Tenants, as_user};
+    let Some(t) = Tenants::get() else {
+        return;
+    };
+    let kit = kit(t);
+    let pod = |user: &str| format!("{user}-pod-{}", std::process::id());
+    let (alice_pod, mallory_pod) = (pod("alice"), pod("mallory"));
+    let _alice = budgeted(
+        t,
+        &kit,
+        &t.alice,
+        &[("POD_NAME", &alice_pod)],
+        Stdio::null(),
+    );
+    let _mallory = budgeted(
+        t,
+        &kit,
+        &t.mallory,
+        &[("POD_NAME", &mallory_pod)],
+        Stdio::null(),
+    );
+    // Where the tenants' processes publish.
+    let probe = as_user(t, &t.alice, Path::new("true"), &[]);
+    let runtime = probe
+        .get_envs()
+        .find(|(name, _)| *name == "CUDABUDGET_RUNTIME_DIR")
+        .and_then(|(_, value)| value)
+        .expect("the tenants' runtime directory")
+        .to_os_string();
+    let mut command = cudabudget(&["exporter", "--listen", "127.0.0.1:0"]);
+    command.env("CUDABUDGET_RUNTIME_DIR", &runtime);
+    let exporter = Exporter::launch(command, &[]);
+    // Root sees both, once both have published.
+    let started = Instant::now();
+    loop {
+        let body = scrape_as(&exporter.address, 0);
+        if body.contains(&alice_pod) && body.contains(&mallory_pod) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the tenants' processes are not exported: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (user, own, other) in [
+        (&t.alice, &alice_pod, &mallory_pod),
+        (&t.mallory, &mallory_pod, &alice_pod),
+    ] {
+        let body = scrape_as(&exporter.address, user.uid);
+        assert!(body.contains(own.as_str()), "{}: {body}", user.name);
+        assert!(!body.contains(other.as_str()), "{}: {body}", user.name);
+        let uid = format!("budget_uid=\"{}\"", user.uid);
+        for line in body.lines().filter(|l| l.contains("budget_uid=")) {
+            assert!(line.contains(&uid), "{}: {line}", user.name);
+        }
+    }
 }

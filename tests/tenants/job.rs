@@ -96,15 +96,13 @@ fn another_users_file_or_link_at_a_jobs_old_name_does_not_disable_the_job() {
 }
 
 #[test]
-fn another_users_directory_at_the_users_own_name_moves_the_job_to_a_place_of_its_own() {
+fn another_users_directory_at_the_users_own_name_moves_the_job_to_her_next_name_for_every_member() {
     // mallory holds `cudabudget-<alice's uid>` in the shared directory (a directory, or a
-    // link to one of hers): alice's job lives in her own $HOME/.cache instead, still one
-    // budget for all of its processes, and a line names what was in the way.
+    // link to one of hers): alice's job lives under her next name there,
+    // `cudabudget-<uid>.1`, still one budget for all of its processes whatever their
+    // environment ($HOME unset in one of them), a line names what was in the way, and
+    // root's `limit --job` finds the job.
     let Some(t) = Tenants::get() else { return };
-    let cache = t.home_of(&t.alice).join(".cache");
-    std::fs::create_dir_all(&cache).unwrap();
-    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
-    chown(&cache, &t.alice);
     for link in [false, true] {
         let dir = t.sticky_dir(&format!("job-taken-{link}"));
         let taken = dir.join(format!("cudabudget-{}", t.alice.uid));
@@ -118,26 +116,29 @@ fn another_users_directory_at_the_users_own_name_moves_the_job_to_a_place_of_its
             std::fs::set_permissions(&taken, std::fs::Permissions::from_mode(0o777)).unwrap();
         }
         chown(&taken, &t.mallory);
-        let mut holder = member(t, &t.alice, &dir, &["alloc:700Mi", "sleep:1500"], &[]);
+        let mut holder = member(t, &t.alice, &dir, &["alloc:700Mi", "sleep:30000"], &[]);
         holder
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
-        let holder = holder.spawn().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        let other = run(member(
-            t,
-            &t.alice,
-            &dir,
-            &["alloc:500Mi", "alloc:300Mi"],
-            &[],
-        ));
-        let ours = cache
-            .join(format!("cudabudget-{}", t.alice.uid))
-            .join("job-train")
-            .exists();
+        let mut holder = holder.spawn().unwrap();
+        crate::util::wait_for_line(&mut holder, "alloc");
+        let mut homeless = member(t, &t.alice, &dir, &["alloc:500Mi", "alloc:300Mi"], &[]);
+        homeless.env_remove("HOME").env_remove("XDG_RUNTIME_DIR");
+        let other = run(homeless);
+        let ledger = dir
+            .join(format!("cudabudget-{}.1", t.alice.uid))
+            .join("job-train");
+        let ours = ledger.exists();
+        let (_, _, _, cli) = shared(t);
+        let uid = t.alice.uid.to_string();
+        let seen = std::process::Command::new(cli)
+            .args(["limit", "--job", "train", "--uid", &uid])
+            .env("CUDABUDGET_JOB_DIR", &dir)
+            .output()
+            .unwrap();
+        let _ = holder.kill();
         let out = holder.wait_with_output().unwrap();
         let holder_err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "link={link}: {holder_err}");
         assert_eq!(other.rc("init", 0), 0, "link={link}: {other:?}");
         assert_eq!(
             other.rc("alloc", 0),
@@ -152,34 +153,46 @@ fn another_users_directory_at_the_users_own_name_moves_the_job_to_a_place_of_its
         );
         assert!(
             ours,
-            "link={link}: while the job ran, its ledger was not in alice's own place"
+            "link={link}: the job's ledger is not at {}",
+            ledger.display()
+        );
+        let said = String::from_utf8_lossy(&seen.stdout);
+        assert!(
+            seen.status.success() && said.contains("700.00 MiB"),
+            "link={link}: root's limit does not find the job: {said}{}",
+            String::from_utf8_lossy(&seen.stderr)
         );
     }
 }
 
 #[test]
-fn with_no_place_for_the_ledger_a_process_keeps_its_own_budget() {
-    // mallory holds the name in the shared directory and alice has no place of her own
-    // (no $XDG_RUNTIME_DIR, no $HOME/.cache): each process runs under its own budget,
-    // never unbudgeted, never refused, and says which file is in the way.
+fn with_every_name_taken_a_jobs_process_gets_no_cuda_and_is_told_why() {
+    // mallory holds every name alice's directory may have in the shared directory:
+    // alone, each process would have the job's whole budget, so none runs (CUDA is
+    // refused with one line naming what is in the way), whatever its $HOME says.
     let Some(t) = Tenants::get() else { return };
     let dir = t.sticky_dir("job-nowhere");
-    let taken = dir.join(format!("cudabudget-{}", t.alice.uid));
-    std::fs::create_dir(&taken).unwrap();
-    chown(&taken, &t.mallory);
-    let nowhere: PathBuf = t.shared.join("no-such-home");
+    for name in cudabudget_spec::place::user_dir_names(t.alice.uid) {
+        let taken = dir.join(name);
+        std::fs::create_dir(&taken).unwrap();
+        chown(&taken, &t.mallory);
+    }
+    let home = t.home_of(&t.alice).display().to_string();
     let run = run(member(
         t,
         &t.alice,
         &dir,
         &["alloc:700Mi", "alloc:500Mi"],
-        &[("HOME", nowhere.to_str().unwrap())],
+        &[("HOME", &home)],
     ));
-    assert_budgeted(&run, "no place");
-    let named = taken.display().to_string();
+    assert_ne!(run.rc("init", 0), 0, "{run:?}");
+    let named = dir
+        .join(format!("cudabudget-{}", t.alice.uid))
+        .display()
+        .to_string();
     let lines: Vec<&str> = run.stderr.lines().filter(|l| l.contains(&named)).collect();
     assert_eq!(lines.len(), 1, "{}", run.stderr);
-    assert!(lines[0].contains("own budget"), "{}", lines[0]);
+    assert!(lines[0].contains("CUDA is disabled"), "{}", lines[0]);
 }
 
 #[test]

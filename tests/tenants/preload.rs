@@ -33,9 +33,9 @@ fn shared(t: &Tenants) -> &'static Shared {
     })
 }
 
-/// `cudabudget run --limit 1Gi` as alice with TMPDIR = `tmp` and no HOME (so the shared
-/// temporary directory is where the carried library goes): prints the preloaded path,
-/// then asks the fake driver for 2 GiB.
+/// `cudabudget run --limit 1Gi` as alice with her cache directory (`XDG_CACHE_HOME`) =
+/// `tmp`, a shared sticky directory, and a runtime directory of her own, no HOME:
+/// prints the preloaded path, then asks the fake driver for 2 GiB.
 fn alice_runs(t: &Tenants, s: &Shared, tmp: &Path) -> Output {
     let script = "echo \"preload=$LD_PRELOAD\"; exec \"$0\" gpa alloc:2Gi";
     output(
@@ -47,17 +47,19 @@ fn alice_runs(t: &Tenants, s: &Shared, tmp: &Path) -> Output {
         )
         .arg(&s.client)
         .env_remove("HOME")
+        .env("XDG_CACHE_HOME", tmp)
         .env("TMPDIR", tmp)
+        .env("XDG_RUNTIME_DIR", t.home_of(&t.alice))
         .env("LD_LIBRARY_PATH", &s.fake),
     )
 }
 
-/// The name the old CLI gave its cache directory in the temporary directory.
-fn cache_parent(tmp: &Path, user: &User) -> PathBuf {
-    tmp.join(format!("cudabudget-cache-{}", user.uid))
+/// The name of alice's cache directory in her cache home (what mallory plants).
+fn cache_parent(tmp: &Path, _user: &User) -> PathBuf {
+    tmp.join("cudabudget")
 }
 
-/// The version directory name the old CLI used under it.
+/// The version directory name the CLI uses under it.
 fn version_name() -> String {
     let bytes = std::fs::read(fresh_library()).unwrap();
     format!(
@@ -79,7 +81,8 @@ fn mkdir_as(t: &Tenants, user: &User, mode: &str, path: &Path) {
 }
 
 /// Asserts the run was budgeted by a library of alice's own, in a place only she (and
-/// root) can change, and returns its path.
+/// root) can change, with no directory above it that others may write, sticky or not,
+/// and returns its path.
 fn assert_budgeted_by_her_own_library(t: &Tenants, out: &Output) -> PathBuf {
     let text = stdout(out);
     assert!(
@@ -111,7 +114,7 @@ fn assert_budgeted_by_her_own_library(t: &Tenants, out: &Output) -> PathBuf {
             meta.uid()
         );
         assert!(
-            meta.mode() & 0o022 == 0 || meta.mode() & 0o1000 != 0,
+            meta.mode() & 0o022 == 0,
             "{} (on the way to {preload}) may be changed by others (mode {:o})",
             dir.display(),
             meta.mode() & 0o7777
@@ -148,16 +151,16 @@ fn planted_parent_case(mode: &str) {
         path.display(),
         parent.display()
     );
+    // The shared directory is passed by as a whole, whatever was planted in it.
     let said = stderr(&out);
-    assert!(
-        said.contains(parent.to_str().unwrap()) && said.contains(&format!("uid {}", t.mallory.uid)),
-        "no line names the directory in the way: {said}"
+    let named = format!("{} cannot be trusted", tmp.display());
+    let lines: Vec<&str> = said.lines().filter(|l| l.contains(&named)).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "no one line names {}: {said}",
+        tmp.display()
     );
-    let lines: Vec<&str> = said
-        .lines()
-        .filter(|l| l.contains(parent.to_str().unwrap()))
-        .collect();
-    assert_eq!(lines.len(), 1, "{said}");
     assert!(
         lines[0].contains(path.to_str().unwrap()),
         "the line says where it went: {said}"
@@ -322,6 +325,20 @@ fn another_user_swapping_directories_in_the_cache_never_gets_her_library_loaded(
     assert!(!marker.exists(), "mallory's library ran as alice");
 }
 
+/// A directory of mallory's with `mode`, in a directory of root's that nobody else may
+/// write (so that it is the first on the way that another user can change).
+fn mallorys_dir(t: &Tenants, test: &str, mode: u32) -> PathBuf {
+    let parent = t.shared.join(test);
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let theirs = parent.join("mallory-owns-this");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(t.mallory.uid), Some(t.mallory.gid)).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(mode)).unwrap();
+    theirs
+}
+
 /// `cudabudget install ARGS` as root, with this run's library.
 fn install(args: &[&str]) -> Output {
     let mut command = crate::util::cli::cudabudget(&["install"]);
@@ -332,8 +349,7 @@ fn install(args: &[&str]) -> Output {
 #[test]
 fn install_refuses_a_directory_under_one_another_user_owns() {
     let Some(t) = Tenants::get() else { return };
-    let theirs = t.sticky_dir("install-under").join("mallory-owns-this");
-    mkdir_as(t, &t.mallory, "0755", &theirs);
+    let theirs = mallorys_dir(t, "install-under", 0o755);
     let target = theirs.join("lib");
     std::fs::create_dir(&target).unwrap(); // root's, but mallory can rename it away
     let out = install(&["--lib-only", target.to_str().unwrap()]);
@@ -368,14 +384,7 @@ fn install_system_budgets_a_process_that_dropped_ld_preload() {
     let other = t.share(Path::new(crate::util::thirdparty_lib()));
     // A copy of /etc, bind-mounted over /etc in the namespace only: the machine's own
     // /etc/ld.so.preload is never written.
-    let etc = t.shared.join("etc-copy");
-    let _ = std::fs::remove_dir_all(&etc);
-    let copied = Command::new("cp")
-        .args(["-a", "/etc"])
-        .arg(&etc)
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    let etc = copy_of_etc(t, "etc-copy");
     let dir = t.shared.join("system");
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -438,4 +447,90 @@ cat /etc/ld.so.preload
     let meta = std::fs::metadata(&ours).unwrap();
     assert_eq!(meta.mode() & 0o777, 0o755);
     let _ = std::fs::remove_dir_all(&etc);
+}
+
+/// A copy of /etc (`name` in the shared directory), for a mount namespace to bind over
+/// its /etc.
+fn copy_of_etc(t: &Tenants, name: &str) -> PathBuf {
+    let etc = t.shared.join(name);
+    let _ = std::fs::remove_dir_all(&etc);
+    let copied = Command::new("cp")
+        .args(["-a", "/etc"])
+        .arg(&etc)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    etc
+}
+
+/// `cudabudget install --system --lib-only DIR` as root, in a private mount namespace
+/// whose /etc is a copy (the machine's own /etc/ld.so.preload is never written). Returns
+/// its output, and whether the copy's ld.so.preload stayed as it was.
+fn install_system_sandboxed(t: &Tenants, name: &str, dir: &Path) -> (Output, bool) {
+    let real_before = std::fs::read("/etc/ld.so.preload").ok();
+    let etc = copy_of_etc(t, &format!("etc-copy-{name}"));
+    let copy_before = std::fs::read(etc.join("ld.so.preload")).ok();
+    let script = r#"set -e
+mount --make-rprivate /
+mount --bind "$CB_ETC" /etc
+[ "$(stat -c %d:%i /etc)" = "$(stat -c %d:%i "$CB_ETC")" ] || { echo "not bound" >&2; exit 99; }
+exec "$CB_CLI" install --system --lib-only "$CB_DIR"
+"#;
+    let out = output(
+        Command::new("unshare")
+            .args(["-m", "--", "sh", "-c", script])
+            .env_remove("LD_PRELOAD")
+            .env("CUDABUDGET_LIB", fresh_library())
+            .env("CB_ETC", &etc)
+            .env("CB_CLI", BIN)
+            .env("CB_DIR", dir),
+    );
+    assert_eq!(
+        std::fs::read("/etc/ld.so.preload").ok(),
+        real_before,
+        "the machine's own /etc/ld.so.preload changed"
+    );
+    let unchanged = std::fs::read(etc.join("ld.so.preload")).ok() == copy_before;
+    let _ = std::fs::remove_dir_all(&etc);
+    (out, unchanged)
+}
+
+#[test]
+fn install_system_refuses_a_directory_under_one_others_may_write_naming_it() {
+    let Some(t) = Tenants::get() else { return };
+    if !unshare_permitted() {
+        crate::util::skip("unshare -m is not permitted here (a private mount namespace is needed)");
+        return;
+    }
+    let mut cases = Vec::new();
+    // Under the system's temporary directory.
+    let under_tmp = crate::util::test_dir().join("system-under-tmp/lib");
+    std::fs::create_dir_all(&under_tmp).unwrap();
+    match crate::util::first_open_ancestor(under_tmp.parent().unwrap()) {
+        Some(open) => cases.push(("tmp", under_tmp, open, String::new())),
+        None => crate::util::skip("the temporary directory is closed to other users here"),
+    }
+    // Under a sticky world-writable directory (as /tmp, /var/tmp, /dev/shm are).
+    let sticky = t.sticky_dir("system-sticky");
+    cases.push(("sticky", sticky.join("opt/lib"), sticky, String::new()));
+    // Under a directory of mallory's that her group may write.
+    let theirs = mallorys_dir(t, "system-theirs", 0o775);
+    let owner = format!("uid {}", t.mallory.uid);
+    cases.push(("theirs", theirs.join("lib"), theirs, owner));
+    for (name, dir, open, words) in cases {
+        std::fs::create_dir_all(&dir).unwrap();
+        let (out, unchanged) = install_system_sandboxed(t, name, &dir);
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(125), "{name}: {said}");
+        assert!(
+            said.contains(&format!("{} cannot be trusted", open.display()))
+                && said.contains(&words),
+            "{name}: the line names {}: {said}",
+            open.display()
+        );
+        assert_eq!(said.trim_end().lines().count(), 1, "{name}: {said}");
+        assert!(stdout(&out).is_empty(), "{name}: no LD_PRELOAD line");
+        assert!(unchanged, "{name}: ld.so.preload was written");
+        assert!(!dir.join("libcudabudget.so").exists(), "{name}");
+    }
 }

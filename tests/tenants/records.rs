@@ -103,7 +103,7 @@ fn wait_until<T>(mut look: impl FnMut() -> (Option<T>, String)) -> T {
 fn another_users_directory_file_or_link_at_alices_name_does_not_hide_her_processes() {
     let Some(t) = Tenants::get() else { return };
     let kit = kit(t);
-    let name = record::user_dir_name(t.alice.uid);
+    let name = cudabudget_spec::place::user_dir_name(t.alice.uid);
     for (kind, program, args) in [
         ("directory", "/bin/mkdir", vec!["-m", "0755"]),
         ("file", "/usr/bin/touch", vec![]),
@@ -117,23 +117,16 @@ fn another_users_directory_file_or_link_at_alices_name_does_not_hide_her_process
         let out = crate::util::cli::output(&mut as_user(t, &t.mallory, Path::new(program), &args));
         assert!(out.status.success(), "{}", crate::util::cli::stderr(&out));
 
-        // Alice's own places: her $XDG_RUNTIME_DIR (the directory case), else her
-        // $HOME/.cache.
-        let xdg = (kind == "directory").then(|| RunUser::of(&t.alice));
-        let own_place = match &xdg {
-            Some(xdg) => xdg.0.clone(),
-            None => t.home_of(&t.alice).join(".cache"),
-        };
+        // Alice's directory takes its next name in the same runtime directory, where
+        // root's status and the exporter read it too, whatever her environment.
+        let next = runtime.join(format!("{name}.1"));
         let log = t
             .shared
             .join(format!("alice-{}.log", kind.replace(' ', "-")));
-        let mut envs = vec![
+        let envs = vec![
             ("CUDABUDGET_RUNTIME_DIR", runtime.to_str().unwrap()),
             ("CUDABUDGET_LOG", "info"),
         ];
-        if let Some(xdg) = &xdg {
-            envs.push(("XDG_RUNTIME_DIR", xdg.0.to_str().unwrap()));
-        }
         let client = budgeted(
             t,
             &kit,
@@ -150,19 +143,19 @@ fn another_users_directory_file_or_link_at_alices_name_does_not_hide_her_process
             (found, text)
         });
         // Root's status says what is in the way instead of passing over it silently,
-        // and finds her record in her own runtime directory.
+        // and finds her record under her next name.
         let root = json(&status_as(t, &kit, None, &runtime, &["status", "--json"]));
-        assert!(root["skipped"].to_string().contains(planted_arg), "{root}");
-        if xdg.is_some() {
-            let entries = entries_of(&root, pid);
-            assert_eq!(entries.len(), 1, "{root}");
-            assert_eq!(entries[0]["uid"], t.alice.uid, "{root}");
+        if kind == "directory" {
+            assert!(root["skipped"].to_string().contains(planted_arg), "{root}");
         }
+        let entries = entries_of(&root, pid);
+        assert_eq!(entries.len(), 1, "the {kind}: {root}");
+        assert_eq!(entries[0]["uid"], t.alice.uid, "{root}");
         drop(client);
         let said = std::fs::read_to_string(&log).unwrap();
         assert!(
             said.contains(&format!("{} is taken by a {kind}", planted.display()))
-                && said.contains(&own_place.join(&name).display().to_string()),
+                && said.contains(&next.display().to_string()),
             "the {kind}: alice is told where her record went and what was in the way:\n{said}"
         );
     }
@@ -172,7 +165,7 @@ fn another_users_directory_file_or_link_at_alices_name_does_not_hide_her_process
 fn doctor_names_mallorys_directory_at_alices_name_in_the_runtime_dir_check() {
     let Some(t) = Tenants::get() else { return };
     let kit = kit(t);
-    let name = record::user_dir_name(t.alice.uid);
+    let name = cudabudget_spec::place::user_dir_name(t.alice.uid);
     let runtime = t.sticky_dir("rec-doctor");
     let planted = runtime.join(&name);
     let out = crate::util::cli::output(&mut as_user(
@@ -182,14 +175,12 @@ fn doctor_names_mallorys_directory_at_alices_name_in_the_runtime_dir_check() {
         &["-m", "0755", planted.to_str().unwrap()],
     ));
     assert!(out.status.success(), "{}", crate::util::cli::stderr(&out));
-    let xdg = RunUser::of(&t.alice);
     let mut command = as_user(t, &t.alice, &kit.cli, &["doctor", "--json"]);
     command
         .env("LD_LIBRARY_PATH", &kit.fake)
         .env("CUDABUDGET_LIB", &kit.library)
         .env("CUDABUDGET_LIMIT", "1Gi")
-        .env("CUDABUDGET_RUNTIME_DIR", &runtime)
-        .env("XDG_RUNTIME_DIR", &xdg.0);
+        .env("CUDABUDGET_RUNTIME_DIR", &runtime);
     let out = crate::util::cli::output(&mut command);
     let report = json(&crate::util::cli::stdout(&out));
     let check = report["checks"]
@@ -201,7 +192,7 @@ fn doctor_names_mallorys_directory_at_alices_name_in_the_runtime_dir_check() {
         .unwrap();
     assert_eq!(check["status"], "warn", "{check:#}");
     let summary = check["summary"].as_str().unwrap();
-    let own = xdg.0.join(&name);
+    let own = runtime.join(format!("{name}.1"));
     assert!(
         summary.contains(&format!(
             "{} is taken by a directory of uid {}",
@@ -210,43 +201,9 @@ fn doctor_names_mallorys_directory_at_alices_name_in_the_runtime_dir_check() {
         )) && summary.contains(&format!("records go to {} instead", own.display())),
         "{summary}"
     );
-    // Root's status and the exporter look for a displaced user's records in
-    // /run/user/<uid>: the check says so.
+    // Root's status and the exporter read every name of hers there: the check says so.
     assert!(summary.contains("look there too"), "{summary}");
     assert_eq!(check["details"]["dir"], own.to_str().unwrap(), "{check:#}");
-}
-
-/// `/run/user/<uid>` for a tenant (0700, hers), made for the test when missing and
-/// removed after it; one test at a time holds it (another's removal would pull it from
-/// under this one).
-struct RunUser(
-    PathBuf,
-    bool,
-    #[allow(dead_code, reason = "held, never read: released when dropped")]
-    std::sync::MutexGuard<'static, ()>,
-);
-
-impl RunUser {
-    fn of(user: &User) -> RunUser {
-        use std::os::unix::fs::PermissionsExt;
-        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = PathBuf::from(format!("/run/user/{}", user.uid));
-        let made = !dir.exists() && std::fs::create_dir(&dir).is_ok() && {
-            std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid)).unwrap();
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-            true
-        };
-        RunUser(dir, made, one)
-    }
-}
-
-impl Drop for RunUser {
-    fn drop(&mut self) {
-        if self.1 {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// `pid`'s start time and PID namespace, from /proc.
@@ -262,7 +219,7 @@ fn identity(pid: u32) -> (u64, u64) {
 /// `user`'s records directory in `runtime`, as that user would make it (0700).
 fn records_dir_of(runtime: &Path, user: &User) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let dir = runtime.join(record::user_dir_name(user.uid));
+    let dir = runtime.join(cudabudget_spec::place::user_dir_name(user.uid));
     let _ = std::fs::create_dir(&dir);
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid)).unwrap();

@@ -85,7 +85,16 @@ pub fn stderr(output: &Output) -> String {
 
 /// A directory of its own for a test, empty.
 pub fn scratch(test: &str) -> PathBuf {
-    let dir = super::test_dir().join(format!("scratch-{test}"));
+    empty(super::test_dir().join(format!("scratch-{test}")))
+}
+
+/// Like [`scratch`], in a directory no other user can write, all the way from `/`
+/// ([`super::closed_test_dir`]): where `install` and `run` accept a library.
+pub fn closed_scratch(test: &str) -> PathBuf {
+    empty(super::closed_test_dir().join(format!("scratch-{test}")))
+}
+
+fn empty(dir: PathBuf) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

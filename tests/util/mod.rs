@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod scripts;
+pub mod servers;
 pub mod tenants;
 
 use std::ffi::OsStr;
@@ -19,38 +20,89 @@ use std::time::{Duration, Instant};
 /// made once; those of earlier runs whose process is gone are removed then.
 pub fn binary_dir() -> &'static Path {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| per_binary_dir(&std::env::temp_dir()))
+}
+
+/// This test binary's directory that no other user can write, all the way from `/`
+/// (`install` and `run` refuse a place under `/tmp`, sticky or not), and that every
+/// user can enter (the tenants load what is there): in cargo's `target/tmp` when every
+/// directory above it is open to all, else, as root (a build under `/root`), in
+/// `/var/lib`. Made once, like [`binary_dir`].
+pub fn closed_binary_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let tmp = std::env::temp_dir();
-        if let Ok(entries) = std::fs::read_dir(&tmp) {
-            for entry in entries.flatten() {
-                let name = entry.file_name();
-                let Some(pid) = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("cudabudget-tests-"))
-                    .and_then(|p| p.parse::<libc::pid_t>().ok())
-                else {
-                    continue;
-                };
-                // SAFETY: kill with signal 0 only asks whether the process exists.
-                let gone = unsafe { libc::kill(pid, 0) } != 0
-                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-                if gone {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
+        use std::os::unix::fs::MetadataExt;
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(target).unwrap_or_else(|e| panic!("{}: {e}", target.display()));
+        let target = std::fs::canonicalize(target).unwrap();
+        let closed_and_open_to_all = target.ancestors().all(|dir| {
+            std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o022 == 0 && m.mode() & 0o001 != 0)
+        });
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if closed_and_open_to_all || !root {
+            per_binary_dir(&target)
+        } else {
+            per_binary_dir(Path::new("/var/lib"))
+        }
+    })
+}
+
+/// The first directory from `/` to `path` that others may write (`/tmp`), if any:
+/// the one `install` and `run` name when they refuse a place under it.
+pub fn first_open_ancestor(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::fs::canonicalize(path).ok()?;
+    let mut ancestors: Vec<&Path> = path.ancestors().collect();
+    ancestors.reverse();
+    ancestors
+        .into_iter()
+        .find(|dir| std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o022 != 0))
+        .map(Path::to_path_buf)
+}
+
+/// `cudabudget-tests-<pid>` in `base` (0755), made now; those of earlier runs whose
+/// process is gone are removed.
+fn per_binary_dir(base: &Path) -> PathBuf {
+    if let Ok(entries) = std::fs::read_dir(base) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("cudabudget-tests-"))
+                .and_then(|p| p.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            // SAFETY: kill with signal 0 only asks whether the process exists.
+            let gone = unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone {
+                let _ = std::fs::remove_dir_all(entry.path());
             }
         }
-        let dir = tmp.join(format!("cudabudget-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        // Open to all (not writable): the tenants' tests run other users in it.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        dir
-    })
+    }
+    let dir = base.join(format!("cudabudget-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    // Open to all (not writable): the tenants' tests run other users in it.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
 }
 
 /// The running test's own temporary directory, named after the test (the harness runs
 /// each test on a thread of that name; threads a test starts share one directory).
 pub fn test_dir() -> PathBuf {
+    dir_of_this_test(binary_dir())
+}
+
+/// The running test's own directory in [`closed_binary_dir`]: no other user can write
+/// it or any directory above it.
+pub fn closed_test_dir() -> PathBuf {
+    dir_of_this_test(closed_binary_dir())
+}
+
+fn dir_of_this_test(base: &Path) -> PathBuf {
     let thread = std::thread::current();
     let name: String = thread
         .name()
@@ -65,7 +117,7 @@ pub fn test_dir() -> PathBuf {
             }
         })
         .collect();
-    let dir = binary_dir().join(name);
+    let dir = base.join(name);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     dir
 }
@@ -288,6 +340,30 @@ fn assert_preloadable(p: &Path) {
         "preload {} does not exist (is the cdylib built?)",
         p.display()
     );
+}
+
+/// Reads `child`'s piped output until its first line starting with `op`, a readiness
+/// handshake: the op has run (the fake client prints a line per op as it goes). What
+/// was read before is dropped; the rest stays for [`finish`].
+pub fn wait_for_line(child: &mut std::process::Child, op: &str) -> String {
+    use std::io::Read;
+    let out = child.stdout.as_mut().expect("piped output");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        // One byte at a time: nothing after the line is taken from the pipe.
+        let n = out.read(&mut byte).expect("read the child's output");
+        assert!(n > 0, "the child ended before `{op}`");
+        if byte[0] != b'\n' {
+            line.push(byte[0]);
+            continue;
+        }
+        let text = String::from_utf8_lossy(&line).into_owned();
+        if text.starts_with(op) {
+            return text;
+        }
+        line.clear();
+    }
 }
 
 /// Waits for a child started with piped output and collects what it printed.

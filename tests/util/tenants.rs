@@ -25,7 +25,8 @@ pub struct User {
 pub struct Tenants {
     pub alice: User,
     pub mallory: User,
-    /// World-readable (0755) scratch directory holding shared copies.
+    /// World-readable (0755) scratch directory holding shared copies; no other user
+    /// can write it or any directory above it.
     pub shared: PathBuf,
 }
 
@@ -65,7 +66,9 @@ impl Tenants {
             }
             let alice = ensure_user("cbalice")?;
             let mallory = ensure_user("cbmallory")?;
-            let shared = super::binary_dir().join("tenants");
+            // Closed to other users all the way from `/` (as an operator's install is):
+            // what a tenant loads from here, `run` and `install` accept.
+            let shared = super::closed_binary_dir().join("tenants");
             let _ = std::fs::remove_dir_all(&shared);
             std::fs::create_dir_all(&shared).ok()?;
             std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).ok()?;

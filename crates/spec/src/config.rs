@@ -187,9 +187,9 @@ pub struct Config {
     /// HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, when HAMi's variables set a budget (alone
     /// or with ours): the processes that name the same file share one budget.
     pub hami_shared_cache: Option<String>,
-    /// Where job ledgers may live, best first: `CUDABUDGET_JOB_DIR` (trimmed, absolute)
-    /// or `/dev/shm`, then the user's own places ([`crate::place::fallback_roots`]) for
-    /// when another user holds the name in the first.
+    /// Where job ledgers live: `CUDABUDGET_JOB_DIR` (trimmed, absolute) or `/dev/shm`,
+    /// alone (the user's directory there takes its next name when another user holds
+    /// one: [`crate::place::user_dir_names`]).
     pub job_dirs: Vec<PathBuf>,
     /// Where the per-process records go, best first: `CUDABUDGET_RUNTIME_DIR` or
     /// `/dev/shm`, then the user's own places.
@@ -584,9 +584,10 @@ impl Config {
         config.hami_device_limits = hami_device_limits.into_iter().collect();
         let has_ours = config.default_limit.is_some() || !config.device_limits.is_empty();
         let has_hami = config.hami_default_limit.is_some() || !config.hami_device_limits.is_empty();
-        config.job_dirs = std::iter::once(job_dir)
-            .chain(fallbacks.iter().cloned())
-            .collect();
+        // A job's ledger has no fallback outside its directory: a place that depends on
+        // a member's own environment ($HOME, $XDG_RUNTIME_DIR) could differ between
+        // members and split the job (the names in the directory itself are tried first).
+        config.job_dirs = vec![job_dir];
         config.runtime_dirs = std::iter::once(runtime_dir).chain(fallbacks).collect();
         if has_hami {
             config.hami_shared_cache = hami_cache
@@ -941,7 +942,8 @@ mod tests {
         assert_eq!(c.job_dirs[0], PathBuf::from("/dev/shm"));
         assert_eq!(c.runtime_dirs[0], PathBuf::from("/run/cb"));
         assert_eq!(c.events, Some(PathBuf::from("/var/log/cb/events.jsonl")));
-        assert_eq!(c.job_dirs[1], PathBuf::from("/home/alice/.cache"));
+        assert_eq!(c.job_dirs.len(), 1, "a job's place never depends on $HOME");
+        assert_eq!(c.runtime_dirs[1], PathBuf::from("/home/alice/.cache"));
         refused(&[("CUDABUDGET_JOB_DIR", " dev/shm")]);
         refused(&[("CUDABUDGET_EVENTS", "  ")]);
     }

@@ -6,7 +6,12 @@
 //!   `O_NOFOLLOW`, one component at a time, and accepts it only if every component is
 //!   a directory owned by root or by us that nobody else may write (a sticky
 //!   world-writable directory such as `/tmp` passes: others cannot remove or rename what
-//!   is ours in it).
+//!   is ours in it). That suits the runtime files, which live and die with their
+//!   processes in `/dev/shm`.
+//! - [`Dir::open_closed`] is the stricter walk for what is installed or preloaded: no
+//!   directory from `/` may be writable by anyone but its owner (root or us), sticky or
+//!   not. A path under `/tmp` outlives what is ours there (a cleaner removes it), and
+//!   whoever recreates it then decides what it names.
 //! - [`Dir::private`] is our own directory inside a trusted one (`cudabudget-<uid>`),
 //!   created 0700 or accepted only when we own it and nobody else may write it. Inside
 //!   it, no other user can create, replace or rename anything, so names there are ours.
@@ -176,6 +181,18 @@ impl Dir {
     /// such as `/run/user/<uid>`): every component root's or `me`'s, writable by nobody
     /// else unless sticky.
     pub fn open_trusted_for(path: &Path, me: u32) -> Result<Dir, PlaceError> {
+        Dir::walk(path, me, Way::StickyPasses)
+    }
+
+    /// `path` (absolute), if every directory from `/` to it is owned by root or by us
+    /// and writable by nobody else, sticky or not: a place for what other processes
+    /// will load by name later (an installed library, a preloaded copy). `/tmp`,
+    /// `/var/tmp`, `/dev/shm` and anything under them are refused, naming the directory.
+    pub fn open_closed(path: &Path) -> Result<Dir, PlaceError> {
+        Dir::walk(path, euid(), Way::Closed)
+    }
+
+    fn walk(path: &Path, me: u32, way: Way) -> Result<Dir, PlaceError> {
         if !path.is_absolute() {
             return Err(PlaceError::Untrusted {
                 path: path.to_path_buf(),
@@ -193,7 +210,7 @@ impl Dir {
         .map_err(|e| PlaceError::io(Path::new("/"), e))?;
         let mut walked = PathBuf::from("/");
         let mut st = fstat(fd.as_fd()).map_err(|e| PlaceError::io(&walked, e))?;
-        check_on_the_way(&walked, &st, me)?;
+        check_on_the_way(&walked, &st, me, way)?;
         for component in real.components() {
             let Component::Normal(name) = component else {
                 continue;
@@ -214,7 +231,7 @@ impl Dir {
                 _ => PlaceError::io(&walked, e),
             })?;
             st = fstat(fd.as_fd()).map_err(|e| PlaceError::io(&walked, e))?;
-            check_on_the_way(&walked, &st, me)?;
+            check_on_the_way(&walked, &st, me, way)?;
         }
         Ok(Dir {
             fd,
@@ -483,9 +500,18 @@ impl Dir {
     }
 }
 
+/// How strict a walk from `/` is with the directories on the way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    /// Sticky world-writable directories pass (`/dev/shm`, for runtime files).
+    StickyPasses,
+    /// Nobody but the owner may write any of them ([`Dir::open_closed`]).
+    Closed,
+}
+
 /// A directory on the way to a trusted one: root's or ours, and writable by nobody else
-/// unless sticky.
-fn check_on_the_way(path: &Path, st: &libc::stat, me: u32) -> Result<(), PlaceError> {
+/// (unless sticky, where `way` lets that pass).
+fn check_on_the_way(path: &Path, st: &libc::stat, me: u32, way: Way) -> Result<(), PlaceError> {
     if st.st_uid != 0 && st.st_uid != me {
         return Err(PlaceError::Untrusted {
             path: path.to_path_buf(),
@@ -494,16 +520,25 @@ fn check_on_the_way(path: &Path, st: &libc::stat, me: u32) -> Result<(), PlaceEr
     }
     let others_write = st.st_mode & 0o022 != 0;
     let sticky = st.st_mode & libc::S_ISVTX != 0;
-    if others_write && !sticky {
-        return Err(PlaceError::Untrusted {
+    let mode = st.st_mode & 0o7777;
+    match way {
+        Way::StickyPasses if others_write && !sticky => Err(PlaceError::Untrusted {
             path: path.to_path_buf(),
-            why: format!(
-                "others may write it and it is not sticky (mode {:o})",
-                st.st_mode & 0o7777
-            ),
-        });
+            why: format!("others may write it and it is not sticky (mode {mode:o})"),
+        }),
+        Way::Closed if others_write => Err(PlaceError::Untrusted {
+            path: path.to_path_buf(),
+            why: if sticky {
+                format!(
+                    "others may write it (mode {mode:o}): sticky or not, another user can \
+                     create a name there once ours is gone"
+                )
+            } else {
+                format!("others may write it (mode {mode:o})")
+            },
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// How [`Dir::open_file`] opens.
@@ -553,23 +588,110 @@ impl FileOpen {
     };
 }
 
-/// The per-user directory name in a shared root: `cudabudget-<uid>`.
+/// How many names a user's directory may have in one shared root: `cudabudget-<uid>`,
+/// then `cudabudget-<uid>.1` to `.15` when another user holds the ones before.
+pub const USER_DIR_NAMES: u32 = 16;
+
+/// The per-user directory name in a shared root: `cudabudget-<uid>` (the first of
+/// [`user_dir_names`]).
 pub fn user_dir_name(uid: u32) -> String {
     format!("cudabudget-{uid}")
 }
 
+/// The names a user's directory may have in a shared root, in the order every process
+/// of the user tries them: `cudabudget-<uid>`, then `cudabudget-<uid>.1` … `.15`. A name
+/// another user planted is passed over for the next one; every process of the user, and
+/// root's readers, find the same one (a name that is ours stays ours: nobody else can
+/// remove or rename it in a sticky directory), whatever its environment says.
+pub fn user_dir_names(uid: u32) -> impl Iterator<Item = String> {
+    (0..USER_DIR_NAMES).map(move |k| match k {
+        0 => user_dir_name(uid),
+        k => format!("cudabudget-{uid}.{k}"),
+    })
+}
+
+/// The user a directory named by [`user_dir_names`] belongs to.
+pub fn uid_of_dir_name(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("cudabudget-")?;
+    let (digits, k) = match rest.split_once('.') {
+        Some((digits, k)) => (digits, Some(k)),
+        None => (rest, None),
+    };
+    let number = |s: &str| {
+        (!s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    if let Some(k) = k
+        && !number(k).is_some_and(|k| k >= 1 && k < u64::from(USER_DIR_NAMES))
+    {
+        return None;
+    }
+    u32::try_from(number(digits)?).ok()
+}
+
+/// Our own directory under `root`: the first of [`user_dir_names`] that is ours or can
+/// be made (created with `mode`); what another user holds is passed over and pushed to
+/// `in_the_way`. `None` when the root itself cannot be used or every name is taken.
+pub fn private_in(root: &Path, mode: u32, in_the_way: &mut Vec<PlaceError>) -> Option<Dir> {
+    let dir = match Dir::open_trusted(root) {
+        Ok(dir) => dir,
+        Err(error) => {
+            in_the_way.push(error);
+            return None;
+        }
+    };
+    let mut passed = Vec::new();
+    for name in user_dir_names(euid()) {
+        match dir.private(&name, mode) {
+            Ok(mine) => {
+                in_the_way.append(&mut passed);
+                return Some(mine);
+            }
+            Err(error) if error.is_taken() || matches!(error, PlaceError::Untrusted { .. }) => {
+                passed.push(error)
+            }
+            Err(error) => {
+                in_the_way.append(&mut passed);
+                in_the_way.push(error);
+                return None;
+            }
+        }
+    }
+    // Every name passed over: the first said, the rest in one (a user's line stays short).
+    let mut passed = passed.into_iter();
+    in_the_way.extend(passed.next());
+    if passed.len() > 0 {
+        in_the_way.push(PlaceError::Taken {
+            path: root.join(format!(
+                "{}.1 to .{}",
+                user_dir_name(euid()),
+                USER_DIR_NAMES - 1
+            )),
+            what: "other users too (every other name the directory may have)".to_string(),
+        });
+    }
+    None
+}
+
+/// Every directory of `owner`'s under `dir` that [`user_dir_names`] names (nothing is
+/// created): where a reader (the user, or root for them) finds what the user's processes
+/// wrote, whichever name they had to take.
+pub fn user_dirs_of(dir: &Dir, owner: u32) -> Vec<Dir> {
+    user_dir_names(owner)
+        .filter_map(|name| dir.open_dir_of(&name, owner).ok())
+        .collect()
+}
+
 /// Our own directory for `purpose` under the first root that gives one: each root is
-/// tried with [`Dir::open_trusted`] and [`Dir::private`]`(user_dir_name)`; the roots
-/// after the first are the fallbacks a user can always reach and nobody else can take
-/// (see [`fallback_roots`]). Returns the directory and what was in the way before it
-/// (for the one line a user gets, and `doctor`).
+/// tried with [`private_in`]; the roots after the first are the fallbacks a user can
+/// always reach and nobody else can take (see [`fallback_roots`]). Returns the directory
+/// and what was in the way before it (for the one line a user gets, and `doctor`).
 pub fn first_private(roots: &[PathBuf], mode: u32) -> (Option<Dir>, Vec<PlaceError>) {
     let mut in_the_way = Vec::new();
-    let name = user_dir_name(euid());
     for root in roots {
-        match Dir::open_trusted(root).and_then(|dir| dir.private(&name, mode)) {
-            Ok(dir) => return (Some(dir), in_the_way),
-            Err(error) => in_the_way.push(error),
+        if let Some(dir) = private_in(root, mode, &mut in_the_way) {
+            return (Some(dir), in_the_way);
         }
     }
     (None, in_the_way)
@@ -652,6 +774,37 @@ mod tests {
     }
 
     #[test]
+    fn a_closed_walk_refuses_a_sticky_directory_on_the_way_naming_it() {
+        let root = scratch("closed");
+        let sticky = root.join("shared");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let lib = sticky.join("lib");
+        std::fs::create_dir(&lib).unwrap();
+        std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(
+            Dir::open_trusted(&lib).is_ok(),
+            "the runtime walk lets sticky pass"
+        );
+        let error = Dir::open_closed(&lib).unwrap_err();
+        // The first directory on the way that others may write: the system's temporary
+        // directory when it is one (/tmp), else the sticky one made here.
+        let tmp = std::fs::canonicalize(std::env::temp_dir()).unwrap();
+        let first_open = tmp
+            .ancestors()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .find(|d| std::fs::metadata(d).unwrap().permissions().mode() & 0o022 != 0)
+            .map_or_else(
+                || std::fs::canonicalize(&sticky).unwrap(),
+                Path::to_path_buf,
+            );
+        assert_eq!(error.path(), first_open, "{error}");
+        assert!(error.to_string().contains("others may write it"), "{error}");
+    }
+
+    #[test]
     fn a_fifo_or_link_in_place_of_a_file_is_refused_without_blocking() {
         let root = scratch("fifo");
         let dir = Dir::open_trusted(&root).unwrap();
@@ -665,6 +818,49 @@ mod tests {
         assert!(error.is_taken(), "{error}");
         let mut file = dir.open_file("new", FileOpen::APPEND).unwrap();
         std::io::Write::write_all(&mut file, b"x").unwrap();
+    }
+
+    #[test]
+    fn a_users_directory_names_are_read_back_strictly() {
+        for name in user_dir_names(1000) {
+            assert_eq!(uid_of_dir_name(&name), Some(1000), "{name}");
+        }
+        assert_eq!(user_dir_names(7).last().unwrap(), "cudabudget-7.15");
+        for junk in [
+            "cudabudget-",
+            "cudabudget-1x",
+            "cudabudget-1000.0",
+            "cudabudget-1000.16",
+            "cudabudget-1000.",
+            "cudabudget-.1",
+            "cudabudget-99999999999",
+            "cudabudget-1000.1.2",
+        ] {
+            assert_eq!(uid_of_dir_name(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn a_name_another_user_planted_is_passed_over_for_the_next_and_found_again() {
+        if euid() != 0 {
+            eprintln!("skipped: needs root to give a directory to another user");
+            return;
+        }
+        let root = scratch("planted");
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let theirs = root.join(user_dir_name(0));
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(54321), Some(54321)).unwrap();
+        let (dir, in_the_way) = first_private(std::slice::from_ref(&root), 0o700);
+        let dir = dir.expect("a place in the same root");
+        assert_eq!(dir.path(), root.join("cudabudget-0.1"));
+        assert_eq!(in_the_way.len(), 1, "{in_the_way:?}");
+        assert!(in_the_way[0].to_string().contains("uid 54321"));
+        // Once the planted name is gone, a reader still finds the place already made.
+        std::fs::remove_dir(&theirs).unwrap();
+        let found = user_dirs_of(&Dir::open_trusted(&root).unwrap(), 0);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].path(), root.join("cudabudget-0.1"));
     }
 
     #[test]

@@ -328,21 +328,6 @@ impl Record {
     }
 }
 
-/// The name of the directory that holds a user's records, inside the runtime directory
-/// (`/dev/shm` unless `CUDABUDGET_RUNTIME_DIR` says otherwise).
-pub fn user_dir_name(uid: u32) -> String {
-    format!("cudabudget-{uid}")
-}
-
-/// The user a directory named by [`user_dir_name`] belongs to.
-pub fn uid_of_dir_name(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("cudabudget-")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
 /// The file name of the record of `pid` in PID namespace `namespace` (two containers
 /// that share a runtime directory can have the same pids).
 pub fn file_name(pid: u32, namespace: u64) -> String {
@@ -593,9 +578,6 @@ mod tests {
 
     #[test]
     fn names_and_proc_fields_are_parsed_strictly() {
-        assert_eq!(uid_of_dir_name("cudabudget-1000"), Some(1000));
-        assert_eq!(uid_of_dir_name("cudabudget-"), None);
-        assert_eq!(uid_of_dir_name("cudabudget-1x"), None);
         assert_eq!(
             parse_file_name(&file_name(77, 4026531836)),
             Some((77, 4026531836))

@@ -189,3 +189,41 @@ def run_case(case, args, body):
     if os.environ.get("CB_CASE_HARD_EXIT") == "1":
         sys.stderr.flush()
         os._exit(0)
+
+
+# ---------- workers: processes of a case that answer commands on stdin with lines ----------
+
+def start_worker(script, argv, env, log):
+    """`script` run again (by this interpreter) with `argv`, as a worker: its stdin and
+    stdout are line pipes, its stderr goes to `log`."""
+    cmd = [sys.executable, os.path.abspath(script)] + list(argv)
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                            env=env, text=True, bufsize=1)
+
+
+def expect_line(p, word, timeout=120):
+    """The rest of the worker's first line starting with `word`."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = p.stdout.readline()
+        if not line:
+            raise RuntimeError("worker ended before '%s' (see its log)" % word)
+        if line.startswith(word):
+            return line[len(word):].strip()
+    raise RuntimeError("no '%s' in time" % word)
+
+
+def end_workers(procs, logs=()):
+    """Closes the workers' stdin (their signal to end), waits for them (30 s each, then
+    kills), and closes their logs."""
+    for p in procs:
+        try:
+            p.stdin.close()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for f in logs:
+        f.close()

@@ -590,17 +590,22 @@ fn runtime_dir() -> Check {
         )
         .details(details);
     }
-    // Root's scan looks in /run/user/<uid> and <home>/.cache for a displaced user.
+    // Root's scan reads every name of a user's in the first root, and looks in
+    // /run/user/<uid> and <home>/.cache for a displaced user.
     let parent = dir.path().parent().map(Path::to_path_buf);
-    let root_looks = displaced
-        && [
-            Some(std::path::PathBuf::from(format!("/run/user/{me}"))),
-            records::passwd(me).map(|(_, home)| home.join(".cache")),
-        ]
-        .into_iter()
-        .flatten()
-        .filter_map(|place| std::fs::canonicalize(place).ok())
-        .any(|place| Some(&place) == parent.as_ref());
+    let first_root = roots
+        .first()
+        .and_then(|root| std::fs::canonicalize(root).ok());
+    let root_looks = (parent.is_some() && parent == first_root)
+        || displaced
+            && [
+                Some(std::path::PathBuf::from(format!("/run/user/{me}"))),
+                records::passwd(me).map(|(_, home)| home.join(".cache")),
+            ]
+            .into_iter()
+            .flatten()
+            .filter_map(|place| std::fs::canonicalize(place).ok())
+            .any(|place| Some(&place) == parent.as_ref());
     let readers = if root_looks {
         "your `cudabudget status` finds them there, and root's status and the exporter \
          look there too"
@@ -651,14 +656,13 @@ fn job_ledger() -> Check {
             "job-ledger",
             Status::Warn,
             format!(
-                "no place for a job's ledger ({}): each process of a job runs under its own \
-                 budget",
+                "no place for a job's ledger ({}): a job's processes would get no CUDA",
                 in_the_way.join("; ")
             ),
         )
         .remedy(
             "remove what is in the way (another user's file or directory), or set \
-             CUDABUDGET_JOB_DIR, XDG_RUNTIME_DIR or HOME to a directory of your own",
+             CUDABUDGET_JOB_DIR to a directory only you or root can write",
         )
         .details(json!({"in_the_way": in_the_way}));
     };

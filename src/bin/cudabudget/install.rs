@@ -21,8 +21,9 @@ use: $CUDABUDGET_LIB, the one next to this binary, or the copy this binary carri
 The last line on stdout is the LD_PRELOAD line to use.
 
 DIR and every directory above it must belong to you or root and be writable by nobody \
-else: another user who could change them could put their own code into every process \
-that preloads the library (exit 125 otherwise).
+else, sticky or not (nothing under /tmp, /var/tmp or /dev/shm): another user who could \
+change them, or recreate DIR once a cleaner removed it, could put their own code into \
+every process that preloads the library (exit 125 otherwise, naming the directory).
 
 --system (as root) also adds the library to /etc/ld.so.preload (once; other lines are \
 kept; the file is replaced atomically), so that every process started on this machine \
@@ -83,8 +84,9 @@ fn refuse_place(dir: &Path, error: impl std::fmt::Display) -> Refusal {
 }
 
 /// `dir`, created if missing, verified: it and every directory above it belong to root
-/// or us and nobody else may write them (above it, sticky ones such as /tmp pass: what
-/// is ours there cannot be renamed by others); `dir` itself nobody else may write at all.
+/// or us and nobody else may write them, sticky or not ([`Dir::open_closed`]): under
+/// /tmp a cleaner removes what is ours, and whoever recreates the path then chooses the
+/// code every process preloads.
 fn install_dir(dir: &Path) -> Result<Dir, Refusal> {
     let absolute = if dir.is_absolute() {
         dir.to_path_buf()
@@ -110,7 +112,7 @@ fn install_dir(dir: &Path) -> Result<Dir, Refusal> {
             Err(e) => return Err(usage(format!("{}: {e}", dir.display()))),
         }
     }
-    let mut verified = Dir::open_trusted(&existing).map_err(|e| refuse_place(dir, e))?;
+    let mut verified = Dir::open_closed(&existing).map_err(|e| refuse_place(dir, e))?;
     for name in missing.iter().rev() {
         let Some(name) = name.to_str() else {
             return Err(usage(format!(
@@ -241,7 +243,7 @@ fn add_to_system_preload(library: &Path) -> Result<bool, Refusal> {
     );
     let refuse =
         |error: &dyn std::fmt::Display| usage(format!("cannot update {SYSTEM_PRELOAD}: {error}"));
-    let etc = Dir::open_trusted(parent).map_err(|e| refuse(&e))?;
+    let etc = Dir::open_closed(parent).map_err(|e| refuse(&e))?;
     let mut existing = Vec::new();
     match etc.open_file(name, FileOpen::READ) {
         Ok(file) => {

@@ -8,12 +8,12 @@
 //! Whatever is preloaded comes from a place no other user can change (see
 //! [`check_unchangeable`] and `cudabudget_spec::place`): a library another user could
 //! replace would run their code in every process of ours. The carried copy is written
-//! through directory descriptors into directories of ours, and when another user holds
-//! a name on the way, it goes elsewhere and one line says what was in the way.
+//! through directory descriptors into directories of ours, none under a directory
+//! another user may write (sticky or not); when a place is refused, it goes to the next
+//! and one line says what was in the way.
 
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -194,16 +194,17 @@ fn beside_binary(dir: &Path) -> Option<PathBuf> {
 }
 
 /// `Err(why)` unless no other user can change what the canonical `path` names: every
-/// directory from `/` is root's or ours and nobody else may write it (or it is sticky,
-/// where others cannot rename what is not theirs), and the file is root's or ours and
-/// nobody else may write it. The loader opens the path again later; with such a
-/// chain it finds the same file.
+/// directory from `/` is root's or ours and nobody else may write it, sticky or not
+/// ([`Dir::open_closed`]: under /tmp the path outlives our file, and whoever recreates
+/// it decides what the processes that inherit `LD_PRELOAD` load), and the file is root's
+/// or ours and nobody else may write it. The loader opens the path again later; with
+/// such a chain it finds the same file.
 pub fn check_unchangeable(path: &Path) -> Result<(), String> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(OsStr::to_str))
     else {
         return Err("not a plain file path".to_string());
     };
-    let dir = Dir::open_trusted(parent).map_err(|e| e.to_string())?;
+    let dir = Dir::open_closed(parent).map_err(|e| e.to_string())?;
     let st = dir
         .stat_at(name)
         .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -244,7 +245,8 @@ fn absolute_var(name: &str) -> Option<PathBuf> {
 }
 
 /// Where the carried library may go, best first: a root directory and the names of
-/// our own directories under it.
+/// our own directories under it. `$TMPDIR` only when it is set: the shared `/tmp` is
+/// never closed to other users, so it could never be used.
 fn cache_places() -> Vec<(PathBuf, Vec<String>)> {
     let mut places = Vec::new();
     if let Some(cache) = absolute_var("XDG_CACHE_HOME") {
@@ -263,19 +265,17 @@ fn cache_places() -> Vec<(PathBuf, Vec<String>)> {
     if let Some(runtime) = absolute_var("XDG_RUNTIME_DIR") {
         places.push((runtime, vec!["cudabudget".to_string()]));
     }
-    places.push((std::env::temp_dir(), vec![temp_cache_name()]));
+    if let Some(tmp) = absolute_var("TMPDIR") {
+        places.push((tmp, vec![format!("cudabudget-cache-{}", place::euid())]));
+    }
     places
 }
 
-/// `cudabudget-cache-<uid>`: the per-user name in the shared temporary directory.
-fn temp_cache_name() -> String {
-    format!("cudabudget-cache-{}", place::euid())
-}
-
 /// Writes `bytes` (the carried library) once per version to the first cache place that
-/// is ours all the way, and returns the path of the copy, with a line naming what was
-/// in the way of the places before it. When every usual place is taken, the copy goes
-/// to a directory of ours with an unpredictable name in the temporary directory.
+/// is closed to other users all the way from `/` ([`Dir::open_closed`]), and returns
+/// the path of the copy, with a line naming what was in the way of the places before
+/// it. The processes of the command inherit `LD_PRELOAD` and load the path again, maybe
+/// long after: a place under `/tmp` would be someone else's to fill by then.
 fn write_to_cache(bytes: &[u8]) -> Result<(PathBuf, Option<String>), String> {
     let version = format!(
         "{}-{:016x}",
@@ -284,17 +284,8 @@ fn write_to_cache(bytes: &[u8]) -> Result<(PathBuf, Option<String>), String> {
     );
     let mut in_the_way = Vec::new();
     let mut reasons = Vec::new();
-    let mut note = |error: PlaceError, in_the_way: &mut Vec<String>| {
-        if matches!(
-            error,
-            PlaceError::Taken { .. } | PlaceError::Untrusted { .. }
-        ) {
-            in_the_way.push(error.to_string());
-        }
-        reasons.push(error.to_string());
-    };
     for (root, names) in cache_places() {
-        let placed = Dir::open_trusted(&root).and_then(|mut dir| {
+        let placed = Dir::open_closed(&root).and_then(|mut dir| {
             for name in &names {
                 dir = dir.private(name, 0o700)?;
             }
@@ -302,32 +293,30 @@ fn write_to_cache(bytes: &[u8]) -> Result<(PathBuf, Option<String>), String> {
         });
         match placed {
             Ok(path) => {
-                let line = in_the_way_line(&in_the_way, &path);
+                let line = (!in_the_way.is_empty()).then(|| {
+                    format!(
+                        "{}; the library this binary carries was written to {} instead",
+                        in_the_way.join("; "),
+                        path.display()
+                    )
+                });
                 return Ok((path, line));
             }
-            Err(error) => note(error, &mut in_the_way),
+            Err(error) => {
+                if matches!(
+                    error,
+                    PlaceError::Taken { .. } | PlaceError::Untrusted { .. }
+                ) {
+                    in_the_way.push(error.to_string());
+                }
+                reasons.push(error.to_string());
+            }
         }
     }
-    match unpredictable_place(&std::env::temp_dir(), &version, bytes) {
-        Ok(path) => {
-            let line = in_the_way_line(&in_the_way, &path);
-            Ok((path, line))
-        }
-        Err(error) => {
-            note(error, &mut in_the_way);
-            Err(reasons.join("; "))
-        }
+    if reasons.is_empty() {
+        reasons.push("none of HOME, XDG_CACHE_HOME, XDG_RUNTIME_DIR or TMPDIR is set".into());
     }
-}
-
-fn in_the_way_line(in_the_way: &[String], path: &Path) -> Option<String> {
-    (!in_the_way.is_empty()).then(|| {
-        format!(
-            "{}; the library this binary carries was written to {} instead",
-            in_the_way.join("; "),
-            path.display()
-        )
-    })
+    Err(reasons.join("; "))
 }
 
 /// `dir/<version>/libcudabudget.so`, our own directory and a verified copy of `bytes`.
@@ -342,79 +331,10 @@ fn write_version(dir: &Dir, version: &str, bytes: &[u8]) -> Result<PathBuf, Plac
     }
     write_verified(&dir, LIBRARY_NAME, bytes, 0o755)?;
     // Every directory from / to `dir` was walked without following links and is root's
-    // or ours, writable by nobody else (or sticky, where nobody else can rename what is
-    // ours), and the file was verified through its descriptor: no other user can change
-    // what this path names, so it is safe to hand to LD_PRELOAD.
+    // or ours, writable by nobody else, and the file was verified through its
+    // descriptor: no other user can change what this path names, so it is safe to hand
+    // to LD_PRELOAD.
     Ok(path)
-}
-
-/// The last resort: a directory of ours in `tmp` whose name nobody could guess
-/// (`cudabudget-cache-<uid>-XXXXXXXXXXXX`), created exclusively, or one an earlier run
-/// made (found by its prefix and accepted only when it is ours and closed to others).
-fn unpredictable_place(tmp: &Path, version: &str, bytes: &[u8]) -> Result<PathBuf, PlaceError> {
-    let root = Dir::open_trusted(tmp)?;
-    let prefix = format!("{}-", temp_cache_name());
-    let earlier = root.names(4096).unwrap_or_default();
-    for name in earlier.iter().filter_map(|n| n.to_str()) {
-        if name.len() == prefix.len() + 12
-            && name.starts_with(&prefix)
-            && let Ok(dir) = root.private(name, 0o700)
-            && let Ok(path) = write_version(&dir, version, bytes)
-        {
-            return Ok(path);
-        }
-    }
-    let mut last = None;
-    for _ in 0..16 {
-        let name = format!("{prefix}{}", random_name(12));
-        let cname = std::ffi::CString::new(name.as_bytes()).expect("no NUL");
-        // SAFETY: a live directory descriptor and a NUL-terminated name. mkdirat fails
-        // with EEXIST rather than take a name someone else holds.
-        let made = unsafe { libc::mkdirat(root.fd().as_raw_fd(), cname.as_ptr(), 0o700) };
-        if made != 0 {
-            let error = io::Error::last_os_error();
-            if error.raw_os_error() == Some(libc::EEXIST) {
-                continue;
-            }
-            last = Some(PlaceError::Io {
-                path: root.path().join(&name),
-                error,
-            });
-            break;
-        }
-        return write_version(&root.private(&name, 0o700)?, version, bytes);
-    }
-    Err(last.unwrap_or_else(|| PlaceError::Untrusted {
-        path: root.path().join(format!("{prefix}*")),
-        why: "every name tried was taken".to_string(),
-    }))
-}
-
-/// `len` characters from [a-zA-Z0-9], from the kernel's random source.
-fn random_name(len: usize) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    let mut random = vec![0u8; len];
-    // The system call, not glibc's getrandom(3): the dist build links against glibc 2.17,
-    // which has no such symbol.
-    // SAFETY: `random` is a writable buffer of `len` bytes; flags 0.
-    let got = unsafe { libc::syscall(libc::SYS_getrandom, random.as_mut_ptr(), len, 0) };
-    if got != len as libc::c_long {
-        // No getrandom (old kernel): time and pid, still not guessable to the name.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let mut x = nanos ^ (u64::from(std::process::id()) << 32);
-        for byte in &mut random {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *byte = x as u8;
-        }
-    }
-    random
-        .iter()
-        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
-        .collect()
 }
 
 /// `name` in `dir` holding exactly `bytes` with permissions `mode`: the existing file

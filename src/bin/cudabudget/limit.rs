@@ -1,7 +1,8 @@
 //! `cudabudget limit`: shows or changes the budget of a job or a process while it runs.
 //!
-//! - A job's budget lives in its ledger ([`job_file::BUDGETS_AT`]): this command maps the
-//!   ledger, writes the new budget (the word, then its complement), bumps the budget
+//! - A job's budget lives in its ledger ([`job_file::BUDGETS_AT`]): this command reads
+//!   the ledger as untrusted bytes (its owner may cut it at any moment), maps it only to
+//!   write the new budget (the word, then its complement), bumps the budget
 //!   generation, names who changed it, wakes the job's waiters and rings the owner's
 //!   doorbells ([`Doorbell`]). Every admission of the job reads the budget as it is then; each
 //!   member's views and record follow when its background thread wakes to the bell (at
@@ -123,39 +124,31 @@ pub fn limit(args: LimitArgs) -> Result<ExitCode, Refusal> {
 
 // ---- a job ----
 
-/// A job's ledger, mapped.
+/// A job's ledger, open. Its owner can shrink or grow the file at any moment, so it is
+/// read as untrusted bytes: `pread` into a buffer ([`Ledger::read`]), never through a
+/// mapping, which would raise SIGBUS at a page past the new end. A change needs the
+/// shared mapping (the budget words are stored, the generation bumped and the waiters
+/// woken atomically, where the members read them): [`Ledger::write`] maps it for those
+/// few stores only, under [`cut_guard::Guard`], which catches a SIGBUS in that mapping
+/// and reports the ledger cut instead of dying.
 struct Ledger {
-    base: *mut u8,
+    file: std::fs::File,
     path: PathBuf,
 }
 
-impl Drop for Ledger {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping of FILE_BYTES, not used after this.
-        unsafe { libc::munmap(self.base.cast(), job_file::FILE_BYTES) };
-    }
-}
+/// The ledger's bytes, read at one moment: figures to show. A word a member changes
+/// during the read may be seen mid-change; each figure has its complement beside it, so
+/// a budget read that way shows as not set and a share as the larger of its two words.
+struct Snapshot(Vec<u8>);
 
-impl Ledger {
-    fn word64(&self, at: usize) -> &AtomicU64 {
-        assert!(at.is_multiple_of(8) && at + 8 <= job_file::FILE_BYTES);
-        // SAFETY: an aligned word inside the mapping, which lives as long as `self`
-        // (shared memory: reached only through atomics).
-        unsafe { &*(self.base.add(at) as *const AtomicU64) }
-    }
-
-    fn word32(&self, at: usize) -> &AtomicU32 {
-        assert!(at.is_multiple_of(4) && at + 4 <= job_file::FILE_BYTES);
-        // SAFETY: as in word64.
-        unsafe { &*(self.base.add(at) as *const AtomicU32) }
+impl Snapshot {
+    fn word64(&self, at: usize) -> u64 {
+        u64::from_le_bytes(self.0[at..at + 8].try_into().expect("8 bytes"))
     }
 
     fn budget(&self, device: usize) -> Option<u64> {
         let at = job_file::budget_at(device);
-        job_file::decode_budget(
-            self.word64(at).load(Ordering::Acquire),
-            self.word64(at + 8).load(Ordering::Acquire),
-        )
+        job_file::decode_budget(self.word64(at), self.word64(at + 8))
     }
 
     /// What the job holds on `device`: each slot's share read as the library reads it
@@ -164,10 +157,7 @@ impl Ledger {
         (0..job_file::SLOTS)
             .map(|slot| {
                 let at = job_file::share_at(slot, device);
-                job_file::share_value(
-                    self.word64(at).load(Ordering::Acquire),
-                    self.word64(at + 8).load(Ordering::Acquire),
-                )
+                job_file::share_value(self.word64(at), self.word64(at + 8))
             })
             .fold(0u64, u64::saturating_add)
     }
@@ -175,28 +165,195 @@ impl Ledger {
     /// Processes that hold a slot.
     fn members(&self) -> usize {
         (0..job_file::SLOTS)
-            .filter(|&slot| {
-                job_file::is_member(
-                    self.word64(job_file::claim_at(slot))
-                        .load(Ordering::Acquire),
-                )
-            })
+            .filter(|&slot| job_file::is_member(self.word64(job_file::claim_at(slot))))
             .count()
     }
+}
 
-    fn set_budget(&self, device: usize, bytes: u64) {
-        let at = job_file::budget_at(device);
-        let word = job_file::encode_budget(bytes);
-        self.word64(at).store(word, Ordering::SeqCst);
-        self.word64(at + 8).store(!word, Ordering::SeqCst);
+impl Ledger {
+    /// The ledger's bytes now, checked to be a ledger of this layout. A file cut or
+    /// grown meanwhile is a refusal that names it and ends with `then` (what became of
+    /// the change).
+    fn read(&self, then: &str) -> Result<Snapshot, Refusal> {
+        let mut bytes = vec![0u8; job_file::FILE_BYTES];
+        let mut got = 0;
+        while got < bytes.len() {
+            match self.file.read_at(&mut bytes[got..], got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(refused(format!(
+                        "job ledger {}: cannot read it: {e}; {then}",
+                        self.path.display()
+                    )));
+                }
+            }
+        }
+        let len = if got < bytes.len() {
+            got as u64
+        } else {
+            self.file.metadata().map_or(got as u64, |m| m.len())
+        };
+        if let Some(problem) = job_file::problem(&bytes[..got], len) {
+            return Err(refused(format!(
+                "job ledger {}: {problem}; {then}",
+                self.path.display()
+            )));
+        }
+        Ok(Snapshot(bytes))
     }
 
-    /// Wakes the job's waiters on `device`, as a free does.
-    fn wake(&self, device: usize) {
-        let word = self.word32(job_file::device_words_at(device) + job_file::WAKE_IN_DEVICE_WORD);
-        word.fetch_add(1, Ordering::Release);
-        // The waiters wait on the same file's word, shared, not privately.
-        cudabudget_spec::futex::wake_all(word);
+    /// Sets the budget of `devices` to `bytes`, names `by` (uid << 32 | pid) as who did
+    /// it, bumps the budget generation and wakes each device's waiters, through the
+    /// shared mapping. A ledger cut meanwhile is a refusal: the change may be lost.
+    fn write(&self, devices: &[usize], bytes: u64, by: u64) -> Result<(), Refusal> {
+        // SAFETY: a new shared mapping of FILE_BYTES of our descriptor; nothing else in
+        // this process refers to it. The file may be shorter by now: every access
+        // below happens under the guard, which turns SIGBUS into a report.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                job_file::FILE_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(refused(format!(
+                "job ledger {}: cannot map it: {}; nothing changed",
+                self.path.display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        let guard = cut_guard::Guard::new(base.cast(), job_file::FILE_BYTES);
+        let word64 = |at: usize| {
+            assert!(at.is_multiple_of(8) && at + 8 <= job_file::FILE_BYTES);
+            // SAFETY: an aligned word inside the mapping, which lives until the munmap
+            // below (shared memory: reached only through atomics).
+            unsafe { &*(base.cast::<u8>().add(at) as *const AtomicU64) }
+        };
+        for &d in devices {
+            let at = job_file::budget_at(d);
+            let word = job_file::encode_budget(bytes);
+            word64(at).store(word, Ordering::SeqCst);
+            word64(at + 8).store(!word, Ordering::SeqCst);
+        }
+        word64(job_file::BUDGET_BY_AT).store(by, Ordering::SeqCst);
+        word64(job_file::BUDGET_GENERATION_AT).fetch_add(1, Ordering::SeqCst);
+        for &d in devices {
+            let at = job_file::device_words_at(d) + job_file::WAKE_IN_DEVICE_WORD;
+            assert!(at.is_multiple_of(4) && at + 4 <= job_file::FILE_BYTES);
+            // SAFETY: as for word64.
+            let word = unsafe { &*(base.cast::<u8>().add(at) as *const AtomicU32) };
+            word.fetch_add(1, Ordering::Release);
+            // The waiters wait on the same file's word, shared, not privately.
+            cudabudget_spec::futex::wake_all(word);
+        }
+        let cut = guard.cut();
+        drop(guard);
+        // SAFETY: our own mapping of FILE_BYTES (or the private pages the guard put in
+        // its place), not used after this.
+        unsafe { libc::munmap(base, job_file::FILE_BYTES) };
+        if cut {
+            return Err(refused(format!(
+                "job ledger {}: it was cut (truncated) while the budget was written; the \
+                 change may be lost: look with `cudabudget limit --job` and try again",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Catches the SIGBUS of a store into a shared mapping whose file was cut.
+///
+/// Why a handler rather than another design: the budget change must be atomic stores
+/// and a futex wake on the words the members map (`pwrite` is neither atomic per word
+/// nor able to bump a counter or wake a waiter), and nothing stops the owner from
+/// truncating the file while root writes. So the stores go through the mapping, and a
+/// fault in it is repaired in place: the handler maps private zero pages over the whole
+/// mapping (the faulting store then lands where nobody reads it) and records that the
+/// ledger was cut, which the command reports. A SIGBUS anywhere else keeps its default
+/// action. The command is single-threaded while a guard lives.
+mod cut_guard {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    static BASE: AtomicUsize = AtomicUsize::new(0);
+    static LEN: AtomicUsize = AtomicUsize::new(0);
+    static CUT: AtomicBool = AtomicBool::new(false);
+
+    /// While it lives, a SIGBUS in `[base, base + len)` replaces that mapping with
+    /// private zero pages and is remembered ([`Guard::cut`]).
+    pub struct Guard {
+        previous: libc::sigaction,
+    }
+
+    impl Guard {
+        pub fn new(base: *mut u8, len: usize) -> Guard {
+            CUT.store(false, Ordering::SeqCst);
+            LEN.store(len, Ordering::SeqCst);
+            BASE.store(base as usize, Ordering::SeqCst);
+            // SAFETY: all-zero sigaction structs are valid plain C values; the handler
+            // is an extern "C" function of the signature SA_SIGINFO asks for.
+            let previous = unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_sigbus as *const () as libc::sighandler_t;
+                action.sa_flags = libc::SA_SIGINFO;
+                libc::sigemptyset(&mut action.sa_mask);
+                let mut previous: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGBUS, &action, &mut previous);
+                previous
+            };
+            Guard { previous }
+        }
+
+        /// Whether the mapping faulted (its file was cut) since the guard was made.
+        pub fn cut(&self) -> bool {
+            CUT.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            // SAFETY: puts back the disposition saved in `new`.
+            unsafe { libc::sigaction(libc::SIGBUS, &self.previous, std::ptr::null_mut()) };
+            BASE.store(0, Ordering::SeqCst);
+        }
+    }
+
+    extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid siginfo_t with SA_SIGINFO; si_addr is the
+        // faulting address for SIGBUS.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        let (base, len) = (BASE.load(Ordering::SeqCst), LEN.load(Ordering::SeqCst));
+        if base != 0 && (base..base + len).contains(&addr) {
+            // SAFETY: replaces our own mapping (the guard's range, which nothing else
+            // in this process uses) with private anonymous pages at the same address;
+            // mmap is a plain system call, safe in a signal handler.
+            let placed = unsafe {
+                libc::mmap(
+                    base as *mut libc::c_void,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if placed != libc::MAP_FAILED {
+                CUT.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+        // Not ours: the default action, once this handler returns.
+        // SAFETY: signal and raise are async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGBUS, libc::SIG_DFL);
+            libc::raise(libc::SIGBUS);
+        }
     }
 }
 
@@ -238,14 +395,11 @@ fn places_of(job: &str, roots: &[PathBuf]) -> Vec<(PathBuf, u32)> {
             continue;
         };
         for entry in dir.names(100_000).unwrap_or_default() {
-            let Some(uid) = entry
-                .to_str()
-                .and_then(cudabudget_spec::record::uid_of_dir_name)
-            else {
+            let Some(uid) = entry.to_str().and_then(place::uid_of_dir_name) else {
                 continue;
             };
             if (me == 0 || uid == me)
-                && let Ok(user) = dir.open_dir_of(&place::user_dir_name(uid), uid)
+                && let Ok(user) = dir.open_dir_of(entry.to_str().unwrap_or_default(), uid)
                 && user.stat_at(&name).is_ok()
                 && !places.contains(&(root.clone(), uid))
             {
@@ -271,53 +425,22 @@ fn open_job(job: &str, uid: u32, roots: &[PathBuf], write: bool) -> Result<Ledge
         let Ok(dir) = Dir::open_trusted(root) else {
             continue;
         };
-        let Ok(user) = dir.open_dir_of(&place::user_dir_name(uid), uid) else {
+        let Some((user, file)) = place::user_dirs_of(&dir, uid)
+            .into_iter()
+            .map(|user| {
+                let file = user.open_file_of(&name, open, uid);
+                (user, file)
+            })
+            .find(|(_, file)| {
+                !matches!(file, Err(PlaceError::Io { error, .. })
+                    if error.kind() == std::io::ErrorKind::NotFound)
+            })
+        else {
             continue;
         };
-        let file = match user.open_file_of(&name, open, uid) {
-            Ok(file) => file,
-            Err(PlaceError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
-                continue;
-            }
-            Err(error) => return Err(refused(format!("job {job}: {error}"))),
-        };
+        let file = file.map_err(|error| refused(format!("job {job}: {error}")))?;
         let path = user.path().join(&name);
-        let mut head = [0u8; job_file::HEADER_BYTES];
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let n = file.read_at(&mut head, 0).unwrap_or(0);
-        if let Some(problem) = job_file::problem(&head[..n], len) {
-            return Err(refused(format!(
-                "job ledger {}: {problem}; nothing changed",
-                path.display()
-            )));
-        }
-        let prot = if write {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        // SAFETY: a shared mapping of FILE_BYTES of a file checked to be that long.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                job_file::FILE_BYTES,
-                prot,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(refused(format!(
-                "job ledger {}: cannot map it: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            )));
-        }
-        return Ok(Ledger {
-            base: base.cast(),
-            path,
-        });
+        return Ok(Ledger { file, path });
     }
     Err(refused(if place::euid() == 0 || uid == place::euid() {
         format!("no job {job} here (no member has run since its last one ended)")
@@ -399,17 +522,18 @@ fn job_limit(
     }
     let roots = with_fallbacks_of(uid, roots);
     let ledger = open_job(job, uid, &roots, size.is_some())?;
+    let seen = ledger.read("nothing changed")?;
     let devices: Vec<usize> = match device {
         Some(d) => vec![d as usize],
         None => (0..job_file::DEVICES)
-            .filter(|&d| ledger.budget(d).is_some())
+            .filter(|&d| seen.budget(d).is_some())
             .collect(),
     };
     let Some(bytes) = size else {
         let mut shown = 0;
         for d in devices {
-            let used = ledger.used(d);
-            match ledger.budget(d) {
+            let used = seen.used(d);
+            match seen.budget(d) {
                 Some(budget) => {
                     shown += 1;
                     println!(
@@ -431,7 +555,7 @@ fn job_limit(
         }
         println!(
             "job {job}: {} members; ledger {}",
-            ledger.members(),
+            seen.members(),
             ledger.path.display()
         );
         return Ok(ExitCode::SUCCESS);
@@ -442,26 +566,19 @@ fn job_limit(
     } else {
         devices
     };
-    let before: Vec<Option<u64>> = devices.iter().map(|&d| ledger.budget(d)).collect();
-    for &d in &devices {
-        ledger.set_budget(d, bytes);
-    }
-    ledger.word64(job_file::BUDGET_BY_AT).store(
+    let before: Vec<Option<u64>> = devices.iter().map(|&d| seen.budget(d)).collect();
+    ledger.write(
+        &devices,
+        bytes,
         (u64::from(me) << 32) | u64::from(std::process::id()),
-        Ordering::SeqCst,
-    );
-    ledger
-        .word64(job_file::BUDGET_GENERATION_AT)
-        .fetch_add(1, Ordering::SeqCst);
-    for &d in &devices {
-        ledger.wake(d);
-    }
+    )?;
     ring_doorbells(uid);
+    let now = ledger.read("the new budget was written before it changed")?;
     for (&d, previous) in devices.iter().zip(before) {
         if previous.is_none() && device.is_none() {
             continue;
         }
-        let used = ledger.used(d);
+        let used = now.used(d);
         println!(
             "job {job} device {d}: budget {} -> {}, {} in use{}",
             previous.map_or_else(|| "none".to_string(), format_bytes),
@@ -499,7 +616,7 @@ fn ring_doorbells(uid: u32) {
         let mut skipped = Vec::new();
         let pods = records::tenant_dirs(&dir, records::PODS, &mut skipped);
         for dir in std::iter::once(dir).chain(pods.into_iter().map(|(_, pod)| pod)) {
-            if let Ok(user) = dir.open_dir_of(&place::user_dir_name(uid), uid) {
+            for user in place::user_dirs_of(&dir, uid) {
                 ring(&user, uid);
             }
         }
@@ -694,12 +811,12 @@ fn write_request(
             std::iter::once(dir).chain(pods.into_iter().map(|(_, pod)| pod))
         });
     for dir in dirs {
-        let Ok(user) = dir.open_dir_of(&place::user_dir_name(owner), owner) else {
+        let Some(user) = place::user_dirs_of(&dir, owner)
+            .into_iter()
+            .find(|user| user.stat_at(&record).is_ok())
+        else {
             continue;
         };
-        if user.stat_at(&record).is_err() {
-            continue;
-        }
         let new = FileOpen {
             access: Access::ReadWrite,
             create: Create::New,
@@ -735,4 +852,69 @@ fn write_request(
     Err(refused(format!(
         "process {pid}'s record is gone (it ended?)"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    /// A ledger of this layout in a file of its own, open to read and write.
+    fn ledger(name: &str) -> Ledger {
+        let path =
+            std::env::temp_dir().join(format!("cb-limit-unit-{}-{name}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(job_file::FILE_BYTES as u64).unwrap();
+        file.write_all_at(&job_file::header(), 0).unwrap();
+        let _ = std::fs::remove_file(&path);
+        Ledger { file, path }
+    }
+
+    #[test]
+    fn a_budget_written_reads_back() {
+        let ledger = ledger("whole");
+        assert!(ledger.write(&[0, 3], 5 << 30, 7).is_ok());
+        let Ok(seen) = ledger.read("nothing changed") else {
+            panic!("a whole ledger reads");
+        };
+        assert_eq!(seen.budget(0), Some(5 << 30));
+        assert_eq!(seen.budget(3), Some(5 << 30));
+        assert_eq!(seen.budget(1), None);
+        assert_eq!(seen.word64(job_file::BUDGET_BY_AT), 7);
+        assert_eq!(seen.word64(job_file::BUDGET_GENERATION_AT), 1);
+    }
+
+    #[test]
+    fn a_ledger_cut_before_the_write_is_reported_not_a_sigbus() {
+        let ledger = ledger("cut");
+        ledger.file.set_len(0).unwrap();
+        let Err(refusal) = ledger.write(&[0], 1 << 30, 7) else {
+            panic!("a cut ledger is written without a word");
+        };
+        assert!(
+            refusal
+                .message
+                .contains("was cut (truncated) while the budget was written")
+                && refusal.message.contains(ledger.path.to_str().unwrap()),
+            "{}",
+            refusal.message
+        );
+        let Err(refusal) = ledger.read("nothing changed") else {
+            panic!("a cut ledger reads");
+        };
+        assert!(
+            refusal.message.contains("0 bytes") && refusal.message.ends_with("nothing changed"),
+            "{}",
+            refusal.message
+        );
+        // The guard is gone with its write: the next one on a whole file works.
+        let whole = self::ledger("after");
+        assert!(whole.write(&[0], 1 << 30, 7).is_ok());
+    }
 }

@@ -14,6 +14,7 @@ use cudabudget_spec::{config, quantity, record};
 mod doctor;
 mod exporter;
 mod gpu;
+mod http;
 mod install;
 mod library;
 mod limit;
@@ -130,6 +131,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return clap_error(error),
     };
+    // A command whose reader went away (`cudabudget doctor | head -c1`) ends quietly,
+    // as `cat` does, instead of panicking at its next print: the default SIGPIPE. The
+    // servers keep it ignored (a client that hangs up is their everyday business).
+    if !matches!(cli.command, Command::Exporter(_) | Command::Webhook(_)) {
+        // SAFETY: sets this process's disposition of one signal to the default.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     if matches!(
         cli.command,
         Command::Status(_)

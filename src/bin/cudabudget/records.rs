@@ -222,7 +222,9 @@ pub fn scan(roots: &[PathBuf]) -> Scan {
         }
         for place in places {
             if let Ok(dir) = Dir::open_trusted_for(&place, uid) {
-                reader.user_dir(&dir, &record::user_dir_name(uid), uid);
+                for name in place::user_dir_names(uid) {
+                    reader.user_dir(&dir, &name, uid);
+                }
             }
         }
     }
@@ -277,13 +279,15 @@ impl Reader {
             let names = dir.names(NAMES).unwrap_or_default();
             for name in names {
                 let Some(name) = name.to_str() else { continue };
-                if let Some(uid) = record::uid_of_dir_name(name) {
+                if let Some(uid) = place::uid_of_dir_name(name) {
                     self.user_dir(dir, name, uid);
                 }
             }
         } else {
             let me = self.me;
-            self.user_dir(dir, &record::user_dir_name(me), me);
+            for name in place::user_dir_names(me) {
+                self.user_dir(dir, &name, me);
+            }
         }
     }
 
@@ -552,7 +556,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(&base).unwrap();
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let dir = base.join(record::user_dir_name(euid()));
+        let dir = base.join(place::user_dir_name(euid()));
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         (base, dir)
@@ -698,7 +702,7 @@ mod tests {
         std::fs::set_permissions(&pods, std::fs::Permissions::from_mode(0o755)).unwrap();
         let (elsewhere, _) = runtime("pods-elsewhere");
         for (dir, pid) in [(pods.join("pod-a"), me.pid), (elsewhere.clone(), me.pid)] {
-            let user = dir.join(record::user_dir_name(euid()));
+            let user = dir.join(place::user_dir_name(euid()));
             std::fs::create_dir_all(&user).unwrap();
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
             std::fs::set_permissions(&user, std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -724,7 +728,7 @@ mod tests {
         // twice if the link were followed, and it is not removed either.
         assert!(
             elsewhere
-                .join(record::user_dir_name(euid()))
+                .join(place::user_dir_name(euid()))
                 .join(record::file_name(me.pid, me.pid_namespace))
                 .exists()
         );

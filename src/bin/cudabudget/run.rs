@@ -29,11 +29,11 @@ mistyped option is an error, never the command.
 
 The budget is handed to CMD through LD_PRELOAD and CUDABUDGET_* variables. The library \
 is $CUDABUDGET_LIB, else the libcudabudget.so next to this binary, else the copy this \
-binary carries (written once to a per-user cache directory: $XDG_CACHE_HOME, \
-$HOME/.cache, $XDG_RUNTIME_DIR or $TMPDIR; when another user holds the name there, a \
-directory of yours with an unpredictable name, and one line says what was in the way). \
-CMD is not started when the library would not load here (run `cudabudget doctor` to \
-see why), nor when another user could change it.
+binary carries (written once to a per-user cache directory: the first of \
+$XDG_CACHE_HOME, $HOME/.cache, $XDG_RUNTIME_DIR and $TMPDIR that no other user can \
+change; one line says what was in the way). CMD is not started when the library would \
+not load here (run `cudabudget doctor` to see why), nor when another user could change \
+it or any directory above it, sticky or not (nothing under /tmp, /var/tmp or /dev/shm).
 
 Exit status: 125 when `run` itself fails (a bad or missing option, a budget the library \
 would refuse, no library that can be preloaded here): CMD did not run; 126 when CMD \
@@ -133,7 +133,16 @@ fn refusal(args: RunArgs) -> Refusal {
                  (e.g. --limit 20Gi), or set CUDABUDGET_LIMIT; nothing was run",
             );
         }
-        Ok(_) => {}
+        Ok(config) => {
+            if let Some(variable) = zero_budget(&config) {
+                return usage(format!("{variable}=0: {ZERO_BUDGET}; nothing was run"));
+            }
+            // Beside a budget an unknown name is ignored (a newer release's, or a typo
+            // of something that was meant): said here, before CMD, once.
+            if let Some(warning) = config.unknown_warning() {
+                say(warning);
+            }
+        }
     }
 
     // The loader only warns about a preload it cannot load and runs the program
@@ -212,9 +221,32 @@ fn budget_variables(args: &RunArgs) -> Result<Vec<(String, String)>, Refusal> {
 }
 
 fn check_quantity(option: &str, quantity: &str) -> Result<(), Refusal> {
-    quantity::parse_limit(quantity)
-        .map(drop)
-        .map_err(|e| usage(format!("{option} {quantity:?}: {e} ({QUANTITY_EXAMPLES})")))
+    match quantity::parse_limit(quantity) {
+        Ok(quantity::Limit::Bytes(0)) => {
+            Err(usage(format!("{option} {quantity:?}: {ZERO_BUDGET}")))
+        }
+        Ok(_) => Ok(()),
+        Err(e) => Err(usage(format!(
+            "{option} {quantity:?}: {e} ({QUANTITY_EXAMPLES})"
+        ))),
+    }
+}
+
+/// Why `run` refuses a budget of 0 bytes: it would refuse every allocation, which is
+/// never what a command is run for (and HAMi's 0 means the opposite, no budget).
+const ZERO_BUDGET: &str = "a budget of 0 bytes would refuse every allocation (HAMi's 0 \
+    means no budget); give a size such as 8Gi, or leave the budget out to run unbudgeted";
+
+/// The budget variable that sets a budget of 0 bytes, if one does.
+fn zero_budget(config: &config::Config) -> Option<String> {
+    if config.default_limit == Some(quantity::Limit::Bytes(0)) {
+        return Some(config::LIMIT.to_string());
+    }
+    config
+        .device_limits
+        .iter()
+        .find(|(_, limit)| *limit == quantity::Limit::Bytes(0))
+        .map(|(device, _)| format!("{}_{device}", config::LIMIT))
 }
 
 fn lookup<'a>(environment: &'a [(OsString, OsString)], name: &str) -> Option<&'a OsStr> {

@@ -23,12 +23,49 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// The largest file a server reads (a certificate chain, a key, a web configuration: a
+/// few KiB).
+pub const MAX_FILE: u64 = 1 << 20;
+
+/// The bytes of `path`, a regular file of at most [`MAX_FILE`] bytes (links followed, as
+/// a mounted Secret's are). It is opened without waiting (a FIFO cannot hang the start)
+/// and checked on the descriptor; the error says what is wrong, for the caller to put
+/// after the file's name.
+pub fn read_file(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot open it ({e})"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read it ({e})"))?;
+    if !meta.file_type().is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_FILE {
+        return Err(format!("larger than {MAX_FILE} bytes"));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read it ({e})"))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(format!("larger than {MAX_FILE} bytes"));
+    }
+    Ok(bytes)
+}
+
 /// The PEM certificates in `path` (a chain, the server's first); `what` names the file
 /// in errors (`cert_file`, `--tls-cert`).
 pub fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    let fail = |e: String| format!("{what} {}: {e}", path.display());
+    let pem = read_file(path).map_err(fail)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(e.to_string()))?;
     if certs.is_empty() {
         return Err(format!(
             "{what} {}: no PEM certificate in it",
@@ -40,7 +77,9 @@ pub fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'stati
 
 /// The PEM private key in `path` (PKCS#8, PKCS#1 or SEC1).
 pub fn private_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+    let fail = |e: String| format!("{what} {}: {e}", path.display());
+    let pem = read_file(path).map_err(fail)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| fail(e.to_string()))
 }
 
 /// The server configuration: `builder` (versions and client verification chosen) with the

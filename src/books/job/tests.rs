@@ -1,4 +1,19 @@
-use super::*;
+use super::file::*;
+use super::liveness;
+use super::members::*;
+use super::sigbus::*;
+use super::words::*;
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::sys::clock::monotonic_ms;
+use cudabudget_spec::job_file as layout;
+use layout::TOMB;
+
+use cudabudget_spec::place::Dir;
 
 use std::os::unix::fs::FileExt;
 
@@ -76,16 +91,16 @@ fn a_zombie_or_a_process_that_no_longer_maps_the_ledger_is_dead() {
     let job = fresh_job("alive");
     let me = std::process::id();
     let start = start_time(me).unwrap();
-    assert!(job.alive(me, start, job.fd.as_raw_fd() as u32));
+    assert!(job.alive(SLOTS - 1, me, start, job.fd.as_raw_fd() as u32));
     assert!(
-        job.alive(me, start, u32::MAX),
+        job.alive(SLOTS - 1, me, start, u32::MAX),
         "maps it, whatever the descriptor"
     );
     assert!(
-        !job.alive(me, start + 1, u32::MAX),
+        !job.alive(SLOTS - 1, me, start + 1, u32::MAX),
         "same pid, another start time"
     );
-    assert!(!job.alive(dead_pid(), 0, 0));
+    assert!(!job.alive(SLOTS - 1, dead_pid(), 0, 0));
     // Another program (as after exec): neither the descriptor nor a mapping.
     let mut other = std::process::Command::new("sleep")
         .arg("10")
@@ -95,7 +110,7 @@ fn a_zombie_or_a_process_that_no_longer_maps_the_ledger_is_dead() {
     std::thread::sleep(Duration::from_millis(50));
     let started = start_time(pid).unwrap();
     assert!(
-        !job.alive(pid, started, 0),
+        !job.alive(SLOTS - 1, pid, started, 0),
         "another program is not the member"
     );
     // A zombie (killed, not reaped).
@@ -103,7 +118,7 @@ fn a_zombie_or_a_process_that_no_longer_maps_the_ledger_is_dead() {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(proc_stat(pid).unwrap().state, b'Z');
-    assert!(!job.alive(pid, started, 0));
+    assert!(!job.alive(SLOTS - 1, pid, started, 0));
     other.wait().unwrap();
 }
 
@@ -680,7 +695,7 @@ fn a_member_whose_command_name_is_not_utf8_is_alive_and_its_share_counts() {
     let s = job.share_at(5, 0);
     s.used.store(700, Ordering::SeqCst);
     s.inv.store(!700, Ordering::SeqCst);
-    assert!(job.alive(pid, start, job.fd.as_raw_fd() as u32));
+    assert!(job.alive(SLOTS - 1, pid, start, job.fd.as_raw_fd() as u32));
     job.reclaim_dead();
     assert_eq!(
         job.reserve(0, 400, 1000),
@@ -1061,4 +1076,39 @@ fn who_changed_the_budget_reads_back_as_the_command_line_writes_it() {
     job.word64(layout::BUDGET_BY_AT)
         .store((1234u64 << 32) | 5678, Ordering::SeqCst);
     assert_eq!(job.budget_changed_by(), (1234, 5678));
+}
+
+#[test]
+fn a_member_whose_pid_names_nobody_here_lives_while_it_holds_its_slots_lock() {
+    // A member of another PID namespace: its pid means nothing here, its lock does.
+    let dir = scratch("pod");
+    let job = member_of(&dir);
+    plant(&job, 9, dead_pid(), 1, 0, 600);
+    let pod = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join("ledger"))
+        .unwrap();
+    assert_eq!(liveness::take(pod.as_fd(), 9), liveness::Taken::Yes);
+    job.reclaim_dead();
+    assert_eq!(job.used(0), 600, "alive while its lock is held");
+    assert_eq!(job.reserve(0, 500, 1000), Err(600));
+    drop(pod);
+    assert_eq!(
+        job.reserve(0, 500, 1000),
+        Ok(()),
+        "dead once its open is closed"
+    );
+    assert_eq!(job.used(0), 500);
+}
+
+#[test]
+fn a_joining_process_holds_its_slots_lock_and_gives_it_back_when_it_leaves() {
+    let dir = scratch("own-lock");
+    let job = member_of(&dir);
+    let reader = std::fs::File::open(dir.join("ledger")).unwrap();
+    assert_eq!(liveness::held(reader.as_fd(), job.slot), Some(true));
+    let slot = job.slot;
+    job.leave();
+    assert_eq!(liveness::held(reader.as_fd(), slot), Some(false));
 }

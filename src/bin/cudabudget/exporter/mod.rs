@@ -70,7 +70,16 @@ vdeviceid, deviceuuid, zone), per container and device, jobs and users added up.
 
 Under abuse: a request's head must arrive within --read-timeout (also how long an
 idle keep-alive connection is kept), in at most 16 KiB and 64 header lines; bodies
-are never read; beyond --max-connections a new connection is closed at once.
+are never read; beyond --max-connections-per-client from one client (an IPv4
+address, an IPv6 /64), or --max-connections in all (a few more for clients that
+hold none), a new connection is closed at once. /healthz answers 200 without
+authentication; a client's password checks run one at a time, and credentials
+once verified cost no further check.
+
+On a loopback address without basic_auth_users or verified client certificates
+(the default 127.0.0.1:9464), a local user's scrape gets only the series of their
+own budgets (the owner of the client's socket, as the kernel records it); root's
+and the exporter's own user's get every series. Other addresses serve every series.
 
 TLS and basic authentication: --web-config-file FILE, in the format of Prometheus'
 exporter-toolkit (tls_server_config: cert_file, key_file, client_auth_type,
@@ -114,6 +123,12 @@ pub struct ExporterArgs {
     #[arg(long = "max-connections", value_name = "N", default_value_t = 8192,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: u64,
+
+    /// Connections served at once from one client (an IPv4 address, an IPv6 /64);
+    /// beyond, its new one is closed at once.
+    #[arg(long = "max-connections-per-client", value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections_per_client: u64,
 }
 
 /// The labels of a series, in the order they are served.
@@ -141,11 +156,7 @@ const REMEMBERED: Duration = Duration::from_secs(600);
 pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
     let config = match &args.web_config_file {
         Some(path) => web_config::load(path).map_err(usage)?,
-        None => web_config::WebConfig {
-            tls: None,
-            users: BTreeMap::new(),
-            headers: Vec::new(),
-        },
+        None => web_config::WebConfig::default(),
     };
     let listener = std::net::TcpListener::bind(args.listen.as_str()).map_err(|e| {
         usage(format!(
@@ -153,11 +164,6 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
             args.listen
         ))
     })?;
-    let descriptors = serve::raise_descriptor_limit();
-    let max_connections = serve::connection_cap(
-        usize::try_from(args.max_connections).unwrap_or(usize::MAX),
-        descriptors,
-    );
     let address = listener
         .local_addr()
         .map_or_else(|_| args.listen.clone(), |a| a.to_string());
@@ -169,12 +175,6 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
     say(format!(
         "exporter listening on {scheme}://{address}/metrics"
     ));
-    if (max_connections as u64) < args.max_connections {
-        say(format!(
-            "exporter: at most {max_connections} connections (the descriptor limit is \
-             {descriptors})"
-        ));
-    }
     let shape = Shape {
         per_process: args.per_process,
         hami_names: args.hami_names,
@@ -182,21 +182,45 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
     let gather = serve::gatherer(move || {
         let nvml = Nvml::open().ok();
         let counters = RefCell::new(Counters::default());
-        move || {
-            metrics(
+        move |viewers: &[serve::Viewer]| {
+            views(
                 &status::collect(nvml.as_ref()),
                 shape,
                 &mut counters.borrow_mut(),
                 Instant::now(),
+                viewers,
             )
         }
     });
-    let limits = serve::Limits {
-        max_connections,
-        read_timeout: Duration::from_secs(args.read_timeout),
+    // A loopback listener without passwords (the default): each local user sees their
+    // own series only.
+    let per_user = listener.local_addr().is_ok_and(|a| a.ip().is_loopback())
+        && config.users.is_empty()
+        && !config.verifies_clients;
+    // SAFETY: geteuid has no preconditions.
+    let own_uid = unsafe { libc::geteuid() };
+    let server = crate::http::Server {
+        name: "exporter",
+        listener,
+        tls: match config.tls {
+            Some(tls) => crate::http::Tls::Fixed(tls),
+            None => crate::http::Tls::Plain,
+        },
+        limits: crate::http::Limits {
+            max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+            per_client: usize::try_from(args.max_connections_per_client).unwrap_or(usize::MAX),
+            read_timeout: Duration::from_secs(args.read_timeout),
+            max_body: 0,
+        },
+        users: config.users,
+        headers: config.headers,
     };
-    serve::serve(listener, config, limits, gather)
-        .map_err(|message| Refusal { message, status: 1 })?;
+    let site = serve::Metrics {
+        gather,
+        per_user,
+        own_uid,
+    };
+    crate::http::serve(server, site).map_err(|message| Refusal { message, status: 1 })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -420,12 +444,44 @@ fn clamp(n: u64) -> i64 {
 
 /// The exposition text of `status`; `counters` carries what leaving processes leave in
 /// their series from one gathering to the next.
+#[cfg(test)]
 pub fn metrics(
     status: &StatusJson,
     shape: Shape,
     counters: &mut Counters,
     now: Instant,
 ) -> Vec<u8> {
+    views(status, shape, counters, now, &[None])
+        .pop()
+        .unwrap_or_default()
+}
+
+/// The exposition text of `status` for each viewer: `None` sees every series, `Some(uid)`
+/// only those of that user's budgets (and the cards' own figures). The counters move
+/// once, with every series.
+pub fn views(
+    status: &StatusJson,
+    shape: Shape,
+    counters: &mut Counters,
+    now: Instant,
+    viewers: &[Option<u32>],
+) -> Vec<Vec<u8>> {
+    let all = series(status, shape.per_process, Some((counters, now)));
+    viewers
+        .iter()
+        .map(|&viewer| render(status, shape, &all, viewer))
+        .collect()
+}
+
+/// The exposition text of the series in `all` (the figures of `status`) that `viewer`
+/// may see.
+fn render(
+    status: &StatusJson,
+    shape: Shape,
+    all: &BTreeMap<Series, Figures>,
+    viewer: Option<u32>,
+) -> Vec<u8> {
+    let seen = |uid: u32| viewer.is_none_or(|v| v == uid);
     let registry = Registry::new();
     let mut labels = LABELS.to_vec();
     if shape.per_process {
@@ -473,10 +529,11 @@ pub fn metrics(
         "Live processes that run under a budget.",
         &[],
     );
+    let shown = || status.processes.iter().filter(|p| seen(p.uid));
     processes
         .with_label_values::<&str>(&[])
-        .set(status.processes.len() as i64);
-    for (key, figures) in series(status, shape.per_process, Some((counters, now))) {
+        .set(shown().count() as i64);
+    for (key, figures) in all.iter().filter(|(key, _)| seen(key.uid)) {
         let values = key.values();
         used.with_label_values(&values).set(clamp(figures.used));
         limit.with_label_values(&values).set(clamp(figures.limit()));
@@ -494,7 +551,7 @@ pub fn metrics(
             "A budgeted process (always 1), with its command.",
             &info_labels,
         );
-        for p in &status.processes {
+        for p in shown() {
             for d in &p.devices {
                 let mut values = Series::of(p, d, true).values();
                 values.push(p.command.clone());
@@ -525,7 +582,7 @@ pub fn metrics(
         }
     }
     if shape.hami_names {
-        hami(&registry, status);
+        hami(&registry, status, viewer);
     }
     let mut body = Vec::new();
     TextEncoder::new()
@@ -536,7 +593,7 @@ pub fn metrics(
 
 /// HAMi's per-container figures: the series of one container and device added up over
 /// users and jobs (each job's budget once, as in the series), as HAMi reports them.
-fn hami(registry: &Registry, status: &StatusJson) {
+fn hami(registry: &Registry, status: &StatusJson, viewer: Option<u32>) {
     let usage = gauge(
         registry,
         "vGPU_device_memory_usage_in_bytes",
@@ -552,6 +609,9 @@ fn hami(registry: &Registry, status: &StatusJson) {
     type Container = (String, String, String, u32, String);
     let mut containers: BTreeMap<Container, (u64, u64)> = BTreeMap::new();
     for (key, figures) in series(status, false, None) {
+        if viewer.is_some_and(|v| v != key.uid) {
+            continue;
+        }
         let entry = containers
             .entry((key.namespace, key.pod, key.container, key.index, key.uuid))
             .or_default();

@@ -27,17 +27,17 @@ use tokio_rustls::rustls;
 use yaml_rust2::{Yaml, YamlLoader};
 
 /// What the file asks for.
+#[derive(Default)]
 pub struct WebConfig {
     /// Serve TLS with this configuration (else plain HTTP).
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Client certificates are required and verified.
+    pub verifies_clients: bool,
     /// Basic authentication: user name → bcrypt hash (none: no authentication).
     pub users: BTreeMap<String, String>,
     /// Headers added to every response.
     pub headers: Vec<(HeaderName, HeaderValue)>,
 }
-
-/// The largest file read (a web configuration is a few hundred bytes).
-const MAX_FILE: u64 = 1 << 20;
 
 /// The headers exporter-toolkit lets a configuration set, with the values it allows
 /// (empty: any).
@@ -58,15 +58,7 @@ pub fn load(path: &Path) -> Result<WebConfig, String> {
 }
 
 fn read_text(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot open it ({e})"))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read it ({e})"))?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(format!("larger than {MAX_FILE} bytes"));
-    }
+    let bytes = crate::tls::read_file(path)?;
     String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())
 }
 
@@ -80,18 +72,18 @@ pub fn parse(text: &str, base: &Path) -> Result<WebConfig, String> {
     if documents.len() > 1 {
         return Err("more than one YAML document".into());
     }
-    let mut config = WebConfig {
-        tls: None,
-        users: BTreeMap::new(),
-        headers: Vec::new(),
-    };
+    let mut config = WebConfig::default();
     let top = match documents.first() {
         None | Some(Yaml::Null) => return Ok(config),
         Some(top) => map(top, "the file")?,
     };
     for (key, value) in top {
         match key.as_str() {
-            "tls_server_config" => config.tls = Some(tls(value, base)?),
+            "tls_server_config" => {
+                let (tls, verifies_clients) = tls(value, base)?;
+                config.tls = Some(tls);
+                config.verifies_clients = verifies_clients;
+            }
             "basic_auth_users" => config.users = users(value)?,
             "http_server_config" => config.headers = http_server(value)?,
             other => {
@@ -140,7 +132,8 @@ fn string(yaml: &Yaml, what: &str) -> Result<String, String> {
     }
 }
 
-fn tls(yaml: &Yaml, base: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+/// The TLS configuration, and whether it requires verified client certificates.
+fn tls(yaml: &Yaml, base: &Path) -> Result<(Arc<rustls::ServerConfig>, bool), String> {
     let mut cert_file = None;
     let mut key_file = None;
     let mut client_auth = "NoClientCert".to_string();
@@ -241,7 +234,9 @@ fn tls(yaml: &Yaml, base: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
             builder.with_client_cert_verifier(verifier)
         }
     };
-    crate::tls::server_config(builder, ("cert_file", &cert_file), ("key_file", &key_file))
+    let config =
+        crate::tls::server_config(builder, ("cert_file", &cert_file), ("key_file", &key_file))?;
+    Ok((config, verify == Some(false)))
 }
 
 /// 12 or 13 for exporter-toolkit's version names; TLS 1.0 and 1.1 are refused.

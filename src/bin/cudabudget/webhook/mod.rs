@@ -3,30 +3,24 @@
 //! [`mutate`] (its rules are there), a denial, or nothing. `/healthz` answers 200 for
 //! probes.
 //!
-//! The server is hyper (HTTP/1.1) on a single-threaded tokio runtime with the exporter's
-//! TLS ([`crate::tls`]); what a client may cost is bounded: the request's head must come
-//! within the read timeout (also how long an idle keep-alive connection is kept), its
-//! body within the same time and at most [`MAX_BODY`] bytes, at most
-//! [`MAX_CONNECTIONS`] connections at once, each for at most [`LIFETIME`]. The serving
-//! certificate is read again when its files change (a renewed Secret), without a restart.
+//! It runs on the command line's HTTP server ([`crate::http`]: its limits, per-client
+//! connection caps, TLS and `/healthz`), which reads a request's body within the read
+//! timeout and at most [`MAX_BODY`] bytes. The serving certificate is read again when
+//! its files change (a renewed Secret), without a restart.
 
 pub mod mutate;
 
-use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::Args;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
-use hyper::header::{self, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
 use k8s_openapi::api::core::v1::Pod;
 use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use tokio_rustls::TlsAcceptor;
+
+use crate::http::{Answer, Certificate, Peer, Site, TEXT, reply};
 
 use crate::{Refusal, say, usage};
 use mutate::{Outcome, Places};
@@ -62,14 +56,6 @@ Examples:
 /// The largest request body read (a pod's AdmissionReview is a few KiB; the API server
 /// refuses objects over 3 MiB).
 pub const MAX_BODY: usize = 4 << 20;
-/// The most bytes of a request's head.
-const MAX_HEADER_BYTES: usize = 16 * 1024;
-/// Connections served at once; beyond, a new one is closed at once.
-pub const MAX_CONNECTIONS: usize = 1024;
-/// The longest a connection lives.
-pub const LIFETIME: Duration = Duration::from_secs(600);
-/// How often the certificate's files are looked at for a renewal.
-const RELOAD_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Args)]
 pub struct WebhookArgs {
@@ -150,6 +136,18 @@ pub struct WebhookArgs {
     #[arg(long = "read-timeout", value_name = "SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     read_timeout: u64,
+
+    /// Connections served at once; beyond, a new one is closed at once (a few more are
+    /// kept for clients that hold none).
+    #[arg(long = "max-connections", value_name = "N", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections: u64,
+
+    /// Connections served at once from one client (an IPv4 address, an IPv6 /64);
+    /// beyond, its new one is closed at once.
+    #[arg(long = "max-connections-per-client", value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections_per_client: u64,
 }
 
 /// An absolute directory without a trailing '/', or a usage error naming the option.
@@ -244,16 +242,20 @@ pub fn webhook(args: WebhookArgs) -> Result<ExitCode, Refusal> {
         .local_addr()
         .map_or_else(|_| listen.clone(), |a| a.to_string());
     say(format!("webhook listening on https://{address}/mutate"));
-    let read_timeout = Duration::from_secs(args.read_timeout);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Refusal {
-            message: format!("cannot start the server's runtime ({e})"),
-            status: 1,
-        })?;
-    runtime
-        .block_on(serve(listener, certificate, Arc::new(places), read_timeout))
+    let server = crate::http::Server {
+        name: "webhook",
+        listener,
+        tls: crate::http::Tls::Renewable(certificate),
+        limits: crate::http::Limits {
+            max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+            per_client: usize::try_from(args.max_connections_per_client).unwrap_or(usize::MAX),
+            read_timeout: Duration::from_secs(args.read_timeout),
+            max_body: MAX_BODY,
+        },
+        users: Default::default(),
+        headers: Vec::new(),
+    };
+    crate::http::serve(server, Admission { places })
         .map_err(|message| Refusal { message, status: 1 })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -292,176 +294,34 @@ fn review_file(file: &Path, places: &Places) -> Result<ExitCode, Refusal> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The serving certificate, read again when its files change.
-struct Certificate {
-    cert: PathBuf,
-    key: PathBuf,
-    seen: (Option<SystemTime>, Option<SystemTime>),
-    acceptor: Arc<RwLock<TlsAcceptor>>,
+/// What the webhook answers: reviews posted to /mutate.
+struct Admission {
+    places: Places,
 }
 
-impl Certificate {
-    fn load(cert: PathBuf, key: PathBuf) -> Result<Certificate, String> {
-        let seen = (modified(&cert), modified(&key));
-        let config = crate::tls::plain_server_config(("--tls-cert", &cert), ("--tls-key", &key))?;
-        Ok(Certificate {
-            cert,
-            key,
-            seen,
-            acceptor: Arc::new(RwLock::new(TlsAcceptor::from(config))),
-        })
-    }
-
-    /// Reads the files again if they changed; a renewal that cannot be read keeps the
-    /// certificate in use (and says so).
-    fn refresh(&mut self) {
-        let now = (modified(&self.cert), modified(&self.key));
-        if now == self.seen {
-            return;
-        }
-        self.seen = now;
-        match crate::tls::plain_server_config(("--tls-cert", &self.cert), ("--tls-key", &self.key))
-        {
-            Ok(config) => {
-                if let Ok(mut acceptor) = self.acceptor.write() {
-                    *acceptor = TlsAcceptor::from(config);
-                }
-                say("webhook: serving the renewed certificate");
-            }
-            Err(e) => say(format!("webhook: keeping the certificate in use: {e}")),
-        }
-    }
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-async fn serve(
-    listener: std::net::TcpListener,
-    mut certificate: Certificate,
-    places: Arc<Places>,
-    read_timeout: Duration,
-) -> Result<(), String> {
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("cannot use the listening socket ({e})"))?;
-    let listener = tokio::net::TcpListener::from_std(listener)
-        .map_err(|e| format!("cannot use the listening socket ({e})"))?;
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut reload =
-        tokio::time::interval_at(tokio::time::Instant::now() + RELOAD_EVERY, RELOAD_EVERY);
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => {
-                    // Out of descriptors, or a connection reset before it was taken.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
+impl Site for Admission {
+    async fn answer(&self, request: Request<Bytes>, _peer: Peer) -> Answer {
+        match (request.method(), request.uri().path()) {
+            (&Method::POST, "/mutate") => match review(request.body(), &self.places) {
+                Ok(review) => reply(StatusCode::OK, "application/json", review),
+                Err(why) => reply(
+                    StatusCode::BAD_REQUEST,
+                    TEXT,
+                    format!("not an AdmissionReview v1 of a pod: {why}\n"),
+                ),
             },
-            _ = reload.tick() => {
-                certificate.refresh();
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            continue; // over the cap: closed at once
-        };
-        let _ = stream.set_nodelay(true);
-        let acceptor = match certificate.acceptor.read() {
-            Ok(acceptor) => acceptor.clone(),
-            Err(_) => continue,
-        };
-        let places = places.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let _ = tokio::time::timeout(LIFETIME, async {
-                let Some(stream) = crate::tls::accept(&acceptor, stream, read_timeout).await else {
-                    return;
-                };
-                let service = hyper::service::service_fn(move |request| {
-                    answer(places.clone(), request, read_timeout)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(read_timeout)
-                    .max_buf_size(MAX_HEADER_BYTES)
-                    .keep_alive(true)
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            })
-            .await;
-        });
-    }
-}
-
-type Answer = Response<Full<Bytes>>;
-
-fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
-    let mut response = Response::new(Full::new(body.into()));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
-}
-
-const TEXT: &str = "text/plain; charset=utf-8";
-
-async fn answer(
-    places: Arc<Places>,
-    request: Request<Incoming>,
-    read_timeout: Duration,
-) -> Result<Answer, Infallible> {
-    match (request.method(), request.uri().path()) {
-        (&Method::POST, "/mutate") => {}
-        (&Method::GET, "/healthz") => return Ok(reply(StatusCode::OK, TEXT, "ok\n")),
-        (_, "/mutate") => {
-            return Ok(reply(
+            (_, "/mutate") => reply(
                 StatusCode::METHOD_NOT_ALLOWED,
                 TEXT,
                 "POST an AdmissionReview to /mutate\n",
-            ));
-        }
-        _ => {
-            return Ok(reply(
+            ),
+            _ => reply(
                 StatusCode::NOT_FOUND,
                 TEXT,
                 "not found; AdmissionReviews go to /mutate\n",
-            ));
+            ),
         }
     }
-    let body = Limited::new(request.into_body(), MAX_BODY);
-    let body = match tokio::time::timeout(read_timeout, body.collect()).await {
-        Ok(Ok(body)) => body.to_bytes(),
-        Ok(Err(_)) => {
-            return Ok(reply(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                TEXT,
-                format!("the body is larger than {MAX_BODY} bytes or was cut\n"),
-            ));
-        }
-        Err(_) => {
-            return Ok(reply(
-                StatusCode::REQUEST_TIMEOUT,
-                TEXT,
-                "the body did not arrive in time\n",
-            ));
-        }
-    };
-    let review = match review(&body, &places) {
-        Ok(review) => review,
-        Err(why) => {
-            return Ok(reply(
-                StatusCode::BAD_REQUEST,
-                TEXT,
-                format!("not an AdmissionReview v1 of a pod: {why}\n"),
-            ));
-        }
-    };
-    Ok(reply(StatusCode::OK, "application/json", review))
 }
 
 /// `namespace/name` of the pod under review (its generateName prefix before it has a name).
