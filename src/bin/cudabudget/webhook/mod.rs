@@ -10,7 +10,7 @@
 
 pub mod mutate;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -27,24 +27,31 @@ use mutate::{Outcome, Places};
 
 pub const AFTER_HELP: &str =
     "A pod annotated cudabudget.io/limit: 20Gi gets, in each container that uses a
-GPU (resources nvidia.com/gpu, nvidia.com/gpu.*, nvidia.com/mig-*, or an
-NVIDIA_VISIBLE_DEVICES that names devices; init containers alike):
+GPU (resources nvidia.com/gpu, nvidia.com/gpu.*, nvidia.com/mig-*, a DRA claim
+in resources.claims, or an NVIDIA_VISIBLE_DEVICES that names devices; init
+containers alike):
   LD_PRELOAD=<library mount>/libcudabudget.so (first, before what was there)
   CUDABUDGET_LIMIT, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED (from the annotations)
-  CUDABUDGET_RUNTIME_DIR=<runtime dir> (and CUDABUDGET_JOB_DIR=<job dir> for job:)
+  CUDABUDGET_RUNTIME_DIR=<runtime dir>, CUDABUDGET_POD_UID (downward API), and
+  CUDABUDGET_JOB_DIR=<job dir> for job:
   POD_NAME, POD_NAMESPACE, CONTAINER_NAME (unless set: the exporter's labels)
-  the node's library directory read-only at the library mount, the runtime
-  (and job) directory at the same path as on the node (hostPath volumes).
+  the node's library directory read-only at the library mount; the pod's own
+  pods/<pod uid> of the runtime directory, and its namespace's
+  namespaces/<namespace> of the job directory, at the same paths as on the node.
 Annotations: cudabudget.io/limit, cudabudget.io/limit.<container> (that
 container, GPU or not), cudabudget.io/scope (process, job:<name>),
-cudabudget.io/on-exceed (as CUDABUDGET_ON_EXCEED). A value the library would
-refuse, an unknown cudabudget.io/ annotation, or a container whose own
-variables or mounts contradict these is denied, naming it. Pods without a
+cudabudget.io/on-exceed (as CUDABUDGET_ON_EXCEED). Denied, naming it: a value
+the library would refuse, an unknown cudabudget.io/ annotation, a budget above
+the namespace's --max-limit, a budgeted container that sets a budget variable
+itself (CUDABUDGET_* but _LOG and _EVENTS, CUDA_DEVICE_MEMORY_LIMIT*,
+CUDA_DEVICE_MEMORY_SHARED_CACHE, LD_PRELOAD from valueFrom) or takes envFrom
+without a prefix that keeps them out, the webhook's volumes mounted otherwise,
+a hostPath over the node's cudabudget directories. Pods without a
 cudabudget.io/ annotation are admitted untouched.
 
 Examples:
   cudabudget webhook --listen 0.0.0.0:8443 --tls-cert /etc/tls/tls.crt \\
-    --tls-key /etc/tls/tls.key";
+    --tls-key /etc/tls/tls.key --max-limit ml=40Gi --max-limit-default 80Gi";
 
 /// The largest request body read (a pod's AdmissionReview is a few KiB; the API server
 /// refuses objects over 3 MiB).
@@ -53,17 +60,30 @@ pub const MAX_BODY: usize = 4 << 20;
 #[derive(Args)]
 pub struct WebhookArgs {
     /// Address and port to serve HTTPS on (port 0: any free port, printed at start).
-    #[arg(long, value_name = "ADDR:PORT")]
-    listen: String,
+    #[arg(long, value_name = "ADDR:PORT", required_unless_present = "review")]
+    listen: Option<String>,
 
     /// The serving certificate (PEM, the chain after it), e.g. a kubernetes.io/tls
     /// Secret's tls.crt.
-    #[arg(long = "tls-cert", value_name = "FILE")]
-    tls_cert: PathBuf,
+    #[arg(
+        long = "tls-cert",
+        value_name = "FILE",
+        required_unless_present = "review"
+    )]
+    tls_cert: Option<PathBuf>,
 
     /// The certificate's private key (PEM).
-    #[arg(long = "tls-key", value_name = "FILE")]
-    tls_key: PathBuf,
+    #[arg(
+        long = "tls-key",
+        value_name = "FILE",
+        required_unless_present = "review"
+    )]
+    tls_key: Option<PathBuf>,
+
+    /// Serve nothing: answer the AdmissionReview in FILE ('-': standard input) on
+    /// standard output, as /mutate would, and exit (what the webhook does to a pod).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["listen", "tls_cert", "tls_key"])]
+    review: Option<PathBuf>,
 
     /// The node's library directory (the installer's <libraryDir>/current), mounted
     /// read-only into budgeted containers.
@@ -101,6 +121,16 @@ pub struct WebhookArgs {
     )]
     job_dir: String,
 
+    /// The largest budget the pods of NAMESPACE may ask for (a size such as 40Gi);
+    /// repeat for each namespace. A pod asking for more, or for a percentage or `warn`,
+    /// is denied.
+    #[arg(long = "max-limit", value_name = "NAMESPACE=SIZE")]
+    max_limit: Vec<String>,
+
+    /// The largest budget the pods of any namespace not named by --max-limit may ask for.
+    #[arg(long = "max-limit-default", value_name = "SIZE")]
+    max_limit_default: Option<String>,
+
     /// Seconds a client has to send a request (head and body); also how long an idle
     /// keep-alive connection is kept.
     #[arg(long = "read-timeout", value_name = "SECONDS", default_value_t = 10,
@@ -136,23 +166,81 @@ fn directory(option: &str, value: &str) -> Result<String, Refusal> {
     Ok(trimmed.to_string())
 }
 
+/// A cap's size in bytes, or a usage error naming the option.
+fn cap_size(option: &str, text: &str) -> Result<(u64, String), Refusal> {
+    match crate::quantity::parse_limit(text) {
+        Ok(crate::quantity::Limit::Bytes(bytes)) => Ok((bytes, text.trim().to_string())),
+        Ok(crate::quantity::Limit::Percent(_)) => Err(usage(format!(
+            "{option} {text:?}: give a size (e.g. 40Gi); a share of a device is not a cap"
+        ))),
+        Err(error) => Err(usage(format!("{option} {text:?} is not a size: {error}"))),
+    }
+}
+
+/// The caps of `--max-limit NAMESPACE=SIZE` and `--max-limit-default SIZE`.
+fn caps(per_namespace: &[String], default: Option<&str>) -> Result<mutate::Caps, Refusal> {
+    let mut caps = mutate::Caps::default();
+    for given in per_namespace {
+        let Some((namespace, size)) = given.split_once('=') else {
+            return Err(usage(format!(
+                "--max-limit {given:?}: give NAMESPACE=SIZE, e.g. ml=40Gi"
+            )));
+        };
+        let namespace = namespace.trim();
+        let label = !namespace.is_empty()
+            && namespace.len() <= 63
+            && namespace
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !namespace.starts_with('-')
+            && !namespace.ends_with('-');
+        if !label {
+            return Err(usage(format!(
+                "--max-limit {given:?}: {namespace:?} is not a namespace name"
+            )));
+        }
+        let size = cap_size("--max-limit", size)?;
+        if caps
+            .per_namespace
+            .insert(namespace.to_string(), size)
+            .is_some()
+        {
+            return Err(usage(format!(
+                "--max-limit: namespace {namespace} is given twice"
+            )));
+        }
+    }
+    if let Some(text) = default {
+        caps.default = Some(cap_size("--max-limit-default", text)?);
+    }
+    Ok(caps)
+}
+
 pub fn webhook(args: WebhookArgs) -> Result<ExitCode, Refusal> {
     let places = Places {
         library_dir: directory("--library-dir", &args.library_dir)?,
         library_mount: directory("--library-mount", &args.library_mount)?,
         runtime_dir: directory("--runtime-dir", &args.runtime_dir)?,
         job_dir: directory("--job-dir", &args.job_dir)?,
+        caps: caps(&args.max_limit, args.max_limit_default.as_deref())?,
     };
-    let certificate = Certificate::load(args.tls_cert, args.tls_key).map_err(usage)?;
-    let listener = std::net::TcpListener::bind(args.listen.as_str()).map_err(|e| {
+    if let Some(file) = &args.review {
+        return review_file(file, &places);
+    }
+    let (Some(listen), Some(cert), Some(key)) = (args.listen, args.tls_cert, args.tls_key) else {
+        return Err(usage(
+            "give --listen, --tls-cert and --tls-key (or --review FILE)",
+        ));
+    };
+    let certificate = Certificate::load(cert, key).map_err(usage)?;
+    let listener = std::net::TcpListener::bind(listen.as_str()).map_err(|e| {
         usage(format!(
-            "--listen {:?}: cannot listen there ({e}); give ADDR:PORT, e.g. 0.0.0.0:8443",
-            args.listen
+            "--listen {listen:?}: cannot listen there ({e}); give ADDR:PORT, e.g. 0.0.0.0:8443"
         ))
     })?;
     let address = listener
         .local_addr()
-        .map_or_else(|_| args.listen.clone(), |a| a.to_string());
+        .map_or_else(|_| listen.clone(), |a| a.to_string());
     say(format!("webhook listening on https://{address}/mutate"));
     let server = crate::http::Server {
         name: "webhook",
@@ -169,6 +257,40 @@ pub fn webhook(args: WebhookArgs) -> Result<ExitCode, Refusal> {
     };
     crate::http::serve(server, Admission { places })
         .map_err(|message| Refusal { message, status: 1 })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--review FILE`: the answer to the AdmissionReview in `file` on standard output.
+fn review_file(file: &Path, places: &Places) -> Result<ExitCode, Refusal> {
+    use std::io::{Read, Write};
+    let mut body = Vec::new();
+    let read = if file == Path::new("-") {
+        std::io::stdin()
+            .take(MAX_BODY as u64 + 1)
+            .read_to_end(&mut body)
+    } else {
+        std::fs::File::open(file).and_then(|f| f.take(MAX_BODY as u64 + 1).read_to_end(&mut body))
+    };
+    read.map_err(|e| usage(format!("--review {}: cannot read it ({e})", file.display())))?;
+    if body.len() > MAX_BODY {
+        return Err(usage(format!(
+            "--review {}: larger than {MAX_BODY} bytes",
+            file.display()
+        )));
+    }
+    let answer = review(&body, places).map_err(|why| {
+        usage(format!(
+            "--review {}: not an AdmissionReview v1 of a pod: {why}",
+            file.display()
+        ))
+    })?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&answer)
+        .and_then(|()| out.write_all(b"\n"))
+        .map_err(|e| Refusal {
+            message: format!("cannot write the answer ({e})"),
+            status: 1,
+        })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -226,7 +348,14 @@ pub fn review(body: &[u8], places: &Places) -> Result<Vec<u8>, String> {
     let response = AdmissionResponse::from(&request);
     let is_pod = request.kind.group.is_empty() && request.kind.kind == "Pod";
     let outcome = match (&request.object, &request.operation) {
-        (Some(pod), Operation::Create) if is_pod => mutate::mutate(pod, places),
+        (Some(pod), Operation::Create) if is_pod => {
+            let namespace = request
+                .namespace
+                .as_deref()
+                .or(pod.metadata.namespace.as_deref())
+                .unwrap_or_default();
+            mutate::mutate(pod, namespace, places)
+        }
         _ => Outcome::Untouched(Vec::new()),
     };
     let response = match outcome {
