@@ -13,8 +13,10 @@ use serde_json::{Value, json};
 
 use crate::gpu::{Cuda, CudaDevice, Nvml, cuda_error};
 use crate::library::{self, Library};
+use crate::records;
 use crate::status::bytes;
-use crate::{Refusal, config, records};
+use crate::tell::Refusal;
+use cudabudget_spec::config;
 
 pub const AFTER_HELP: &str = "Checks, in order: driver (libcuda.so.1 and its version), \
 devices, nvml, library (found, and loads when preloaded into a child), glibc (this \

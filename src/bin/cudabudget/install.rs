@@ -12,7 +12,8 @@ use clap::Args;
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 
 use crate::library::{self, EXIT_UNSAFE_LIBRARY, LIBRARY_NAME};
-use crate::{Refusal, config, say, usage};
+use crate::tell::{Refusal, say, usage};
+use cudabudget_spec::config;
 
 pub const AFTER_HELP: &str = "Writes DIR/libcudabudget.so (and DIR/cudabudget, unless \
 --lib-only), each to a temporary name first and then renamed over the old one, so a \

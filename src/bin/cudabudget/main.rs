@@ -9,8 +9,6 @@
 //! a bad option or a bad inherited variable fails here and the job never starts
 //! unbudgeted.
 
-use cudabudget_spec::{config, quantity, record};
-
 mod doctor;
 mod exporter;
 mod gpu;
@@ -22,6 +20,7 @@ mod probe;
 mod records;
 mod run;
 mod status;
+mod tell;
 mod tls;
 mod webhook;
 
@@ -30,13 +29,7 @@ use std::sync::LazyLock;
 
 use clap::{Parser, Subcommand};
 
-/// Usage errors and refusals before anything ran, as clap reports its own (`run`'s are
-/// [`run::EXIT_RUN_FAILED`], so that they are not taken for the command's).
-pub const EXIT_USAGE: u8 = 2;
-/// The command exists but cannot be executed, as shells report it.
-pub const EXIT_CANNOT_EXECUTE: u8 = 126;
-/// The command does not exist, as shells report it.
-pub const EXIT_NOT_FOUND: u8 = 127;
+use tell::{EXIT_USAGE, say};
 
 /// The commit this binary was built from: `CB_BUILD_COMMIT` at build time (a build
 /// from a source archive), else what git says about the checkout cargo built.
@@ -105,25 +98,6 @@ enum Command {
     ProbePreload(probe::PreloadArgs),
     #[command(name = "__probe-alloc", hide = true)]
     ProbeAlloc(probe::AllocArgs),
-}
-
-/// A refusal the user must act on: printed as one line, then the exit status.
-pub struct Refusal {
-    pub message: String,
-    pub status: u8,
-}
-
-/// A refusal with the usage status (2): nothing was run.
-pub fn usage(message: impl Into<String>) -> Refusal {
-    Refusal {
-        message: message.into(),
-        status: EXIT_USAGE,
-    }
-}
-
-/// Prints `cudabudget: <message>` to stderr, the one style of every message.
-pub fn say(message: impl std::fmt::Display) {
-    eprintln!("cudabudget: {message}");
 }
 
 fn main() -> ExitCode {

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use clap::Args;
 
 use crate::gpu::Cuda;
-use crate::{Refusal, library};
+use crate::library;
+use crate::tell::Refusal;
 
 #[derive(Args)]
 pub struct PreloadArgs {

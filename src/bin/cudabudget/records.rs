@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cudabudget_spec::config::{self, Config};
 use cudabudget_spec::place::{self, Dir, FileOpen, PlaceError};
 
-use crate::record::{self, Record};
+use cudabudget_spec::record::{self, Record};
 
 /// Where the per-user directories live unless `CUDABUDGET_RUNTIME_DIR` says otherwise
 /// (the library's default).

@@ -14,7 +14,9 @@ use std::process::Command;
 
 use clap::Args;
 
-use crate::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, config, library, quantity, say, usage};
+use crate::library;
+use crate::tell::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, say, usage};
+use cudabudget_spec::{config, quantity};
 
 /// `run`'s own failures, bad options and usage included: the command did not run.
 pub const EXIT_RUN_FAILED: u8 = 125;

@@ -10,7 +10,8 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::gpu::{Nvml, NvmlDevice};
-use crate::{Refusal, records, usage};
+use crate::records;
+use crate::tell::{Refusal, usage};
 
 pub const AFTER_HELP: &str = "Shows the processes that run under a budget and publish \
 their figures (every budgeted process does, within 0.2 s), for this user, or for every \

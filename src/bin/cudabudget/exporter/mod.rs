@@ -43,7 +43,7 @@ use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncode
 
 use crate::gpu::Nvml;
 use crate::status::{self, ProcessJson, StatusJson};
-use crate::{Refusal, say, usage};
+use crate::tell::{Refusal, say, usage};
 
 pub const AFTER_HELP: &str = "Metrics (one series per container, job and device; with \
 --per-process, per process and device):

@@ -14,7 +14,7 @@ use hyper::body::Bytes;
 use hyper::{Request, StatusCode};
 
 use crate::http::{Answer, Peer, Site, TEXT, reply};
-use crate::say;
+use crate::tell::say;
 
 /// Scrapes that may wait for a gathering at once; beyond, 503.
 const WAITING_SCRAPES: usize = 256;

@@ -44,7 +44,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 
-use crate::say;
+use crate::tell::say;
 
 mod owner;
 

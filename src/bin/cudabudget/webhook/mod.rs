@@ -22,7 +22,7 @@ use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview,
 
 use crate::http::{Answer, Certificate, Peer, Site, TEXT, reply};
 
-use crate::{Refusal, say, usage};
+use crate::tell::{Refusal, say, usage};
 use mutate::{Outcome, Places};
 
 pub const AFTER_HELP: &str =
@@ -168,9 +168,9 @@ fn directory(option: &str, value: &str) -> Result<String, Refusal> {
 
 /// A cap's size in bytes, or a usage error naming the option.
 fn cap_size(option: &str, text: &str) -> Result<(u64, String), Refusal> {
-    match crate::quantity::parse_limit(text) {
-        Ok(crate::quantity::Limit::Bytes(bytes)) => Ok((bytes, text.trim().to_string())),
-        Ok(crate::quantity::Limit::Percent(_)) => Err(usage(format!(
+    match cudabudget_spec::quantity::parse_limit(text) {
+        Ok(cudabudget_spec::quantity::Limit::Bytes(bytes)) => Ok((bytes, text.trim().to_string())),
+        Ok(cudabudget_spec::quantity::Limit::Percent(_)) => Err(usage(format!(
             "{option} {text:?}: give a size (e.g. 40Gi); a share of a device is not a cap"
         ))),
         Err(error) => Err(usage(format!("{option} {text:?} is not a size: {error}"))),

@@ -38,9 +38,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Volume, VolumeMount};
 use serde_json::{Value, json};
 
-use crate::config;
-use crate::quantity::{self, Limit};
 use crate::records::{NAMESPACES, PODS};
+use cudabudget_spec::config;
+use cudabudget_spec::quantity::{self, Limit};
 
 /// Every annotation the webhook reads starts so.
 pub const PREFIX: &str = "cudabudget.io/";

@@ -1,0 +1,30 @@
+//! What the command line tells its user and how it ends: every message one line in one
+//! style ([`say`]), a refusal with its exit status ([`Refusal`], [`usage`]), and the exit
+//! statuses shells know. Every command's module uses these; none reaches into `main.rs`.
+
+/// Usage errors and refusals before anything ran, as clap reports its own (`run`'s are
+/// [`run::EXIT_RUN_FAILED`], so that they are not taken for the command's).
+pub const EXIT_USAGE: u8 = 2;
+/// The command exists but cannot be executed, as shells report it.
+pub const EXIT_CANNOT_EXECUTE: u8 = 126;
+/// The command does not exist, as shells report it.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// A refusal the user must act on: printed as one line, then the exit status.
+pub struct Refusal {
+    pub message: String,
+    pub status: u8,
+}
+
+/// A refusal with the usage status (2): nothing was run.
+pub fn usage(message: impl Into<String>) -> Refusal {
+    Refusal {
+        message: message.into(),
+        status: EXIT_USAGE,
+    }
+}
+
+/// Prints `cudabudget: <message>` to stderr, the one style of every message.
+pub fn say(message: impl std::fmt::Display) {
+    eprintln!("cudabudget: {message}");
+}
