@@ -7,7 +7,7 @@ Prints one PASS/FAIL line per check (and the facts behind it), or one SKIP line 
 or PyTorch is missing, then "ray_fractions: N passed, M failed"; exit status 0 iff no FAIL.
 
 As deploy/ray/README.md installs it on a node: a virtual environment over this
-interpreter's packages (--system-site-packages, so Ray and PyTorch are this Python's)
+interpreter's packages (so Ray and PyTorch are this Python's)
 gets cudabudget_ray.py and cudabudget-ray.pth in its site-packages, and a local Ray is
 started from it with the library in LD_PRELOAD (the driver makes no CUDA call: it
 passes through). Each actor, in a worker of its own:
@@ -103,6 +103,9 @@ def outer(args):
         python = os.path.join(env_dir, "bin", "python")
         site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               capture_output=True, text=True, check=True).stdout.strip()
+        # This interpreter's packages (Ray, PyTorch), also where it is itself a venv.
+        with open(os.path.join(site, "outer-packages.pth"), "w") as pth:
+            pth.write("".join(p + "\n" for p in sys.path if p.endswith(("site-packages", "dist-packages"))))
         for name in ("cudabudget_ray.py", "cudabudget-ray.pth"):
             with open(os.path.join(ROOT, "deploy", "ray", name)) as src, open(os.path.join(site, name), "w") as dst:
                 dst.write(src.read())
