@@ -39,7 +39,8 @@ INSTALL_DIR=/opt/cudabudget
 # per GPU in gres.conf (e.g. 140 GiB H200 / 16 shards -> 8).
 GIB_PER_SHARD=8
 # The count GRES whose units are GiB of GPU memory (gres.conf: Name=gpumem Count=<GiB>);
-# empty: not used (and slurmctld is never asked).
+# empty: not used. Leave it empty where no node has it: it spares slurmctld one
+# `scontrol show step` per task.
 GPUMEM_GRES=gpumem
 # Slurm's scontrol on the compute nodes.
 SCONTROL=/usr/bin/scontrol
