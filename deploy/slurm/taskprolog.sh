@@ -76,7 +76,9 @@ budget_names() {
 # gres:gpumem:TYPE:20). Prints nothing when the step has none.
 gpumem_count() {
     case ${SLURM_STEP_ID:-} in
-        '' | *[!0-9]*) what=job; id=$SLURM_JOB_ID ;; # the batch script (or salloc's shell)
+        # The batch script (or salloc's shell): no step id, or a word, or one of Slurm's
+        # reserved numbers for them (4294967290 and up).
+        '' | *[!0-9]* | 429496729[0-9]) what=job; id=$SLURM_JOB_ID ;;
         *) what=step; id=$SLURM_JOB_ID.$SLURM_STEP_ID ;;
     esac
     if ! shown=$("$SCONTROL" -o show "$what" "$id" 2>&1); then

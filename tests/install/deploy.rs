@@ -626,6 +626,19 @@ fn the_taskprolog_turns_a_steps_gpumem_into_the_budget_its_tasks_share_whatever_
     );
     let asked = std::fs::read_to_string(dir.join("scontrol.args")).unwrap();
     assert_eq!(asked, "-o show job 7\n");
+    // Slurm's reserved step number for a batch script is its job too.
+    let out = sh(
+        &prolog,
+        &[],
+        &[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_STEP_ID", "4294967291"),
+            ("CB_SCONTROL_SAYS", says),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let asked = std::fs::read_to_string(dir.join("scontrol.args")).unwrap();
+    assert_eq!(asked, "-o show job 7\n");
 
     // A step without gpumem is left to the other rules (here: shards).
     let says = format!("{step} TresPerNode=gres:shard:2 Name=gpumem");
