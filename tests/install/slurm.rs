@@ -827,6 +827,31 @@ fn jobs_asking_for_gpumem_get_it_as_their_budget_and_slurm_never_packs_more_than
         job.assert_budgeted("trainer", 20 * GI, 12 * GI);
     }
 
+    // A step asking for part of its job's gpumem (srun --gres) gets that part; the batch
+    // script, the job's.
+    let show = r#"echo "$0: ${CUDABUDGET_LIMIT:-none} ${CUDABUDGET_SCOPE:-none}""#;
+    let script = format!("bash -c '{show}' batch; srun --gres=gpumem:8 bash -c '{show}' step");
+    let parts = cluster.submit(
+        who,
+        &submit,
+        &[
+            "--gres=gpumem:20",
+            "--output=parts-%j.out",
+            "--wrap",
+            &script,
+        ],
+        &[],
+        "parts",
+    );
+    let ended = cluster.wait_ended(&[&parts]);
+    parts.assert_completed(&ended);
+    let id = &parts.id;
+    assert_eq!(
+        parts.output(),
+        format!("batch: 20Gi job:slurm-{id}.batch\nstep: 8Gi job:slurm-{id}.0\n"),
+        "job {id}"
+    );
+
     // Two jobs of 100: the second waits for the node's gpumem while the first runs (its
     // program holds its memory until the test lets it go), then runs with its 100 GiB.
     let hold = dir_for(&submit.join("hold"), user);
