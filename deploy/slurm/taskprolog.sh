@@ -9,13 +9,20 @@
 # A non-zero exit stops the task before it starts.
 #
 # Where the budget comes from (the first that applies):
-#   1. --gres=shard:N (GPU sharding, Slurm >= 22.05): N x GIB_PER_SHARD GiB, exported as
-#      CUDABUDGET_LIMIT. The allocation is the budget: the job's own CUDABUDGET_LIMIT and
-#      CUDABUDGET_LIMIT_<N> are replaced.
-#   2. The job's own budget variables (CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N>, or HAMi's
+#   1. --gres=gpumem:N (a count GRES, GPUMEM_GRES below, in GiB; slurm.conf: GresTypes=...,gpumem
+#      and Gres=...,gpumem:<card GiB minus a reserve>; gres.conf: Name=gpumem Count=<same>):
+#      N GiB, exported as CUDABUDGET_LIMIT with CUDABUDGET_SCOPE=job:slurm-<job>.<step>, so
+#      the step's tasks on this node share the N GiB Slurm counted for it there. Slurm sets
+#      no variable for a count GRES, so the prolog asks slurmctld (scontrol show step, or
+#      show job for the batch script) what the step has per node (TresPerNode).
+#   2. --gres=shard:N (GPU sharding, Slurm >= 22.05): N x GIB_PER_SHARD GiB, exported as
+#      CUDABUDGET_LIMIT.
+#      In both, the allocation is the budget: the job's own CUDABUDGET_LIMIT,
+#      CUDABUDGET_LIMIT_<N> (and for gpumem CUDABUDGET_SCOPE) are replaced.
+#   3. The job's own budget variables (CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N>, or HAMi's
 #      CUDA_DEVICE_MEMORY_LIMIT[_<N>]), e.g. `export CUDABUDGET_LIMIT=20Gi` before srun,
 #      or `sbatch --export=ALL,CUDABUDGET_LIMIT=20Gi`: kept as they are.
-#   3. DEFAULT_LIMIT below, for tasks that were given GPUs (CUDA_VISIBLE_DEVICES is set)
+#   4. DEFAULT_LIMIT below, for tasks that were given GPUs (CUDA_VISIBLE_DEVICES is set)
 #      and asked for nothing.
 # When one applies, the library is put in front of LD_PRELOAD. When none does, the task
 # is left alone (a job with whole GPUs needs no budget).
@@ -31,6 +38,12 @@ INSTALL_DIR=/opt/cudabudget
 # GPU memory one gres/shard stands for, in GiB: the GPU's memory divided by the shards
 # per GPU in gres.conf (e.g. 140 GiB H200 / 16 shards -> 8).
 GIB_PER_SHARD=8
+# The count GRES whose units are GiB of GPU memory (gres.conf: Name=gpumem Count=<GiB>);
+# empty: not used. Leave it empty where no node has it: it spares slurmctld one
+# `scontrol show step` per task.
+GPUMEM_GRES=gpumem
+# Slurm's scontrol on the compute nodes.
+SCONTROL=/usr/bin/scontrol
 # Budget for GPU tasks that ask for none (a quantity such as 20Gi or 50%); empty: none.
 DEFAULT_LIMIT=
 # ------------------------------------------------------------------------------------
@@ -58,10 +71,43 @@ budget_names() {
     env | sed -n 's/^\(CUDABUDGET_LIMIT\(_[0-9][0-9]*\)\{0,1\}\)=.*/\1/p'
 }
 
+# The count of GPUMEM_GRES that Slurm gave this task's step on each node (the batch
+# script: its job), as slurmctld tells it: TresPerNode=gres:gpumem:20 (or with a type,
+# gres:gpumem:TYPE:20). Prints nothing when the step has none.
+gpumem_count() {
+    case ${SLURM_STEP_ID:-} in
+        # The batch script (or salloc's shell): no step id, or a word, or one of Slurm's
+        # reserved numbers for them (4294967290 and up).
+        '' | *[!0-9]* | 429496729[0-9]) what=job; id=$SLURM_JOB_ID ;;
+        *) what=step; id=$SLURM_JOB_ID.$SLURM_STEP_ID ;;
+    esac
+    if ! shown=$("$SCONTROL" -o show "$what" "$id" 2>&1); then
+        fail "cannot ask slurmctld for the $GPUMEM_GRES of $what $id: $shown"
+    fi
+    words=$(printf '%s\n' "$shown" | tr ' ' '\n' | grep '^Tres' || true)
+    counts=$(printf '%s\n' "$words" | sed -n 's/^TresPerNode=//p' | tr ',' '\n' |
+        sed -n "s/^gres[:\/]$GPUMEM_GRES\(:[^:]*\)\{0,1\}:\([0-9][0-9]*\)\$/\2/p")
+    if [ -z "$counts" ] && printf '%s\n' "$words" | grep -q "[:/]${GPUMEM_GRES}[:=]"; then
+        fail "$what $id has $GPUMEM_GRES other than per node ($(printf '%s' "$words" | tr '\n' ' ')); ask for it with --gres=$GPUMEM_GRES:N"
+    fi
+    printf '%s' "$counts" | head -n 1
+}
+
 limit=
+scope=
 replace=
+gpumem=
+# (Its failure's "print" line comes out of the subshell in its output.)
+if [ -n "$GPUMEM_GRES" ] && [ -n "${SLURM_JOB_ID:-}" ] && ! gpumem=$(gpumem_count); then
+    printf '%s\n' "$gpumem"
+    exit 1
+fi
 shards=${SLURM_SHARDS_ON_NODE:-}
-if [ -n "$shards" ] && [ "$shards" != 0 ]; then
+if [ -n "$gpumem" ] && [ "$gpumem" != 0 ]; then
+    limit="${gpumem}Gi"
+    scope="job:slurm-$SLURM_JOB_ID.${SLURM_STEP_ID:-batch}"
+    replace=$(budget_names)
+elif [ -n "$shards" ] && [ "$shards" != 0 ]; then
     case $shards in
         *[!0-9]*) fail "SLURM_SHARDS_ON_NODE=$shards is not a number of shards" ;;
     esac
@@ -95,6 +141,9 @@ done
 if [ -n "$limit" ]; then
     set -- "$@" "CUDABUDGET_LIMIT=$limit"
 fi
+if [ -n "$scope" ]; then
+    set -- "$@" "CUDABUDGET_SCOPE=$scope"
+fi
 if ! answer=$(env "$@" "$cli" run -- /usr/bin/env true 2>&1) || [ -n "$answer" ]; then
     fail "${answer:-the budget check failed}"
 fi
@@ -104,5 +153,8 @@ for name in $replace; do
 done
 if [ -n "$limit" ]; then
     echo "export CUDABUDGET_LIMIT=$limit"
+fi
+if [ -n "$scope" ]; then
+    echo "export CUDABUDGET_SCOPE=$scope"
 fi
 echo "export LD_PRELOAD=$preload"

@@ -25,7 +25,7 @@ ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform ja
 ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
 ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
 ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml job_gpu"
-ALL_CASES+=" load_neighbour compressed_fatbin job_tenants live_limit"
+ALL_CASES+=" load_neighbour compressed_fatbin job_tenants live_limit ray_fractions"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) ONLY="$2"; shift 2 ;;
@@ -506,6 +506,12 @@ fi
 # (scripts/gpu/cases/job_tenants.py prints PASS/FAIL lines and a summary line).
 if selected job_tenants; then
   py_case job_tenants "(a stopped member, a member killed holding the lock)" 240 "$C/job_tenants.py" --lib "$LIB"
+fi
+# Two Ray actors of num_gpus=0.5 each held to half the card by deploy/ray's cudabudget_ray,
+# their code naming no budget (scripts/gpu/cases/ray_fractions.py prints PASS/FAIL lines, or
+# a SKIP line where Ray or PyTorch is not installed).
+if selected ray_fractions; then
+  py_case ray_fractions "(two Ray actors of num_gpus=0.5 on one GPU)" 330 "$C/ray_fractions.py" --lib "$LIB" --timeout 300
 fi
 if selected dataloader_fork; then
   pair dataloader_fork "B:CUDABUDGET_LIMIT=8Gi" 150 -- \

@@ -539,15 +539,164 @@ print(total.value, fits, over)
     assert_eq!(stdout(&out).trim(), format!("{} 0 2", 8 * GI));
 }
 
-/// The TaskProlog with its site setting INSTALL_DIR pointed at `dir`, as an admin edits it.
+/// The TaskProlog with its site setting INSTALL_DIR pointed at `dir`, as an admin edits it,
+/// and its `SCONTROL` at a stand-in for slurmctld's answer: it prints `$CB_SCONTROL_SAYS`
+/// (nothing when unset) and exits with `$CB_SCONTROL_RC` (0), after writing its arguments
+/// to `<dir>/scontrol.args`.
 fn taskprolog(dir: &Path) -> PathBuf {
     let original = std::fs::read_to_string(deploy().join("slurm/taskprolog.sh")).unwrap();
-    let setting = "INSTALL_DIR=/opt/cudabudget\n";
-    assert!(original.contains(setting), "the site setting moved");
     let script = dir.parent().unwrap().join("taskprolog.sh");
-    let edited = original.replace(setting, &format!("INSTALL_DIR={}\n", dir.display()));
+    let scontrol = dir.parent().unwrap().join("scontrol");
+    std::fs::write(
+        &scontrol,
+        format!(
+            "#!/bin/sh\necho \"$@\" > {}/scontrol.args\nprintf '%s\\n' \"${{CB_SCONTROL_SAYS:-}}\"\nexit \"${{CB_SCONTROL_RC:-0}}\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &scontrol,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut edited = original;
+    for (setting, value) in [
+        ("INSTALL_DIR=/opt/cudabudget\n", dir),
+        ("SCONTROL=/usr/bin/scontrol\n", scontrol.as_path()),
+    ] {
+        assert!(
+            edited.contains(setting),
+            "the site setting {setting:?} moved"
+        );
+        let name = setting.split('=').next().unwrap();
+        edited = edited.replace(setting, &format!("{name}={}\n", value.display()));
+    }
     std::fs::write(&script, edited).unwrap();
     script
+}
+
+#[test]
+fn the_taskprolog_turns_a_steps_gpumem_into_the_budget_its_tasks_share_whatever_the_job_sets() {
+    let dir = install_dir("taskprolog-gpumem", true);
+    let prolog = taskprolog(&dir);
+    let preload = format!("export LD_PRELOAD={}/libcudabudget.so", dir.display());
+    let step = "StepId=7.0 UserId=1000 State=RUNNING NodeList=n1 Nodes=1 Tasks=1 Name=python3";
+
+    // A step's count per node (slurmctld's TresPerNode) is its budget, shared by its
+    // tasks on the node (a job scope of the step's own); the job's own budget and scope
+    // go, and shards beside it do not count.
+    let says = format!("{step} TresPerStep=cpu:1 TresPerNode=gres:shard:1,gres:gpumem:20");
+    let out = sh(
+        &prolog,
+        &[],
+        &[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_SHARDS_ON_NODE", "1"),
+            ("CUDABUDGET_LIMIT", "1Ti"),
+            ("CUDABUDGET_SCOPE", "job:mine"),
+            ("CB_SCONTROL_SAYS", &says),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        format!(
+            "unset CUDABUDGET_LIMIT\nexport CUDABUDGET_LIMIT=20Gi\n\
+             export CUDABUDGET_SCOPE=job:slurm-7.0\n{preload}\n"
+        )
+    );
+    let asked = std::fs::read_to_string(dir.join("scontrol.args")).unwrap();
+    assert_eq!(asked, "-o show step 7.0\n");
+
+    // The batch script (no step id): its job's count, a typed one too.
+    let says = "JobId=7 JobState=RUNNING TresPerNode=gres:gpumem:big:48 Command=/x/gpumem.sh";
+    let out = sh(
+        &prolog,
+        &[],
+        &[("SLURM_JOB_ID", "7"), ("CB_SCONTROL_SAYS", says)],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        format!(
+            "export CUDABUDGET_LIMIT=48Gi\nexport CUDABUDGET_SCOPE=job:slurm-7.batch\n{preload}\n"
+        )
+    );
+    let asked = std::fs::read_to_string(dir.join("scontrol.args")).unwrap();
+    assert_eq!(asked, "-o show job 7\n");
+    // Slurm's reserved step number for a batch script is its job too.
+    let out = sh(
+        &prolog,
+        &[],
+        &[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_STEP_ID", "4294967291"),
+            ("CB_SCONTROL_SAYS", says),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let asked = std::fs::read_to_string(dir.join("scontrol.args")).unwrap();
+    assert_eq!(asked, "-o show job 7\n");
+
+    // A step without gpumem is left to the other rules (here: shards).
+    let says = format!("{step} TresPerNode=gres:shard:2 Name=gpumem");
+    let out = sh(
+        &prolog,
+        &[],
+        &[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_STEP_ID", "1"),
+            ("SLURM_SHARDS_ON_NODE", "2"),
+            ("CB_SCONTROL_SAYS", &says),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        format!("export CUDABUDGET_LIMIT=16Gi\n{preload}\n")
+    );
+}
+
+#[test]
+fn the_taskprolog_stops_a_task_whose_gpumem_it_cannot_learn() {
+    let dir = install_dir("taskprolog-gpumem-refusals", true);
+    let prolog = taskprolog(&dir);
+    for (envs, reason) in [
+        (
+            &[
+                (
+                    "CB_SCONTROL_SAYS",
+                    "slurm_load_jobs error: Unable to contact slurm controller",
+                ),
+                ("CB_SCONTROL_RC", "1"),
+            ][..],
+            "cannot ask slurmctld for the gpumem of step 7.0: slurm_load_jobs error",
+        ),
+        (
+            &[("CB_SCONTROL_SAYS", "StepId=7.0 TresPerTask=gres:gpumem:5")][..],
+            "has gpumem other than per node",
+        ),
+    ] {
+        let mut envs = envs.to_vec();
+        envs.extend([("SLURM_JOB_ID", "7"), ("SLURM_STEP_ID", "0")]);
+        assert_refused(&prolog, &envs, reason);
+    }
+}
+
+/// Asserts that the TaskProlog `prolog` run with `envs` stops the task (exit 1) with one
+/// "print" line naming `reason`, the only line the user sees: no export reaches the task.
+fn assert_refused(prolog: &Path, envs: &[(&str, &str)], reason: &str) {
+    let out = sh(prolog, &[], envs);
+    assert_eq!(out.status.code(), Some(1), "{envs:?}: {}", stdout(&out));
+    let printed = stdout(&out);
+    assert!(
+        printed.starts_with("print cudabudget TaskProlog: "),
+        "{printed}"
+    );
+    assert_eq!(printed.lines().count(), 1, "{printed}");
+    assert!(printed.contains(reason), "{envs:?}: {printed}");
 }
 
 #[test]
@@ -606,18 +755,7 @@ fn the_taskprolog_turns_shards_into_a_budget_and_keeps_the_jobs_own() {
 fn the_taskprolog_stops_a_task_whose_budget_cannot_be_enforced() {
     let dir = install_dir("taskprolog-refusals", true);
     let prolog = taskprolog(&dir);
-    let refused = |envs: &[(&str, &str)], reason: &str| {
-        let out = sh(&prolog, &[], envs);
-        assert_eq!(out.status.code(), Some(1), "{envs:?}: {}", stdout(&out));
-        let printed = stdout(&out);
-        // Only a "print" line (shown to the user): no export reaches the task.
-        assert!(
-            printed.starts_with("print cudabudget TaskProlog: "),
-            "{printed}"
-        );
-        assert_eq!(printed.lines().count(), 1, "{printed}");
-        assert!(printed.contains(reason), "{envs:?}: {printed}");
-    };
+    let refused = |envs: &[(&str, &str)], reason: &str| assert_refused(&prolog, envs, reason);
     refused(&[("CUDABUDGET_LIMIT", "10XB")], "is not a valid budget");
     refused(&[("CUDA_DEVICE_MEMORY_LIMIT", "0")], "no budget given");
     refused(

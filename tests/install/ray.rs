@@ -6,6 +6,10 @@
 //! their reports, made inside each actor, must show the budget as the device's total and
 //! an allocation past it refused with `CUDA_ERROR_OUT_OF_MEMORY`. With the library's path
 //! wrong, the actors must refuse to start.
+//! With `deploy/ray`'s `cudabudget_ray` installed in the workers' Python and the second
+//! node started with the library in `LD_PRELOAD`, actors of `num_gpus=0.5` and a task of
+//! `resources={"cudabudget_gib": 20}` whose code names no budget must each be held to
+//! the share Ray gave them.
 //!
 //! Ray comes from PyPI, in a virtual environment that `tests/install/ray/install.sh` makes
 //! (`$CB_RAY_VENV`, else `target/ray/venv`). Without it each test prints that it is skipped
@@ -30,6 +34,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 const GI: u64 = 1 << 30;
+/// The fake driver's card: 80 GiB.
+const GPU_GIB: u64 = 80;
 const CUDA_SUCCESS: i64 = 0;
 const CUDA_ERROR_OUT_OF_MEMORY: i64 = 2;
 
@@ -263,8 +269,10 @@ struct Cluster {
 
 impl Cluster {
     /// A head with no GPU and a second node with one, whose processes load the fake
-    /// driver as `libcuda.so.1`.
-    fn start(venv: PathBuf, name: &str) -> Cluster {
+    /// driver as `libcuda.so.1`. With `preload`, the second node is started as
+    /// deploy/ray's README starts a node for budgets from Ray's own count: the library in
+    /// `LD_PRELOAD` of `ray start`, and [`GPU_GIB`] of the resource `cudabudget_gib`.
+    fn start(venv: PathBuf, name: &str, preload: Option<&Path>) -> Cluster {
         stop_clusters_of_ended_runs();
         let dir = std::env::temp_dir().join(format!("{CLUSTER_DIR}{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -304,12 +312,19 @@ impl Cluster {
 
         let mut node = vec![
             format!("--address={}", cluster.address),
-            "--num-cpus=2".into(),
+            // Each GPU actor holds a CPU while it lives: with a budget's resource, one
+            // more for a task beside two.
+            format!("--num-cpus={}", if preload.is_some() { 3 } else { 2 }),
             "--num-gpus=1".into(),
         ];
         node.extend(ports.args(1));
         let drivers = drivers.to_str().unwrap().to_string();
-        cluster.ray_start("node", &node, &[("LD_LIBRARY_PATH", &drivers)]);
+        let mut envs = vec![("LD_LIBRARY_PATH", drivers.as_str())];
+        if let Some(library) = preload {
+            node.push(format!("--resources={{\"cudabudget_gib\": {GPU_GIB}}}"));
+            envs.push(("LD_PRELOAD", library.to_str().unwrap()));
+        }
+        cluster.ray_start("node", &node, &envs);
         cluster
     }
 
@@ -440,6 +455,26 @@ impl Cluster {
         (code, read(&out), read(&err))
     }
 
+    /// Runs the recipe on the cluster with `--lib library` and `args`, for at most 240 s
+    /// (it waits 120 s for each report); returns its exit code, its stdout, and both
+    /// outputs for a failure's message.
+    fn recipe(&self, library: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+        let recipe = recipe();
+        let mut all = vec![
+            recipe.to_str().unwrap(),
+            "--address",
+            &self.address,
+            "--lib",
+            library.to_str().unwrap(),
+            "--timeout",
+            "120",
+        ];
+        all.extend(args);
+        let (code, stdout, stderr) = self.python(&all, Duration::from_secs(240));
+        let context = format!("exit {code:?}\n{stdout}\n{stderr}");
+        (code, stdout, context)
+    }
+
     /// The nodes the head knows alive, once there are two (or a minute passed):
     /// (node id, whether it is the head, its GPUs).
     fn nodes(&self) -> Vec<(String, bool, f64)> {
@@ -505,9 +540,35 @@ fn reports(stdout: &str) -> (Vec<Value>, Vec<&str>) {
         .collect();
     let verdicts = stdout
         .lines()
-        .filter(|line| line.starts_with("actor "))
+        .filter(|line| line.starts_with("actor ") || line.starts_with("task "))
         .collect();
     (reports, verdicts)
+}
+
+/// Asserts that a report shows a device of `budget` bytes, an allocation that fitted and
+/// one past the budget refused with CUDA_ERROR_OUT_OF_MEMORY.
+fn assert_held_to(report: &Value, budget: u64, context: &str) {
+    assert_eq!(
+        report["total"], budget,
+        "the device's total is the budget: {context}"
+    );
+    assert_eq!(report["alloc_fitting_rc"], CUDA_SUCCESS, "{context}");
+    assert_eq!(
+        report["alloc_over_rc"], CUDA_ERROR_OUT_OF_MEMORY,
+        "past the budget: {context}"
+    );
+}
+
+/// Asserts that the first two reports came from two workers, that the recipe's verdict
+/// on every report is "ok" and that it exited 0.
+fn assert_all_ok(reports: &[Value], verdicts: &[&str], code: Option<i32>, context: &str) {
+    assert_ne!(
+        reports[0]["pid"], reports[1]["pid"],
+        "a worker each: {context}"
+    );
+    assert_eq!(verdicts.len(), reports.len(), "{context}");
+    assert!(verdicts.iter().all(|v| v.ends_with(": ok")), "{context}");
+    assert_eq!(code, Some(0), "{context}");
 }
 
 #[test]
@@ -515,7 +576,7 @@ fn ray_actors_sharing_one_gpu_on_a_second_node_each_see_and_are_held_to_their_ow
     let Some(venv) = ray_venv() else { return };
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
-    let cluster = Cluster::start(venv, "budgets");
+    let cluster = Cluster::start(venv, "budgets", None);
 
     let nodes = cluster.nodes();
     assert_eq!(nodes.len(), 2, "a head and a second node: {nodes:?}");
@@ -524,22 +585,7 @@ fn ray_actors_sharing_one_gpu_on_a_second_node_each_see_and_are_held_to_their_ow
     assert_eq!((head.2, gpu_node.2), (0.0, 1.0), "{nodes:?}");
 
     let library = built_library();
-    let (code, stdout, stderr) = cluster.python(
-        &[
-            recipe().to_str().unwrap(),
-            "--address",
-            &cluster.address,
-            "--lib",
-            library.to_str().unwrap(),
-            "--budgets",
-            "6Gi",
-            "4Gi",
-            "--timeout",
-            "120",
-        ],
-        Duration::from_secs(240),
-    );
-    let context = format!("exit {code:?}\n{stdout}\n{stderr}");
+    let (code, stdout, context) = cluster.recipe(&library, &["--budgets", "6Gi", "4Gi"]);
     let (reports, verdicts) = reports(&stdout);
     assert_eq!(reports.len(), 2, "{context}");
     let fake = Path::new(crate::util::fake_cuda_lib())
@@ -552,23 +598,9 @@ fn ray_actors_sharing_one_gpu_on_a_second_node_each_see_and_are_held_to_their_ow
         assert_eq!(report["node_id"], gpu_node.0.as_str(), "{context}");
         assert_eq!(report["CUDA_VISIBLE_DEVICES"], "0", "{context}");
         assert_eq!(report["gpu_ids"], serde_json::json!([0]), "{context}");
-        assert_eq!(
-            report["total"], budget,
-            "the device's total is the budget: {context}"
-        );
-        assert_eq!(report["alloc_fitting_rc"], CUDA_SUCCESS, "{context}");
-        assert_eq!(
-            report["alloc_over_rc"], CUDA_ERROR_OUT_OF_MEMORY,
-            "past the budget: {context}"
-        );
+        assert_held_to(report, budget, &context);
     }
-    assert_ne!(
-        reports[0]["pid"], reports[1]["pid"],
-        "a worker each: {context}"
-    );
-    assert_eq!(verdicts.len(), 2, "{context}");
-    assert!(verdicts.iter().all(|v| v.ends_with(": ok")), "{context}");
-    assert_eq!(code, Some(0), "{context}");
+    assert_all_ok(&reports, &verdicts, code, &context);
 
     drop(cluster);
     let _ = writeln!(
@@ -582,21 +614,9 @@ fn ray_actors_sharing_one_gpu_on_a_second_node_each_see_and_are_held_to_their_ow
 fn ray_actors_refuse_to_start_when_the_library_is_not_at_the_path_the_recipe_names() {
     let Some(venv) = ray_venv() else { return };
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = Cluster::start(venv, "no-library");
+    let cluster = Cluster::start(venv, "no-library", None);
     let missing = cluster.dir.join("nowhere/libcudabudget.so");
-    let (code, stdout, stderr) = cluster.python(
-        &[
-            recipe().to_str().unwrap(),
-            "--address",
-            &cluster.address,
-            "--lib",
-            missing.to_str().unwrap(),
-            "--timeout",
-            "120",
-        ],
-        Duration::from_secs(240),
-    );
-    let context = format!("exit {code:?}\n{stdout}\n{stderr}");
+    let (code, stdout, context) = cluster.recipe(&missing, &[]);
     let (reports, verdicts) = reports(&stdout);
     assert_eq!(reports.len(), 2, "{context}");
     for report in &reports {
@@ -613,4 +633,148 @@ fn ray_actors_refuse_to_start_when_the_library_is_not_at_the_path_the_recipe_nam
         "{context}"
     );
     assert_eq!(code, Some(1), "{context}");
+}
+
+/// Installs `deploy/ray`'s `cudabudget_ray.py` and `cudabudget-ray.pth` in the virtual
+/// environment's site-packages, as its README tells an admin to install them in the
+/// workers' Python. They stay: they do nothing in a process without the library in
+/// `LD_PRELOAD`, nor in one started with a budget of its own (the other tests' actors).
+fn install_cudabudget_ray(venv: &Path) {
+    let out = Command::new(venv.join("bin/python"))
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
+        .output()
+        .expect("python runs");
+    assert!(out.status.success(), "{out:?}");
+    let site = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    for file in ["cudabudget_ray.py", "cudabudget-ray.pth"] {
+        // Whole or not at all for a Python starting meanwhile: written aside, renamed.
+        let partial = site.join(format!(".{file}.{}", std::process::id()));
+        std::fs::copy(repo().join("deploy/ray").join(file), &partial)
+            .unwrap_or_else(|e| panic!("{}: {e}", partial.display()));
+        std::fs::rename(&partial, site.join(file)).unwrap();
+    }
+}
+
+#[test]
+fn ray_actors_and_tasks_whose_code_names_no_budget_get_the_share_of_the_gpu_ray_gave_them() {
+    let Some(venv) = ray_venv() else { return };
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    install_cudabudget_ray(&venv);
+    let library = built_library();
+    let cluster = Cluster::start(venv, "shares", Some(&library));
+    let nodes = cluster.nodes();
+    let gpu_node = nodes.iter().find(|n| !n.1).expect("a second node");
+
+    // Two actors of num_gpus=0.5 and a task of resources={"cudabudget_gib": 20}, none
+    // with a budget (or anything of ours) in its options.
+    let (code, stdout, context) =
+        cluster.recipe(&library, &["--shares", "0.5", "0.5", "--gib", "20"]);
+    let (reports, verdicts) = reports(&stdout);
+    assert_eq!(reports.len(), 3, "{context}");
+    let expected = [
+        ("50.00%", GPU_GIB * GI / 2, serde_json::json!([0])),
+        ("50.00%", GPU_GIB * GI / 2, serde_json::json!([0])),
+        ("20Gi", 20 * GI, serde_json::json!([])),
+    ];
+    for (report, (limit, total, gpus)) in reports.iter().zip(expected) {
+        assert_eq!(report["library_mapped"], true, "{context}");
+        assert_eq!(report["node_id"], gpu_node.0.as_str(), "{context}");
+        assert_eq!(report["gpu_ids"], gpus, "{context}");
+        assert_eq!(report["CUDABUDGET_LIMIT"], limit, "{context}");
+        assert_held_to(report, total, &context);
+    }
+    assert_all_ok(&reports, &verdicts, code, &context);
+}
+
+/// Runs `script` with `python3`, `deploy/ray` on its path, the library preloaded when
+/// `preload`, and the fake driver's `libcuda.so.1` in `FAKE_CUDA_LIB`; its stdout, asserting it
+/// exited 0.
+fn python_with_cudabudget_ray(script: &str, preload: bool) -> String {
+    let mut command = Command::new("python3");
+    crate::util::isolate(&mut command)
+        .arg("-c")
+        .arg(script)
+        .env("PYTHONPATH", repo().join("deploy/ray"))
+        .env("FAKE_CUDA_LIB", crate::util::fake_cuda_lib())
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUDABUDGET_LIMIT");
+    if preload {
+        command.env("LD_PRELOAD", built_library());
+    }
+    let out = command.output().expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn a_ray_worker_that_cannot_hold_a_task_to_its_share_refuses_the_task() {
+    // The worker's decisions, task after task, in a process like a Ray worker's: the
+    // library preloaded, CUDA loaded by the first task's code.
+    let script = r#"
+import ctypes, os
+import cudabudget_ray as m
+def refused(budgets, resources, env):
+    try:
+        budgets.apply(resources, env)
+    except RuntimeError as error:
+        return str(error)
+    return None
+fresh, fresh_env = m.Budgets({}), {}
+fresh.apply({"GPU": 1.0 / 3}, fresh_env)
+print("third:", fresh_env["CUDABUDGET_LIMIT"])
+fresh.apply({"GPU": 2}, fresh_env)
+print("whole:", fresh_env.get("CUDABUDGET_LIMIT"))
+own, own_env = m.Budgets({"CUDABUDGET_LIMIT": "6Gi"}), {"CUDABUDGET_LIMIT": "6Gi"}
+own.apply({"GPU": 0.5}, own_env)
+print("own:", own_env["CUDABUDGET_LIMIT"])
+b, env = m.Budgets({}), {}
+b.apply({"GPU": 0.25, "CPU": 1}, env)
+print("first:", env.get("CUDABUDGET_LIMIT"))
+ctypes.CDLL(os.environ["FAKE_CUDA_LIB"])
+print("same:", refused(b, {"GPU": 0.25}, env), env.get("CUDABUDGET_LIMIT"))
+print("other:", refused(b, {"GPU": 0.5}, env))
+print("gib:", refused(b, {"GPU": 0.25, "cudabudget_gib": 20}, env))
+print("none:", refused(b, {"CPU": 1}, env), env.get("CUDABUDGET_LIMIT"))
+"#;
+    let printed = python_with_cudabudget_ray(script, true);
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines[0], "third: 33.33%", "{printed}");
+    // Nothing loaded CUDA yet: a later task of whole GPUs runs without a budget.
+    assert_eq!(lines[1], "whole: None", "{printed}");
+    assert_eq!(lines[2], "own: 6Gi", "{printed}");
+    assert_eq!(lines[3], "first: 25.00%", "{printed}");
+    assert_eq!(lines[4], "same: None 25.00%", "{printed}");
+    assert!(
+        lines[5].starts_with("other: cudabudget: this task's budget (50.00%) cannot be enforced")
+            && lines[5].contains("an earlier task (budget 25.00%)"),
+        "{printed}"
+    );
+    assert!(
+        lines[6].starts_with("gib: cudabudget: this task's budget (20Gi)"),
+        "{printed}"
+    );
+    // A task asking for no budget in a process that may have read one: it keeps it.
+    assert_eq!(lines[7], "none: None 25.00%", "{printed}");
+
+    // Without the library, a budgeted task is refused.
+    let script = r#"
+import cudabudget_ray as m
+try:
+    m.Budgets({}).apply({"GPU": 0.5}, {})
+except RuntimeError as error:
+    print(error)
+"#;
+    let printed = python_with_cudabudget_ray(script, false);
+    assert!(
+        printed.contains("(50.00%) cannot be enforced: libcudabudget.so is not loaded"),
+        "{printed}"
+    );
 }

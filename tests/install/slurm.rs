@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::util::tenants::{Tenants, User, as_user};
@@ -33,6 +34,12 @@ const GI: u64 = 1 << 30;
 const JOBS_TIMEOUT: Duration = Duration::from_secs(180);
 /// Where the node's programs are found: Debian puts the daemons in /usr/sbin.
 const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The node's count GRES `gpumem`: GiB of its one GPU's memory that jobs may ask for (an
+/// H200's 141 GiB less a reserve), and the fake driver's card of that size in the jobs
+/// that use it.
+const GPUMEM_GIB: u64 = 140;
+/// One cluster at a time: they share this machine's cores and the node's name.
+static ONE_CLUSTER: Mutex<()> = Mutex::new(());
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -46,6 +53,7 @@ struct Programs {
     sbatch: PathBuf,
     scontrol: PathBuf,
     sinfo: PathBuf,
+    squeue: PathBuf,
 }
 
 fn find(name: &str, path: &str) -> Option<PathBuf> {
@@ -75,6 +83,7 @@ fn programs() -> Result<Programs, String> {
         sbatch: get("sbatch"),
         scontrol: get("scontrol"),
         sinfo: get("sinfo"),
+        squeue: get("squeue"),
     };
     // The jobs' programs run as another user, who cannot reach a Python under /root.
     if find("python3", "/usr/local/bin:/usr/bin:/bin").is_none() {
@@ -313,8 +322,8 @@ impl Cluster {
     }
 }
 
-/// `slurm.conf` for one node, `host`, with everything in `dir`: one GPU of 16 shards, the
-/// recipe's TaskProlog, and no accounting, cgroups or MPI (none is needed to run a step).
+/// `slurm.conf` for one node, `host`, with everything in `dir`: one GPU of 16 shards and
+/// [`GPUMEM_GIB`] of the count GRES `gpumem`, the recipe's TaskProlog, and no accounting, cgroups or MPI (none is needed to run a step).
 /// The node says it has 16 CPUs whatever this machine has (`config_overrides`), so the
 /// sbatch files' `--cpus-per-task` fit and jobs can run side by side.
 fn slurm_conf(dir: &Path, host: &str, ports: (u16, u16), prolog: &Path) -> String {
@@ -348,9 +357,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 SlurmdParameters=config_overrides
-GresTypes=gpu,shard
+GresTypes=gpu,shard,gpumem
 TaskProlog={prolog}
-NodeName={host} NodeAddr=127.0.0.1 CPUs=16 Gres=gpu:1,shard:16 State=UNKNOWN
+NodeName={host} NodeAddr=127.0.0.1 CPUs=16 Gres=gpu:1,shard:16,gpumem:{GPUMEM_GIB} State=UNKNOWN
 PartitionName=gpus Nodes={host} Default=YES MaxTime=INFINITE State=UP
 ",
         ctld = ports.0,
@@ -363,8 +372,8 @@ PartitionName=gpus Nodes={host} Default=YES MaxTime=INFINITE State=UP
 /// this build's CLI and library installed in its `opt-cudabudget` ([`Cluster::install`]),
 /// the TaskProlog with its `INSTALL_DIR` pointing there. `Err`: this machine cannot make
 /// the fake GPU's device file.
-fn boot(programs: Programs) -> Result<Cluster, String> {
-    let dir = crate::util::binary_dir().join("slurm");
+fn boot(programs: Programs, name: &str) -> Result<Cluster, String> {
+    let dir = crate::util::binary_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     mkdir(&dir, 0o755);
     let mut cluster = Cluster {
@@ -401,7 +410,7 @@ fn boot(programs: Programs) -> Result<Cluster, String> {
     write(
         &dir.join("etc/gres.conf"),
         format!(
-            "Name=gpu File={0}\nName=shard Count=16 File={0}\n",
+            "Name=gpu File={0}\nName=shard Count=16 File={0}\nName=gpumem Count={GPUMEM_GIB}\n",
             device.display()
         ),
         0o644,
@@ -468,6 +477,18 @@ struct Job {
 }
 
 impl Job {
+    /// Asserts that the job ended `COMPLETED` with exit code 0, as `ended` says.
+    fn assert_completed(&self, ended: &BTreeMap<String, (String, String)>) {
+        let completed = (String::from("COMPLETED"), String::from("0:0"));
+        assert_eq!(
+            ended[&self.id],
+            completed,
+            "job {}\n{}",
+            self.id,
+            self.output()
+        );
+    }
+
     fn output(&self) -> String {
         std::fs::read_to_string(&self.output).unwrap_or_default()
     }
@@ -592,29 +613,45 @@ fn dir_for(path: &Path, user: &User) -> PathBuf {
     path.to_path_buf()
 }
 
-#[test]
-fn jobs_submitted_with_the_recipes_sbatch_files_each_see_their_own_budget_and_are_refused_past_it()
-{
+/// The cluster a test runs its jobs on, in `binary_dir()/<name>`, the only one while the
+/// guard is held, and the tenants whose `alice` submits them; `None` after saying why
+/// the test cannot run ([`cannot_run`]).
+fn start(
+    name: &str,
+) -> Option<(
+    &'static Tenants,
+    std::sync::MutexGuard<'static, ()>,
+    Cluster,
+)> {
     let programs = match programs() {
         Ok(programs) => programs,
-        Err(reason) => return cannot_run(&reason),
+        Err(reason) => {
+            cannot_run(&reason);
+            return None;
+        }
     };
     let Some(tenants) = Tenants::get() else {
-        return cannot_run("the jobs run as an unprivileged user, who cannot be made here");
+        cannot_run("the jobs run as an unprivileged user, who cannot be made here");
+        return None;
     };
-    let user = &tenants.alice;
-    let mut cluster = match boot(programs) {
-        Ok(cluster) => cluster,
-        Err(reason) => return cannot_run(&reason),
-    };
+    let one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    match boot(programs, name) {
+        Ok(cluster) => Some((tenants, one, cluster)),
+        Err(reason) => {
+            cannot_run(&reason);
+            None
+        }
+    }
+}
 
-    // The directory the user submits from, laid out as the repository the sbatch files
-    // name: the stand-in in place of each program they start.
+/// The directory the user submits from, laid out as the repository the sbatch files
+/// name: the recipe's `files`, and the stand-in in place of each program they start.
+fn submit_dir(cluster: &Cluster, user: &User, files: &[&str]) -> PathBuf {
     let submit = dir_for(&cluster.dir.join("submit"), user);
     dir_for(&submit.join("deploy"), user);
     let slurm = dir_for(&submit.join("deploy/slurm"), user);
     let compose = dir_for(&submit.join("deploy/compose"), user);
-    for file in ["sharded.sbatch", "shared-gpu.sbatch"] {
+    for file in files {
         copy_for(
             &repo().join("deploy/slurm").join(file),
             &slurm.join(file),
@@ -625,6 +662,18 @@ fn jobs_submitted_with_the_recipes_sbatch_files_each_see_their_own_budget_and_ar
     for program in ["trainer.py", "jax_service.py"] {
         copy_for(&probe, &compose.join(program), user);
     }
+    submit
+}
+
+#[test]
+fn jobs_submitted_with_the_recipes_sbatch_files_each_see_their_own_budget_and_are_refused_past_it()
+{
+    let Some((tenants, _one, mut cluster)) = start("slurm") else {
+        return;
+    };
+    let user = &tenants.alice;
+
+    let submit = submit_dir(&cluster, user, &["sharded.sbatch", "shared-gpu.sbatch"]);
     // The programs of two jobs meet (both hold their memory at once), and so do those of
     // the two steps of the shared-GPU job.
     let meet = |name: &str| format!("{}:2", dir_for(&submit.join(name), user).display());
@@ -664,18 +713,7 @@ fn jobs_submitted_with_the_recipes_sbatch_files_each_see_their_own_budget_and_ar
         "cudabudget-sharded",
     );
 
-    let jobs = [&four, &six, &steps, &invalid];
-    let mut ended = BTreeMap::new();
-    cluster.wait_for("every job ended", JOBS_TIMEOUT, |cluster| {
-        for job in jobs {
-            if !ended.contains_key(&job.id)
-                && let Some(end) = cluster.ended(job)
-            {
-                ended.insert(job.id.clone(), end);
-            }
-        }
-        ended.len() == jobs.len()
-    });
+    let ended = cluster.wait_ended(&[&four, &six, &steps, &invalid]);
     let completed = (String::from("COMPLETED"), String::from("0:0"));
     for job in [&four, &six, &steps] {
         assert_eq!(
@@ -723,6 +761,141 @@ fn jobs_submitted_with_the_recipes_sbatch_files_each_see_their_own_budget_and_ar
             "job {}\n{output}",
             invalid.id
         );
+    }
+    drop(cluster);
+}
+
+impl Cluster {
+    /// The job's state and squeue's reason for it (`PENDING`, `Resources`).
+    fn queued(&self, job: &Job) -> (String, String) {
+        let out = self.output(&self.programs.squeue, &["-h", "-j", &job.id, "-o", "%T %r"]);
+        let shown = text(&out.stdout);
+        let (state, reason) = shown.trim().split_once(' ').unwrap_or((shown.trim(), ""));
+        (state.to_owned(), reason.to_owned())
+    }
+
+    /// Waits until every job has ended; their `JobState` and `ExitCode` by id.
+    fn wait_ended(&mut self, jobs: &[&Job]) -> BTreeMap<String, (String, String)> {
+        let mut ended = BTreeMap::new();
+        self.wait_for("every job ended", JOBS_TIMEOUT, |cluster| {
+            for job in jobs {
+                if !ended.contains_key(&job.id)
+                    && let Some(end) = cluster.ended(job)
+                {
+                    ended.insert(job.id.clone(), end);
+                }
+            }
+            ended.len() == jobs.len()
+        });
+        ended
+    }
+}
+
+#[test]
+fn jobs_asking_for_gpumem_get_it_as_their_budget_and_slurm_never_packs_more_than_the_card() {
+    let Some((tenants, _one, mut cluster)) = start("slurm-gpumem") else {
+        return;
+    };
+    let user = &tenants.alice;
+    let submit = submit_dir(&cluster, user, &["gpumem.sbatch"]);
+    let who = (tenants, user);
+    let card = (GPUMEM_GIB * GI).to_string();
+    let gpumem = "deploy/slurm/gpumem.sbatch";
+    let name = "cudabudget-gpumem";
+
+    // 20 GiB as the file asks, twice at once (40 of 140), the second job setting its own
+    // budget of 1Ti: the allocation is the budget.
+    let together = format!("{}:2", dir_for(&submit.join("meet-20"), user).display());
+    let meet = [
+        ("CB_PROBE_MEET", together.as_str()),
+        ("FAKE_CUDA_MEM", &card),
+    ];
+    let plain = cluster.submit(who, &submit, &[gpumem], &meet, name);
+    let mut own = meet.to_vec();
+    own.push(("CUDABUDGET_LIMIT", "1Ti"));
+    let raised = cluster.submit(who, &submit, &[gpumem], &own, name);
+    let ended = cluster.wait_ended(&[&plain, &raised]);
+    let library = cluster.install().join("libcudabudget.so");
+    let expected = format!("budget: 20Gi, preloaded: {}", library.display());
+    for job in [&plain, &raised] {
+        job.assert_completed(&ended);
+        assert!(
+            job.output().lines().any(|l| l == expected),
+            "job {}: no line {expected:?}\n{}",
+            job.id,
+            job.output()
+        );
+        // A working set of 12 GiB, as the file asks; refused past 20 on a 140 GiB card.
+        job.assert_budgeted("trainer", 20 * GI, 12 * GI);
+    }
+
+    // A step asking for part of its job's gpumem (srun --gres) gets that part; the batch
+    // script, the job's.
+    let show = r#"echo "$0: ${CUDABUDGET_LIMIT:-none} ${CUDABUDGET_SCOPE:-none}""#;
+    let script = format!("bash -c '{show}' batch; srun --gres=gpumem:8 bash -c '{show}' step");
+    let parts = cluster.submit(
+        who,
+        &submit,
+        &[
+            "--gres=gpumem:20",
+            "--output=parts-%j.out",
+            "--wrap",
+            &script,
+        ],
+        &[],
+        "parts",
+    );
+    let ended = cluster.wait_ended(&[&parts]);
+    parts.assert_completed(&ended);
+    let id = &parts.id;
+    assert_eq!(
+        parts.output(),
+        format!("batch: 20Gi job:slurm-{id}.batch\nstep: 8Gi job:slurm-{id}.0\n"),
+        "job {id}"
+    );
+
+    // Two jobs of 100: the second waits for the node's gpumem while the first runs (its
+    // program holds its memory until the test lets it go), then runs with its 100 GiB.
+    let hold = dir_for(&submit.join("hold"), user);
+    let held = format!("{}:2", hold.display());
+    let alone = format!("{}:1", dir_for(&submit.join("alone"), user).display());
+    let big = ["--gres=gpumem:100", gpumem];
+    let first = cluster.submit(
+        who,
+        &submit,
+        &big,
+        &[("CB_PROBE_MEET", &held), ("FAKE_CUDA_MEM", &card)],
+        name,
+    );
+    let second = cluster.submit(
+        who,
+        &submit,
+        &big,
+        &[("CB_PROBE_MEET", &alone), ("FAKE_CUDA_MEM", &card)],
+        name,
+    );
+    let holding = |_: &Cluster| std::fs::read_dir(&hold).is_ok_and(|d| d.count() == 1);
+    cluster.wait_for(
+        "the first job's program holding its memory",
+        JOBS_TIMEOUT,
+        holding,
+    );
+    cluster.wait_for(
+        "the second job pending for resources",
+        JOBS_TIMEOUT,
+        |cluster| {
+            let queued = cluster.queued(&second);
+            assert_eq!(queued.0, "PENDING", "job {}: {queued:?}", second.id);
+            queued.1 == "Resources"
+        },
+    );
+    assert_eq!(cluster.queued(&first).0, "RUNNING");
+    // The first job's program goes on.
+    write(&hold.join("go"), "", 0o644);
+    let ended = cluster.wait_ended(&[&first, &second]);
+    for job in [&first, &second] {
+        job.assert_completed(&ended);
+        job.assert_budgeted("trainer", 100 * GI, 12 * GI);
     }
     drop(cluster);
 }
