@@ -57,6 +57,7 @@ fn where_all_is_well_every_check_passes_and_the_exit_status_is_0() {
         "configuration",
         "pid-namespace",
         "runtime-dir",
+        "budgets",
         "mps",
         "interposition",
     ] {

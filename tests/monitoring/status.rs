@@ -680,3 +680,77 @@ fn a_process_whose_name_is_not_utf8_is_shown_not_reaped() {
     let status = status_json(&[]);
     assert!(find_process(&status, client.pid()).is_some(), "{status:#}");
 }
+
+#[test]
+fn budgets_that_add_up_past_the_gpu_show_it_over_committed_in_status_and_doctor() {
+    // On the fake's 80 GiB card: a job of two members at 30 GiB (its budget counted
+    // once) and a process of its own at 60 GiB add up to 90 GiB.
+    let places = scratch("overcommit");
+    let places = places.to_str().unwrap();
+    let env = [
+        ("CUDABUDGET_RUNTIME_DIR", places),
+        ("CUDABUDGET_JOB_DIR", places),
+    ];
+    let with = |more: &[(&'static str, &'static str)]| {
+        let mut all: Vec<(&str, &str)> = env.to_vec();
+        all.extend_from_slice(more);
+        all
+    };
+    let job = with(&[
+        ("CUDABUDGET_SCOPE", "job:shared"),
+        ("CUDABUDGET_LIMIT", "30Gi"),
+    ]);
+    let members = [
+        Budgeted::start(&["alloc:1Gi", "sleep:20000"], &job),
+        Budgeted::start(&["alloc:1Gi", "sleep:20000"], &job),
+    ];
+    let mut own = Budgeted::start(
+        &["alloc:1Gi", "sleep:20000"],
+        &with(&[("CUDABUDGET_LIMIT", "60Gi")]),
+    );
+    let gpu_when = |want: u64| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = status_json(&env);
+            if status["gpus"][0]["budgets_bytes"] == want {
+                return status["gpus"][0].clone();
+            }
+            assert!(Instant::now() < deadline, "{status:#}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let gpu = gpu_when(90 * GI);
+    assert_eq!(gpu["overcommitted"], true, "{gpu}");
+    let out = output(cudabudget(&["status"]).envs(env));
+    let table = stdout(&out);
+    assert!(
+        table.contains("OVER-COMMITTED: budgets add up to 90.00 GiB, 10.00 GiB more"),
+        "{table}"
+    );
+    let out = output(
+        cudabudget(&["doctor", "--json"])
+            .envs(env)
+            .env("CUDABUDGET_LIMIT", "1Gi"),
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "budgets")
+        .cloned()
+        .unwrap();
+    assert_eq!(check["status"], "warn", "{check:#}");
+    assert!(
+        check["summary"]
+            .as_str()
+            .unwrap()
+            .contains("budgets add up to 90.00 GiB of its 80.00 GiB"),
+        "{check:#}"
+    );
+    // The process of its own gone: the job's 30 GiB fit.
+    own.kill();
+    let gpu = gpu_when(30 * GI);
+    assert_eq!(gpu["overcommitted"], false, "{gpu}");
+    drop(members);
+}

@@ -110,6 +110,7 @@ pub fn doctor(args: DoctorArgs) -> Result<ExitCode, Refusal> {
         pid_namespace(),
         runtime_dir(),
         job_ledger(),
+        budgets(nvml.as_ref().ok()),
         mps(),
         interposition(&found),
     ];
@@ -634,6 +635,59 @@ fn runtime_dir() -> Check {
     .remedy(
         "remove what is in the way (another user's file or directory; root can), or set \
          CUDABUDGET_RUNTIME_DIR to a directory of your own",
+    )
+    .details(details)
+}
+
+/// Whether the budgets on each GPU (of the processes this user, or root, can see) add up
+/// to more than the GPU has: a budget is a cap, not a reservation, so over-committed
+/// processes can meet the card's own out-of-memory below their budgets.
+fn budgets(nvml: Option<&Nvml>) -> Check {
+    let Some(nvml) = nvml else {
+        return Check::new(
+            "budgets",
+            Status::Skip,
+            "no NVML: the GPUs' sizes are unknown",
+        );
+    };
+    let status = crate::status::collect(Some(nvml));
+    let gpus = status.gpus.unwrap_or_default();
+    let over: Vec<String> = gpus
+        .iter()
+        .filter(|g| g.overcommitted)
+        .map(|g| {
+            format!(
+                "GPU {} ({}): budgets add up to {} of its {}",
+                g.index,
+                g.uuid.as_deref().unwrap_or("no UUID"),
+                crate::status::bytes(g.budgets_bytes),
+                crate::status::bytes(g.total_bytes)
+            )
+        })
+        .collect();
+    let details = json!({"gpus": gpus.iter().map(|g| json!({
+        "index": g.index, "uuid": g.uuid, "total_bytes": g.total_bytes,
+        "budgets_bytes": g.budgets_bytes, "overcommitted": g.overcommitted,
+    })).collect::<Vec<_>>()});
+    if over.is_empty() {
+        return Check::new(
+            "budgets",
+            Status::Ok,
+            format!(
+                "the budgets on each of {} GPU(s) fit in it (processes this user can see)",
+                gpus.len()
+            ),
+        )
+        .details(details);
+    }
+    Check::new(
+        "budgets",
+        Status::Warn,
+        format!("over-committed: {}", over.join("; ")),
+    )
+    .remedy(
+        "lower budgets (cudabudget limit) or place jobs elsewhere; let the scheduler count \
+         GPU memory (the device plugin, Slurm's gpumem, Ray's fractions)",
     )
     .details(details)
 }

@@ -129,6 +129,42 @@ pub struct GpuJson {
     pub name: Option<String>,
     pub total_bytes: u64,
     pub used_bytes: u64,
+    /// The budgets on the GPU of the processes shown, added up ([`budgets_by_gpu`]).
+    pub budgets_bytes: u64,
+    /// Whether those budgets add up to more than the GPU has.
+    pub overcommitted: bool,
+}
+
+/// The budgets on each GPU (by UUID) of `processes`, added up: a job's budget once per
+/// job (its members share it: the largest one reports, while a change reaches them),
+/// each process's own budget once. A job is one user's in one namespace (a pod's jobs
+/// are its namespace's), so two namespaces' jobs of one name are two budgets.
+pub fn budgets_by_gpu(processes: &[ProcessJson]) -> BTreeMap<String, u64> {
+    let mut jobs: BTreeMap<(&str, u32, Option<&str>, &str), u64> = BTreeMap::new();
+    let mut sums: BTreeMap<String, u64> = BTreeMap::new();
+    for p in processes {
+        for d in &p.devices {
+            let Some(uuid) = d.uuid.as_deref() else {
+                continue;
+            };
+            match &p.job {
+                Some(job) => {
+                    let key = (uuid, p.uid, p.namespace.as_deref(), job.as_str());
+                    let budget = jobs.entry(key).or_default();
+                    *budget = (*budget).max(d.limit_bytes);
+                }
+                None => {
+                    let sum = sums.entry(uuid.to_string()).or_default();
+                    *sum = sum.saturating_add(d.limit_bytes);
+                }
+            }
+        }
+    }
+    for ((uuid, ..), budget) in jobs {
+        let sum = sums.entry(uuid.to_string()).or_default();
+        *sum = sum.saturating_add(budget);
+    }
+    sums
 }
 
 /// The figures of every live budgeted process, and of every GPU NVML sees.
@@ -176,21 +212,32 @@ pub fn collect(nvml: Option<&Nvml>) -> StatusJson {
                 .collect(),
         })
         .collect();
+    let budgets = budgets_by_gpu(&processes);
     StatusJson {
         skipped: scan.skipped,
         jobs: jobs(&processes),
-        processes,
         gpus: gpus.map(|gpus| {
             gpus.into_iter()
-                .map(|g| GpuJson {
-                    index: g.index,
-                    uuid: g.uuid,
-                    name: g.name,
-                    total_bytes: g.total,
-                    used_bytes: g.used,
+                .map(|g| {
+                    let budgets_bytes = g
+                        .uuid
+                        .as_ref()
+                        .and_then(|u| budgets.get(u))
+                        .copied()
+                        .unwrap_or(0);
+                    GpuJson {
+                        index: g.index,
+                        uuid: g.uuid,
+                        name: g.name,
+                        total_bytes: g.total,
+                        used_bytes: g.used,
+                        budgets_bytes,
+                        overcommitted: budgets_bytes > g.total,
+                    }
                 })
                 .collect()
         }),
+        processes,
     }
 }
 
@@ -373,8 +420,17 @@ fn table(status: &StatusJson) -> String {
                     .as_deref()
                     .map(|n| format!(" {}", escape(n)))
                     .unwrap_or_default();
+                let over = if g.overcommitted {
+                    format!(
+                        "; OVER-COMMITTED: budgets add up to {}, {} more than it has",
+                        bytes(g.budgets_bytes),
+                        bytes(g.budgets_bytes - g.total_bytes)
+                    )
+                } else {
+                    String::new()
+                };
                 text.push_str(&format!(
-                    "GPU {}{name} {}: {} of {} in use\n",
+                    "GPU {}{name} {}: {} of {} in use{over}\n",
                     g.index,
                     g.uuid.as_deref().map_or_else(|| "(no UUID)".into(), escape),
                     bytes(g.used_bytes),

@@ -57,6 +57,8 @@ pub const AFTER_HELP: &str = "Metrics (one series per container, job and device;
   cudabudget_processes (live budgeted processes)
   cudabudget_gpu_memory_total_bytes, cudabudget_gpu_memory_used_bytes
     (NVML's physical figures; labels: gpu_index, device_uuid)
+  cudabudget_gpu_budgets_bytes (the budgets on the GPU added up, a job's once; above
+    the total, the GPU is over-committed; same labels)
 Processes of one series add up: used is their sum; limit counts a job's budget once
 (its members share it) and sums the budgets of processes outside a job (each may fill
 its own); peak is the sum of their own peaks (an upper bound, exact for one process);
@@ -573,12 +575,27 @@ fn render(
             "Physical memory in use on the GPU by every process (NVML).",
             &labels,
         );
+        // Every user's budgets added up: for a viewer who sees them all.
+        let budgets = viewer.is_none().then(|| {
+            gauge(
+                &registry,
+                "cudabudget_gpu_budgets_bytes",
+                "The budgets on the GPU added up (a job's once): above \
+                 cudabudget_gpu_memory_total_bytes, the GPU is over-committed.",
+                &labels,
+            )
+        });
         for g in gpus {
             let index = g.index.to_string();
             let uuid = g.uuid.clone().unwrap_or_default();
             let values = [index.as_str(), uuid.as_str()];
             total.with_label_values(&values).set(clamp(g.total_bytes));
             in_use.with_label_values(&values).set(clamp(g.used_bytes));
+            if let Some(budgets) = &budgets {
+                budgets
+                    .with_label_values(&values)
+                    .set(clamp(g.budgets_bytes));
+            }
         }
     }
     if shape.hami_names {
@@ -682,6 +699,38 @@ mod tests {
         let value = found.next().map(|l| l.rsplit(' ').next().unwrap());
         assert!(found.next().is_none(), "{series} twice in\n{text}");
         value
+    }
+
+    #[test]
+    fn the_budgets_on_a_gpu_add_up_a_jobs_once_and_only_the_full_view_shows_them() {
+        let mut status = status(vec![
+            process(10, Some("train"), "main", [0, 60, 0, 0]),
+            process(11, Some("train"), "main", [0, 60, 0, 0]),
+            process(12, None, "main", [0, 30, 0, 0]),
+        ]);
+        let budgets = crate::status::budgets_by_gpu(&status.processes)["GPU-1"];
+        assert_eq!(budgets, 90, "the job's 60 once, the process's 30");
+        status.gpus = Some(vec![crate::status::GpuJson {
+            index: 0,
+            uuid: Some("GPU-1".into()),
+            name: None,
+            total_bytes: 80,
+            used_bytes: 0,
+            budgets_bytes: budgets,
+            overcommitted: budgets > 80,
+        }]);
+        let views = views(
+            &status,
+            Shape::default(),
+            &mut Counters::default(),
+            Instant::now(),
+            &[None, Some(1000)],
+        );
+        let all = String::from_utf8(views[0].clone()).unwrap();
+        let series = r#"cudabudget_gpu_budgets_bytes{device_uuid="GPU-1",gpu_index="0"}"#;
+        assert_eq!(line(&all, series), Some("90"), "{all}");
+        let one_user = String::from_utf8(views[1].clone()).unwrap();
+        assert_eq!(line(&one_user, series), None, "{one_user}");
     }
 
     #[test]
