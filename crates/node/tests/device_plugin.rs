@@ -1,0 +1,501 @@
+//! The device plugin against a kubelet stand-in that speaks the kubelet's protocol
+//! (v1beta1 over Unix sockets): it serves Registration, takes the plugin's Register, and
+//! calls ListAndWatch, GetPreferredAllocation and Allocate on the plugin's socket, as the
+//! kubelet does. The plugin runs as a child process on the fake NVML (tests/fake_driver).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use cudabudget_node::api;
+use cudabudget_node::api::device_plugin_client::DevicePluginClient;
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Endpoint, Server, Uri};
+use tonic::{Request, Response, Status, Streaming};
+
+const GI: u64 = 1 << 30;
+
+/// How long a step may take before the test fails (a guard, not a measurement).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+async fn patiently<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing after {PATIENCE:?}"))
+}
+
+/// The kubelet's Registration service: each Register goes to the test.
+struct Registrations(mpsc::UnboundedSender<api::RegisterRequest>);
+
+#[tonic::async_trait]
+impl api::registration_server::Registration for Registrations {
+    async fn register(
+        &self,
+        request: Request<api::RegisterRequest>,
+    ) -> Result<Response<api::Empty>, Status> {
+        let _ = self.0.send(request.into_inner());
+        Ok(Response::new(api::Empty {}))
+    }
+}
+
+/// A kubelet stand-in serving `<dir>/kubelet.sock`.
+struct Kubelet {
+    registrations: mpsc::UnboundedReceiver<api::RegisterRequest>,
+    stop: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Kubelet {
+    fn start(dir: &Path) -> Kubelet {
+        let listener = UnixListener::bind(dir.join("kubelet.sock")).expect("the kubelet's socket");
+        let (sender, registrations) = mpsc::unbounded_channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            Server::builder()
+                .add_service(api::registration_server::RegistrationServer::new(
+                    Registrations(sender),
+                ))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("the kubelet stand-in serves");
+        });
+        Kubelet {
+            registrations,
+            stop: Some(stop),
+            server,
+        }
+    }
+
+    async fn registration(&mut self) -> api::RegisterRequest {
+        patiently("the plugin's registration", self.registrations.recv())
+            .await
+            .expect("the stand-in is serving")
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().expect("running").send(());
+        patiently("the stand-in's end", self.server)
+            .await
+            .expect("it ended");
+    }
+}
+
+/// Connects to a plugin's socket as the kubelet does.
+async fn connect(socket: PathBuf) -> DevicePluginClient<Channel> {
+    let channel = Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+        }))
+        .await
+        .expect("the plugin's socket answers");
+    DevicePluginClient::new(channel)
+}
+
+/// A node: a temporary kubelet directory, a runtime root, a file of lost GPUs for the fake
+/// NVML, and the plugin running on them.
+struct Node {
+    dir: PathBuf,
+    kubelet_dir: PathBuf,
+    lost: PathBuf,
+    log: PathBuf,
+    plugin: Child,
+}
+
+impl Node {
+    /// `gpus` GPUs of `memory` bytes; the plugin started with `args`.
+    fn start(name: &str, gpus: u32, memory: u64, args: &[&str]) -> Node {
+        let dir =
+            std::env::temp_dir().join(format!("cudabudget-node-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let kubelet_dir = dir.join("device-plugins");
+        fs::create_dir_all(&kubelet_dir).expect("a kubelet directory");
+        let log = dir.join("plugin.log");
+        let lost = dir.join("lost-gpus");
+        let plugin = Command::new(env!("CARGO_BIN_EXE_cudabudget-node"))
+            .arg("device-plugin")
+            .arg("--kubelet-dir")
+            .arg(&kubelet_dir)
+            .arg("--runtime-dir")
+            .arg(dir.join("runtime"))
+            .arg("--library-dir")
+            .arg(dir.join("library"))
+            .args(["--poll-ms", "50"])
+            .args(args)
+            .env("LD_LIBRARY_PATH", cudabudget_fake_driver::FAKE_DRIVER_DIR)
+            .env("FAKE_CUDA_DEVICES", gpus.to_string())
+            .env("FAKE_CUDA_MEM", memory.to_string())
+            .env("FAKE_NVML_LOST_FILE", &lost)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).expect("a log file"))
+            .spawn()
+            .expect("the plugin starts");
+        Node {
+            dir,
+            kubelet_dir,
+            lost,
+            log,
+            plugin,
+        }
+    }
+
+    fn socket(&self, registration: &api::RegisterRequest) -> PathBuf {
+        self.kubelet_dir.join(&registration.endpoint)
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.plugin.kill();
+        let _ = self.plugin.wait();
+        if std::thread::panicking() {
+            eprintln!("the plugin's log:\n{}", self.log());
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn uuid(index: u32) -> String {
+    format!("GPU-faceb00c-0000-0000-0000-0000000000{index:02x}")
+}
+
+/// How many units of each GPU (by index) are in each health, sorted.
+fn health(devices: &[api::Device]) -> Vec<(u32, &str, usize)> {
+    let mut counts: HashMap<(u32, &str), usize> = HashMap::new();
+    for device in devices {
+        let (gpu, _) = device.id.rsplit_once('-').expect("<uuid>-<k>");
+        let index = (0..64)
+            .find(|i| uuid(*i) == gpu)
+            .expect("a GPU of the fake");
+        *counts.entry((index, device.health.as_str())).or_default() += 1;
+    }
+    let mut counts: Vec<_> = counts.into_iter().map(|((i, h), n)| (i, h, n)).collect();
+    counts.sort();
+    counts
+}
+
+/// The plugin registered with a kubelet stand-in, a client on its socket, and its
+/// device list as ListAndWatch streams it.
+struct Session {
+    node: Node,
+    kubelet: Kubelet,
+    registration: api::RegisterRequest,
+    client: DevicePluginClient<Channel>,
+    stream: Streaming<api::ListAndWatchResponse>,
+}
+
+impl Session {
+    /// `gpus` GPUs of `memory` bytes, the plugin started with `args`.
+    async fn start(name: &str, gpus: u32, memory: u64, args: &[&str]) -> Session {
+        let node = Node::start(name, gpus, memory, args);
+        let mut kubelet = Kubelet::start(&node.kubelet_dir);
+        let registration = kubelet.registration().await;
+        let mut client = connect(node.socket(&registration)).await;
+        let stream = client
+            .list_and_watch(api::Empty {})
+            .await
+            .expect("ListAndWatch")
+            .into_inner();
+        Session {
+            node,
+            kubelet,
+            registration,
+            client,
+            stream,
+        }
+    }
+
+    /// Two GPUs of 80 GiB, a reserve of 2 GiB.
+    async fn two_gpus(name: &str) -> Session {
+        Session::start(name, 2, 80 * GI, &["--reserve", "2Gi"]).await
+    }
+
+    /// The next device list.
+    async fn devices(&mut self) -> Vec<api::Device> {
+        patiently("a device list", self.stream.message())
+            .await
+            .expect("the stream is fine")
+            .expect("the stream goes on")
+            .devices
+    }
+
+    async fn prefer(&mut self, available: &[String], size: i32) -> Vec<String> {
+        let request = api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available.to_vec(),
+                must_include_device_i_ds: Vec::new(),
+                allocation_size: size,
+            }],
+        };
+        let response = self.client.get_preferred_allocation(request).await;
+        let mut containers = response.expect("a preferred allocation").into_inner();
+        containers.container_responses.remove(0).device_i_ds
+    }
+
+    async fn allocate(&mut self, ids: &[String]) -> Result<api::ContainerAllocateResponse, Status> {
+        let request = api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: ids.to_vec(),
+            }],
+        };
+        let mut response = self.client.allocate(request).await?.into_inner();
+        Ok(response.container_responses.remove(0))
+    }
+}
+
+fn ids(devices: &[api::Device]) -> Vec<String> {
+    devices.iter().map(|d| d.id.clone()).collect()
+}
+
+#[tokio::test]
+async fn two_gpus_of_80_gib_with_a_2_gib_reserve_are_advertised_as_156_units_78_on_each() {
+    let mut session = Session::two_gpus("advertise").await;
+    let registration = &session.registration;
+    assert_eq!(registration.version, "v1beta1");
+    assert_eq!(registration.resource_name, "cudabudget.io/memory");
+    assert_eq!(registration.endpoint, "cudabudget.sock");
+    let options = registration.options.expect("options");
+    assert!(options.get_preferred_allocation_available);
+    let asked = session
+        .client
+        .get_device_plugin_options(api::Empty {})
+        .await;
+    assert_eq!(asked.expect("options").into_inner(), options);
+    assert!(!options.pre_start_required);
+
+    let devices = session.devices().await;
+    assert_eq!(devices.len(), 156);
+    assert_eq!(health(&devices), [(0, "Healthy", 78), (1, "Healthy", 78)]);
+    assert!(
+        devices.iter().all(|d| d.id.len() <= 63),
+        "the API's limit on an ID"
+    );
+}
+
+#[tokio::test]
+async fn a_unit_of_512_mi_with_no_reserve_makes_160_units_of_an_80_gib_gpu() {
+    let args = ["--unit", "512Mi", "--reserve", "0"];
+    let mut session = Session::start("unit", 1, 80 * GI, &args).await;
+    assert_eq!(health(&session.devices().await), [(0, "Healthy", 160)]);
+}
+
+#[tokio::test]
+async fn a_pod_asking_20_gets_20_units_of_one_gpu_its_budget_the_library_and_a_private_runtime_directory()
+ {
+    let mut session = Session::two_gpus("allocate").await;
+    let available = ids(&session.devices().await);
+    let preferred = session.prefer(&available, 20).await;
+    assert_eq!(preferred.len(), 20);
+    let gpus: BTreeSet<&str> = preferred
+        .iter()
+        .map(|id| id.rsplit_once('-').unwrap().0)
+        .collect();
+    assert_eq!(gpus.len(), 1, "one GPU: {preferred:?}");
+    let gpu = gpus.into_iter().next().unwrap().to_string();
+
+    let answer = session.allocate(&preferred).await.expect("allocated");
+    let env = &answer.envs;
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], gpu);
+    assert_eq!(env["CUDA_VISIBLE_DEVICES"], gpu);
+    assert_eq!(env["CUDABUDGET_LIMIT"], (20 * GI).to_string());
+    assert_eq!(env["LD_PRELOAD"], "/opt/cudabudget/libcudabudget.so");
+    assert_eq!(env["CUDABUDGET_RUNTIME_DIR"], "/run/cudabudget/records");
+    assert_eq!(env["CUDABUDGET_JOB_DIR"], "/run/cudabudget/jobs");
+    assert_eq!(
+        env["CUDABUDGET_SCOPE"], "job:container",
+        "the container's processes share it"
+    );
+
+    let mount = |answer: &api::ContainerAllocateResponse, at: &str| {
+        let found = answer.mounts.iter().find(|m| m.container_path == at);
+        found
+            .unwrap_or_else(|| panic!("a mount at {at}: {:?}", answer.mounts))
+            .clone()
+    };
+    let library = mount(&answer, "/opt/cudabudget");
+    assert_eq!(
+        Path::new(&library.host_path),
+        session.node.dir.join("library")
+    );
+    assert!(library.read_only);
+    let runtime = mount(&answer, "/run/cudabudget");
+    assert!(!runtime.read_only);
+    let private = PathBuf::from(&runtime.host_path);
+    let root = session.node.dir.join("runtime");
+    assert!(private.starts_with(root.join("alloc")), "{private:?}");
+    let mode = |path: &Path| {
+        fs::symlink_metadata(path)
+            .expect("made")
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode(&root), 0o700, "nobody but root reaches below");
+    assert_eq!(mode(&private.join("records")), 0o1777);
+    assert_eq!(mode(&private.join("jobs")), 0o1777);
+    assert!(
+        answer.devices.is_empty(),
+        "no device node: the NVIDIA runtime gives the GPU"
+    );
+    assert_eq!(
+        answer.mounts.len(),
+        2,
+        "no hostPath of the pod's: {:?}",
+        answer.mounts
+    );
+
+    // Another pod's units: another directory.
+    let rest: Vec<String> = available
+        .into_iter()
+        .filter(|id| !preferred.contains(id))
+        .collect();
+    let other = session.prefer(&rest, 20).await;
+    let other = session.allocate(&other).await.expect("allocated");
+    let other = mount(&other, "/run/cudabudget");
+    assert_ne!(
+        other.host_path, runtime.host_path,
+        "each allocation has its own directory"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_asking_79_where_each_gpu_has_60_free_is_refused_with_a_message() {
+    let mut session = Session::two_gpus("refuse").await;
+    let mut available = ids(&session.devices().await);
+    // Two pods of 18 first, one on each GPU, as the kubelet would place them.
+    for gpu in [uuid(0), uuid(1)] {
+        let on_gpu: Vec<String> = available
+            .iter()
+            .filter(|id| id.starts_with(&gpu))
+            .cloned()
+            .collect();
+        let chosen = session.prefer(&on_gpu, 18).await;
+        session.allocate(&chosen).await.expect("18 fit");
+        available.retain(|id| !chosen.contains(id));
+    }
+    assert_eq!(available.len(), 120);
+
+    // 79: no preference fits, the kubelet chooses any 79, and Allocate refuses them.
+    assert!(
+        session.prefer(&available, 79).await.is_empty(),
+        "no one GPU holds 79"
+    );
+    let chosen: Vec<String> = available.iter().take(79).cloned().collect();
+    let refusal = session.allocate(&chosen).await.expect_err("refused");
+    assert_eq!(refusal.code(), tonic::Code::InvalidArgument);
+    let message = refusal.message();
+    assert!(
+        message.contains("79 cudabudget.io/memory units given to this container are on 2 GPUs")
+            && message.contains("a container's budget must be on one GPU"),
+        "{message}"
+    );
+
+    // And an ID that is none of ours.
+    let refusal = session
+        .allocate(&["GPU-other-0".to_string()])
+        .await
+        .expect_err("refused");
+    let message = refusal.message();
+    assert!(
+        message.contains("\"GPU-other-0\" is not a cudabudget.io/memory unit"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_lost_gpu_turns_its_units_unhealthy_until_it_answers_again() {
+    let mut session = Session::two_gpus("lost").await;
+    assert_eq!(
+        health(&session.devices().await),
+        [(0, "Healthy", 78), (1, "Healthy", 78)]
+    );
+
+    fs::write(&session.node.lost, "1\n").expect("GPU 1 lost");
+    assert_eq!(
+        health(&session.devices().await),
+        [(0, "Healthy", 78), (1, "Unhealthy", 78)]
+    );
+    let log = session.node.log();
+    assert!(
+        log.contains("is unhealthy: nvmlDeviceGetMemoryInfo: GPU is lost"),
+        "{log}"
+    );
+
+    fs::remove_file(&session.node.lost).expect("GPU 1 back");
+    assert_eq!(
+        health(&session.devices().await),
+        [(0, "Healthy", 78), (1, "Healthy", 78)]
+    );
+}
+
+#[tokio::test]
+async fn the_plugin_registers_again_when_the_kubelet_restarts() {
+    let Session { node, kubelet, .. } = Session::two_gpus("restart").await;
+    // The kubelet restarts: its socket goes and is made anew (here it leaves the plugin's
+    // socket, so the plugin must notice the new kubelet.sock itself).
+    kubelet.stop().await;
+    fs::remove_file(node.kubelet_dir.join("kubelet.sock")).expect("the old socket removed");
+    let mut kubelet = Kubelet::start(&node.kubelet_dir);
+    let registration = kubelet.registration().await;
+    let mut client = connect(node.socket(&registration)).await;
+    let mut stream = client
+        .list_and_watch(api::Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
+    let devices = patiently("a device list", stream.message()).await;
+    assert_eq!(devices.expect("fine").expect("a list").devices.len(), 156);
+
+    // And when the kubelet removes the plugin's socket, as it does at its start.
+    fs::remove_file(node.socket(&registration)).expect("the plugin's socket removed");
+    let registration = kubelet.registration().await;
+    let mut client = connect(node.socket(&registration)).await;
+    let options = client
+        .get_device_plugin_options(api::Empty {})
+        .await
+        .expect("served again");
+    assert!(options.into_inner().get_preferred_allocation_available);
+}
+
+#[tokio::test]
+async fn sigterm_ends_the_plugin_and_removes_its_socket() {
+    let Session { mut node, .. } = Session::two_gpus("sigterm").await;
+    // SAFETY: kill with the pid of our own child, still running (not yet waited for).
+    let rc = unsafe { libc::kill(node.plugin.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let status = node.plugin.wait().expect("it ends");
+    assert!(status.success(), "{status:?}: {}", node.log());
+    assert!(
+        !node.kubelet_dir.join("cudabudget.sock").exists(),
+        "its socket is removed"
+    );
+}
+
+#[test]
+fn a_node_without_nvml_says_so() {
+    let dir = std::env::temp_dir().join(format!("cudabudget-node-{}-nonvml", std::process::id()));
+    let output = Command::new(env!("CARGO_BIN_EXE_cudabudget-node"))
+        .args(["device-plugin", "--runtime-dir"])
+        .arg(dir.join("runtime"))
+        .env("LD_LIBRARY_PATH", cudabudget_fake_driver::FAKE_DRIVER_DIR)
+        .env("FAKE_NVML_ABSENT", "1")
+        .output()
+        .expect("it runs");
+    let _ = fs::remove_dir_all(&dir);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cudabudget-node: nvmlInit_v2:"), "{stderr}");
+}
