@@ -74,10 +74,24 @@ impl Kubelet {
         }
     }
 
-    async fn registration(&mut self) -> api::RegisterRequest {
-        patiently("the plugin's registration", self.registrations.recv())
-            .await
-            .expect("the stand-in is serving")
+    /// The plugin's next registration; a plugin that exits meanwhile fails the test at
+    /// once, with its log.
+    async fn registration(&mut self, node: &mut Node) -> api::RegisterRequest {
+        let registered = async {
+            loop {
+                tokio::select! {
+                    registration = self.registrations.recv() => {
+                        return registration.expect("the stand-in is serving");
+                    }
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {
+                        if let Some(status) = node.plugin.try_wait().expect("the plugin's state") {
+                            panic!("the plugin exited ({status}):\n{}", node.log());
+                        }
+                    }
+                }
+            }
+        };
+        patiently("the plugin's registration", registered).await
     }
 
     async fn stop(mut self) {
@@ -119,6 +133,11 @@ impl Node {
         let kubelet_dir = dir.join("device-plugins");
         fs::create_dir_all(&kubelet_dir).expect("a kubelet directory");
         let log = dir.join("plugin.log");
+        let library = dir.join("library");
+        let library = match args.iter().position(|a| *a == "--library-dir") {
+            Some(_) => Vec::new(),
+            None => vec!["--library-dir".as_ref(), library.as_os_str()],
+        };
         let lost = dir.join("lost-gpus");
         let plugin = Command::new(env!("CARGO_BIN_EXE_cudabudget-node"))
             .arg("device-plugin")
@@ -126,9 +145,8 @@ impl Node {
             .arg(&kubelet_dir)
             .arg("--runtime-dir")
             .arg(dir.join("runtime"))
-            .arg("--library-dir")
-            .arg(dir.join("library"))
             .args(["--poll-ms", "50"])
+            .args(library)
             .args(args)
             .env("LD_LIBRARY_PATH", cudabudget_fake_driver::FAKE_DRIVER_DIR)
             .env("FAKE_CUDA_DEVICES", gpus.to_string())
@@ -200,9 +218,9 @@ struct Session {
 impl Session {
     /// `gpus` GPUs of `memory` bytes, the plugin started with `args`.
     async fn start(name: &str, gpus: u32, memory: u64, args: &[&str]) -> Session {
-        let node = Node::start(name, gpus, memory, args);
+        let mut node = Node::start(name, gpus, memory, args);
         let mut kubelet = Kubelet::start(&node.kubelet_dir);
-        let registration = kubelet.registration().await;
+        let registration = kubelet.registration(&mut node).await;
         let mut client = connect(node.socket(&registration)).await;
         let stream = client
             .list_and_watch(api::Empty {})
@@ -443,13 +461,15 @@ async fn a_lost_gpu_turns_its_units_unhealthy_until_it_answers_again() {
 
 #[tokio::test]
 async fn the_plugin_registers_again_when_the_kubelet_restarts() {
-    let Session { node, kubelet, .. } = Session::two_gpus("restart").await;
+    let Session {
+        mut node, kubelet, ..
+    } = Session::two_gpus("restart").await;
     // The kubelet restarts: its socket goes and is made anew (here it leaves the plugin's
     // socket, so the plugin must notice the new kubelet.sock itself).
     kubelet.stop().await;
     fs::remove_file(node.kubelet_dir.join("kubelet.sock")).expect("the old socket removed");
     let mut kubelet = Kubelet::start(&node.kubelet_dir);
-    let registration = kubelet.registration().await;
+    let registration = kubelet.registration(&mut node).await;
     let mut client = connect(node.socket(&registration)).await;
     let mut stream = client
         .list_and_watch(api::Empty {})
@@ -461,7 +481,7 @@ async fn the_plugin_registers_again_when_the_kubelet_restarts() {
 
     // And when the kubelet removes the plugin's socket, as it does at its start.
     fs::remove_file(node.socket(&registration)).expect("the plugin's socket removed");
-    let registration = kubelet.registration().await;
+    let registration = kubelet.registration(&mut node).await;
     let mut client = connect(node.socket(&registration)).await;
     let options = client
         .get_device_plugin_options(api::Empty {})
@@ -482,6 +502,82 @@ async fn sigterm_ends_the_plugin_and_removes_its_socket() {
         !node.kubelet_dir.join("cudabudget.sock").exists(),
         "its socket is removed"
     );
+}
+
+/// The library under test: `cargo test` builds it beside the test executables.
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    exe.parent().expect("deps/").join("libcudabudget.so")
+}
+
+/// `path` as the container sees it, on the host: under the mount that holds it.
+fn on_host(mounts: &[api::Mount], path: &str) -> String {
+    let mount = mounts
+        .iter()
+        .find(|m| Path::new(path).starts_with(&m.container_path))
+        .unwrap_or_else(|| panic!("{path} is in no mount of {mounts:?}"));
+    let rest = Path::new(path).strip_prefix(&mount.container_path).unwrap();
+    Path::new(&mount.host_path).join(rest).display().to_string()
+}
+
+#[tokio::test]
+async fn a_process_started_as_allocate_says_sees_its_units_as_the_device_and_is_held_to_them() {
+    let library = library();
+    let library_dir = library.parent().unwrap().to_str().unwrap().to_string();
+    let args = ["--reserve", "2Gi", "--library-dir", &library_dir];
+    let mut session = Session::start("process", 2, 80 * GI, &args).await;
+    let available = ids(&session.devices().await);
+    let on_gpu_1: Vec<String> = available
+        .into_iter()
+        .filter(|id| id.starts_with(&uuid(1)))
+        .collect();
+    let preferred = session.prefer(&on_gpu_1, 20).await;
+    let answer = session.allocate(&preferred).await.expect("allocated");
+
+    // The container's environment, its paths on the host where the mounts put them.
+    let mut client = Command::new(cudabudget_fake_driver::FAKE_CLIENT);
+    client
+        .args(["gpa", "info", "alloc:19Gi", "alloc:2Gi"])
+        .env_clear()
+        .env("LD_LIBRARY_PATH", cudabudget_fake_driver::FAKE_DRIVER_DIR)
+        .env("FAKE_CUDA_DEVICES", "2")
+        .env("FAKE_CUDA_MEM", (80 * GI).to_string())
+        .env("HOME", session.node.dir.join("home"));
+    for (name, value) in &answer.envs {
+        let value = match name.as_str() {
+            "LD_PRELOAD" | "CUDABUDGET_RUNTIME_DIR" | "CUDABUDGET_JOB_DIR" => {
+                on_host(&answer.mounts, value)
+            }
+            _ => value.clone(),
+        };
+        client.env(name, value);
+    }
+    let output = client.output().expect("the client runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let line = |op: &str| {
+        stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!("{op} ")))
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let info = line("info");
+    assert_eq!(info.len(), 1, "{stdout}{stderr}");
+    assert!(
+        info[0].contains(&format!("total={}", 20 * GI)),
+        "the budget is the device: {stdout}{stderr}"
+    );
+    let allocs = line("alloc");
+    assert!(
+        allocs[0].starts_with("alloc rc=0"),
+        "19 GiB fit in 20: {stdout}{stderr}"
+    );
+    assert!(
+        allocs[1].starts_with("alloc rc=2"),
+        "2 GiB more do not: {stdout}{stderr}"
+    );
+    assert!(stderr.contains("denied"), "the library says why: {stderr}");
 }
 
 #[test]
