@@ -43,6 +43,9 @@ pub struct Gpu {
     pub total: u64,
 }
 
+/// A GPU's figures, or its index and why NVML cannot give them.
+pub type GpuAnswer = Result<Gpu, (u32, String)>;
+
 /// `libnvidia-ml.so.1`, initialised; never closed (drivers do not like being unloaded).
 pub struct Nvml {
     functions: Functions,
@@ -160,32 +163,35 @@ impl Nvml {
         Ok(memory.total)
     }
 
-    /// Every GPU of the machine, in NVML's order.
-    pub fn gpus(&self) -> Result<Vec<Gpu>, String> {
+    /// Every GPU of the machine, in NVML's order: each one's figures, or its index and
+    /// why NVML cannot give them (a GPU lost since boot).
+    pub fn gpus(&self) -> Result<Vec<GpuAnswer>, String> {
         let mut count: c_uint = 0;
         // SAFETY: a valid out-pointer.
         let rc = unsafe { (self.functions.count)(&mut count) };
         self.check("nvmlDeviceGetCount_v2", rc)?;
-        (0..count)
-            .map(|index| {
-                let device = self.device(index)?;
-                // NVML_DEVICE_UUID_V2_BUFFER_SIZE is 96.
-                let mut buffer = [0 as c_char; 96];
-                // SAFETY: a handle NVML gave and a buffer of the length passed.
-                let rc = unsafe { (self.functions.uuid)(device, buffer.as_mut_ptr(), 96) };
-                self.check("nvmlDeviceGetUUID", rc)?;
-                // SAFETY: NVML wrote a NUL-terminated string into the buffer (success);
-                // the buffer's last byte was never written past.
-                let uuid = unsafe { CStr::from_ptr(buffer.as_ptr()) }
-                    .to_string_lossy()
-                    .into_owned();
-                Ok(Gpu {
-                    index,
-                    uuid,
-                    total: self.memory(device)?,
-                })
-            })
-            .collect()
+        Ok((0..count)
+            .map(|index| self.gpu(index).map_err(|e| (index, e)))
+            .collect())
+    }
+
+    fn gpu(&self, index: u32) -> Result<Gpu, String> {
+        let device = self.device(index)?;
+        // NVML_DEVICE_UUID_V2_BUFFER_SIZE is 96.
+        let mut buffer = [0 as c_char; 96];
+        // SAFETY: a handle NVML gave and a buffer of the length passed.
+        let rc = unsafe { (self.functions.uuid)(device, buffer.as_mut_ptr(), 96) };
+        self.check("nvmlDeviceGetUUID", rc)?;
+        // SAFETY: NVML wrote a NUL-terminated string into the buffer (success); the
+        // buffer's last byte was never written past.
+        let uuid = unsafe { CStr::from_ptr(buffer.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        Ok(Gpu {
+            index,
+            uuid,
+            total: self.memory(device)?,
+        })
     }
 
     /// Whether NVML still answers for the GPU at `index` (a lost or fallen-off GPU does

@@ -127,6 +127,18 @@ struct Node {
 impl Node {
     /// `gpus` GPUs of `memory` bytes; the plugin started with `args`.
     fn start(name: &str, gpus: u32, memory: u64, args: &[&str]) -> Node {
+        Node::start_with_lost(name, gpus, memory, args, None)
+    }
+
+    /// The same, with the GPUs `lost` (indexes, as the fake NVML reads them) lost before
+    /// the plugin starts.
+    fn start_with_lost(
+        name: &str,
+        gpus: u32,
+        memory: u64,
+        args: &[&str],
+        lost: Option<&str>,
+    ) -> Node {
         let dir =
             std::env::temp_dir().join(format!("cudabudget-node-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
@@ -138,7 +150,11 @@ impl Node {
             Some(_) => Vec::new(),
             None => vec!["--library-dir".as_ref(), library.as_os_str()],
         };
-        let lost = dir.join("lost-gpus");
+        let lost_file = dir.join("lost-gpus");
+        if let Some(lost) = lost {
+            fs::write(&lost_file, lost).expect("the lost GPUs");
+        }
+        let lost = lost_file;
         let plugin = Command::new(env!("CARGO_BIN_EXE_cudabudget-node"))
             .arg("device-plugin")
             .arg("--kubelet-dir")
@@ -456,6 +472,33 @@ async fn a_lost_gpu_turns_its_units_unhealthy_until_it_answers_again() {
     assert_eq!(
         health(&session.devices().await),
         [(0, "Healthy", 78), (1, "Healthy", 78)]
+    );
+}
+
+#[tokio::test]
+async fn a_gpu_lost_before_the_plugin_starts_is_left_out_and_the_others_are_served() {
+    let mut node = Node::start_with_lost(
+        "lost-at-start",
+        2,
+        80 * GI,
+        &["--reserve", "2Gi"],
+        Some("0"),
+    );
+    let mut kubelet = Kubelet::start(&node.kubelet_dir);
+    let registration = kubelet.registration(&mut node).await;
+    let mut client = connect(node.socket(&registration)).await;
+    let mut stream = client
+        .list_and_watch(api::Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
+    let devices = patiently("a device list", stream.message()).await;
+    let devices = devices.expect("fine").expect("a list").devices;
+    assert_eq!(health(&devices), [(1, "Healthy", 78)]);
+    let log = node.log();
+    assert!(
+        log.contains("GPU 0 is left out: nvmlDeviceGetUUID: GPU is lost"),
+        "{log}"
     );
 }
 

@@ -13,6 +13,7 @@ mod places;
 mod service;
 pub mod units;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +57,8 @@ pub struct Args {
     resource: String,
 
     /// The node's library directory (the installer's <libraryDir>/current), mounted
-    /// read-only into each container given units.
+    /// read-only into each container given units: a path on the node (the plugin does
+    /// not read it).
     #[arg(
         long = "library-dir",
         value_name = "DIR",
@@ -72,7 +74,9 @@ pub struct Args {
     )]
     library_mount: String,
 
-    /// The root of the containers' private runtime directories (root's, 0700).
+    /// The root of the containers' private runtime directories (root's, 0700). The
+    /// kubelet mounts what the plugin makes there, so it must be the same path on the
+    /// node as where the plugin sees it.
     #[arg(
         long = "runtime-dir",
         value_name = "DIR",
@@ -154,7 +158,16 @@ pub fn run(args: Args) -> Result<(), String> {
         )
     })?;
     let nvml = Nvml::open()?;
-    let gpus = nvml.gpus()?;
+    // A GPU NVML cannot answer for now has no UUID to name its units by: it is left out
+    // until the plugin starts again (the DaemonSet's pod restarted).
+    let gpus: Vec<_> = nvml
+        .gpus()?
+        .into_iter()
+        .filter_map(|gpu| {
+            gpu.inspect_err(|(index, e)| eprintln!("{LOG}: GPU {index} is left out: {e}"))
+                .ok()
+        })
+        .collect();
     let layout = Layout::new(&gpus, args.unit, args.reserve);
     for gpu in &layout.gpus {
         eprintln!(
@@ -178,15 +191,16 @@ pub fn run(args: Args) -> Result<(), String> {
     ))
 }
 
-/// The device list for these health answers (`Err` = unhealthy).
-fn devices(layout: &Layout, health: &[Result<(), String>]) -> Vec<api::Device> {
+/// The device list, with the indexes of the GPUs NVML does not answer for.
+fn devices(layout: &Layout, unhealthy: &BTreeSet<u32>) -> Vec<api::Device> {
     layout
         .ids()
         .map(|(index, id)| api::Device {
             id,
-            health: match health.get(index as usize) {
-                Some(Err(_)) => "Unhealthy",
-                _ => "Healthy",
+            health: if unhealthy.contains(&index) {
+                "Unhealthy"
+            } else {
+                "Healthy"
             }
             .to_string(),
             topology: None,
@@ -194,37 +208,36 @@ fn devices(layout: &Layout, health: &[Result<(), String>]) -> Vec<api::Device> {
         .collect()
 }
 
-/// Asks NVML for each GPU's health every `poll`, and sends the device list when it changed.
+/// Asks NVML for each advertised GPU's health every `poll`, and sends the device list
+/// when it changed.
 async fn watch_health(
     nvml: Arc<Nvml>,
     layout: Arc<Layout>,
     poll: Duration,
     sender: watch::Sender<Vec<api::Device>>,
 ) {
-    let count = layout
-        .gpus
-        .iter()
-        .map(|gpu| gpu.index as usize + 1)
-        .max()
-        .unwrap_or(0);
-    let mut last: Vec<Result<(), String>> = vec![Ok(()); count];
+    let mut unhealthy = BTreeSet::new();
     loop {
         tokio::time::sleep(poll).await;
-        let now: Vec<Result<(), String>> =
-            (0..count as u32).map(|index| nvml.health(index)).collect();
-        if now
-            .iter()
-            .map(Result::is_ok)
-            .ne(last.iter().map(Result::is_ok))
-        {
-            for gpu in &layout.gpus {
-                match &now[gpu.index as usize] {
-                    Ok(()) => eprintln!("{LOG}: GPU {} {} is healthy", gpu.index, gpu.uuid),
-                    Err(e) => eprintln!("{LOG}: GPU {} {} is unhealthy: {e}", gpu.index, gpu.uuid),
+        let mut now = BTreeSet::new();
+        for gpu in &layout.gpus {
+            let answer = nvml.health(gpu.index);
+            match (&answer, unhealthy.contains(&gpu.index)) {
+                (Ok(()), true) => {
+                    eprintln!("{LOG}: GPU {} {} is healthy again", gpu.index, gpu.uuid)
                 }
+                (Err(e), false) => {
+                    eprintln!("{LOG}: GPU {} {} is unhealthy: {e}", gpu.index, gpu.uuid)
+                }
+                _ => {}
             }
+            if answer.is_err() {
+                now.insert(gpu.index);
+            }
+        }
+        if now != unhealthy {
             sender.send_replace(devices(&layout, &now));
-            last = now;
+            unhealthy = now;
         }
     }
 }
@@ -268,7 +281,7 @@ async fn serve(
     places: Arc<Places>,
 ) -> Result<(), String> {
     let poll = Duration::from_millis(args.poll_ms);
-    let (devices_sender, devices_receiver) = watch::channel(devices(&layout, &[]));
+    let (devices_sender, devices_receiver) = watch::channel(devices(&layout, &BTreeSet::new()));
     tokio::spawn(watch_health(nvml, layout.clone(), poll, devices_sender));
 
     let (quit_sender, mut quit) = watch::channel(false);
