@@ -234,8 +234,13 @@ struct Session {
 impl Session {
     /// `gpus` GPUs of `memory` bytes, the plugin started with `args`.
     async fn start(name: &str, gpus: u32, memory: u64, args: &[&str]) -> Session {
-        let mut node = Node::start(name, gpus, memory, args);
-        let mut kubelet = Kubelet::start(&node.kubelet_dir);
+        let node = Node::start(name, gpus, memory, args);
+        Session::on(node, None).await
+    }
+
+    /// The plugin of `node` registered with `kubelet` (a new stand-in when None).
+    async fn on(mut node: Node, kubelet: Option<Kubelet>) -> Session {
+        let mut kubelet = kubelet.unwrap_or_else(|| Kubelet::start(&node.kubelet_dir));
         let registration = kubelet.registration(&mut node).await;
         let mut client = connect(node.socket(&registration)).await;
         let stream = client
@@ -477,24 +482,16 @@ async fn a_lost_gpu_turns_its_units_unhealthy_until_it_answers_again() {
 
 #[tokio::test]
 async fn a_gpu_lost_before_the_plugin_starts_is_left_out_and_the_others_are_served() {
-    let mut node = Node::start_with_lost(
+    let node = Node::start_with_lost(
         "lost-at-start",
         2,
         80 * GI,
         &["--reserve", "2Gi"],
         Some("0"),
     );
-    let mut kubelet = Kubelet::start(&node.kubelet_dir);
-    let registration = kubelet.registration(&mut node).await;
-    let mut client = connect(node.socket(&registration)).await;
-    let mut stream = client
-        .list_and_watch(api::Empty {})
-        .await
-        .expect("ListAndWatch")
-        .into_inner();
-    let devices = patiently("a device list", stream.message()).await;
-    let devices = devices.expect("fine").expect("a list").devices;
-    assert_eq!(health(&devices), [(1, "Healthy", 78)]);
+    let mut session = Session::on(node, None).await;
+    assert_eq!(health(&session.devices().await), [(1, "Healthy", 78)]);
+    let node = &session.node;
     let log = node.log();
     assert!(
         log.contains("GPU 0 is left out: nvmlDeviceGetUUID: GPU is lost"),
@@ -504,25 +501,22 @@ async fn a_gpu_lost_before_the_plugin_starts_is_left_out_and_the_others_are_serv
 
 #[tokio::test]
 async fn the_plugin_registers_again_when_the_kubelet_restarts() {
-    let Session {
-        mut node, kubelet, ..
-    } = Session::two_gpus("restart").await;
+    let Session { node, kubelet, .. } = Session::two_gpus("restart").await;
     // The kubelet restarts: its socket goes and is made anew (here it leaves the plugin's
     // socket, so the plugin must notice the new kubelet.sock itself).
     kubelet.stop().await;
     fs::remove_file(node.kubelet_dir.join("kubelet.sock")).expect("the old socket removed");
-    let mut kubelet = Kubelet::start(&node.kubelet_dir);
-    let registration = kubelet.registration(&mut node).await;
-    let mut client = connect(node.socket(&registration)).await;
-    let mut stream = client
-        .list_and_watch(api::Empty {})
-        .await
-        .expect("ListAndWatch")
-        .into_inner();
-    let devices = patiently("a device list", stream.message()).await;
-    assert_eq!(devices.expect("fine").expect("a list").devices.len(), 156);
+    let kubelet = Kubelet::start(&node.kubelet_dir);
+    let mut session = Session::on(node, Some(kubelet)).await;
+    assert_eq!(session.devices().await.len(), 156);
 
     // And when the kubelet removes the plugin's socket, as it does at its start.
+    let Session {
+        mut node,
+        mut kubelet,
+        registration,
+        ..
+    } = session;
     fs::remove_file(node.socket(&registration)).expect("the plugin's socket removed");
     let registration = kubelet.registration(&mut node).await;
     let mut client = connect(node.socket(&registration)).await;
