@@ -8,111 +8,16 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use cudabudget_node::api;
 use cudabudget_node::api::device_plugin_client::DevicePluginClient;
-use hyper_util::rt::TokioIo;
-use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::{Channel, Endpoint, Server, Uri};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::transport::Channel;
+use tonic::{Status, Streaming};
+
+mod kubelet;
+use kubelet::{Kubelet, connect, patiently};
 
 const GI: u64 = 1 << 30;
-
-/// How long a step may take before the test fails (a guard, not a measurement).
-const PATIENCE: Duration = Duration::from_secs(60);
-
-async fn patiently<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(PATIENCE, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing after {PATIENCE:?}"))
-}
-
-/// The kubelet's Registration service: each Register goes to the test.
-struct Registrations(mpsc::UnboundedSender<api::RegisterRequest>);
-
-#[tonic::async_trait]
-impl api::registration_server::Registration for Registrations {
-    async fn register(
-        &self,
-        request: Request<api::RegisterRequest>,
-    ) -> Result<Response<api::Empty>, Status> {
-        let _ = self.0.send(request.into_inner());
-        Ok(Response::new(api::Empty {}))
-    }
-}
-
-/// A kubelet stand-in serving `<dir>/kubelet.sock`.
-struct Kubelet {
-    registrations: mpsc::UnboundedReceiver<api::RegisterRequest>,
-    stop: Option<oneshot::Sender<()>>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Kubelet {
-    fn start(dir: &Path) -> Kubelet {
-        let listener = UnixListener::bind(dir.join("kubelet.sock")).expect("the kubelet's socket");
-        let (sender, registrations) = mpsc::unbounded_channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            Server::builder()
-                .add_service(api::registration_server::RegistrationServer::new(
-                    Registrations(sender),
-                ))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("the kubelet stand-in serves");
-        });
-        Kubelet {
-            registrations,
-            stop: Some(stop),
-            server,
-        }
-    }
-
-    /// The plugin's next registration; a plugin that exits meanwhile fails the test at
-    /// once, with its log.
-    async fn registration(&mut self, node: &mut Node) -> api::RegisterRequest {
-        let registered = async {
-            loop {
-                tokio::select! {
-                    registration = self.registrations.recv() => {
-                        return registration.expect("the stand-in is serving");
-                    }
-                    _ = tokio::time::sleep(Duration::from_millis(50)) => {
-                        if let Some(status) = node.plugin.try_wait().expect("the plugin's state") {
-                            panic!("the plugin exited ({status}):\n{}", node.log());
-                        }
-                    }
-                }
-            }
-        };
-        patiently("the plugin's registration", registered).await
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().expect("running").send(());
-        patiently("the stand-in's end", self.server)
-            .await
-            .expect("it ended");
-    }
-}
-
-/// Connects to a plugin's socket as the kubelet does.
-async fn connect(socket: PathBuf) -> DevicePluginClient<Channel> {
-    let channel = Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
-        }))
-        .await
-        .expect("the plugin's socket answers");
-    DevicePluginClient::new(channel)
-}
 
 /// A node: a temporary kubelet directory, a runtime root, a file of lost GPUs for the fake
 /// NVML, and the plugin running on them.
@@ -186,6 +91,12 @@ impl Node {
         self.kubelet_dir.join(&registration.endpoint)
     }
 
+    /// Whether the plugin has ended, with its status and log.
+    fn exited(&mut self) -> Option<String> {
+        let status = self.plugin.try_wait().expect("the plugin's state")?;
+        Some(format!("{status}:\n{}", self.log()))
+    }
+
     fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -241,7 +152,7 @@ impl Session {
     /// The plugin of `node` registered with `kubelet` (a new stand-in when None).
     async fn on(mut node: Node, kubelet: Option<Kubelet>) -> Session {
         let mut kubelet = kubelet.unwrap_or_else(|| Kubelet::start(&node.kubelet_dir));
-        let registration = kubelet.registration(&mut node).await;
+        let registration = kubelet.registration(|| node.exited()).await;
         let mut client = connect(node.socket(&registration)).await;
         let stream = client
             .list_and_watch(api::Empty {})
@@ -272,26 +183,11 @@ impl Session {
     }
 
     async fn prefer(&mut self, available: &[String], size: i32) -> Vec<String> {
-        let request = api::PreferredAllocationRequest {
-            container_requests: vec![api::ContainerPreferredAllocationRequest {
-                available_device_i_ds: available.to_vec(),
-                must_include_device_i_ds: Vec::new(),
-                allocation_size: size,
-            }],
-        };
-        let response = self.client.get_preferred_allocation(request).await;
-        let mut containers = response.expect("a preferred allocation").into_inner();
-        containers.container_responses.remove(0).device_i_ds
+        kubelet::prefer(&mut self.client, available, size).await
     }
 
     async fn allocate(&mut self, ids: &[String]) -> Result<api::ContainerAllocateResponse, Status> {
-        let request = api::AllocateRequest {
-            container_requests: vec![api::ContainerAllocateRequest {
-                devices_ids: ids.to_vec(),
-            }],
-        };
-        let mut response = self.client.allocate(request).await?.into_inner();
-        Ok(response.container_responses.remove(0))
+        kubelet::allocate(&mut self.client, ids).await
     }
 }
 
@@ -518,7 +414,7 @@ async fn the_plugin_registers_again_when_the_kubelet_restarts() {
         ..
     } = session;
     fs::remove_file(node.socket(&registration)).expect("the plugin's socket removed");
-    let registration = kubelet.registration(&mut node).await;
+    let registration = kubelet.registration(|| node.exited()).await;
     let mut client = connect(node.socket(&registration)).await;
     let options = client
         .get_device_plugin_options(api::Empty {})
