@@ -307,6 +307,42 @@ async fn a_pod_asking_20_gets_20_units_of_one_gpu_its_budget_the_library_and_a_p
 }
 
 #[tokio::test]
+async fn units_given_again_come_with_a_fresh_runtime_directory_whatever_the_last_pod_left() {
+    let mut session = Session::two_gpus("fresh").await;
+    let available = ids(&session.devices().await);
+    let units = session.prefer(&available, 8).await;
+    let first = session.allocate(&units).await.expect("allocated");
+    let private = PathBuf::from(&first.mounts[1].host_path);
+    assert_eq!(first.mounts[1].container_path, "/run/cudabudget");
+
+    // The first pod, root in its container, leaves a ledger and swaps records/ for a
+    // link to a directory of the node's.
+    let victim = session.node.dir.join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(
+        private.join("jobs").join("planted"),
+        "a ledger of the last pod",
+    )
+    .unwrap();
+    fs::remove_dir(private.join("records")).unwrap();
+    std::os::unix::fs::symlink(&victim, private.join("records")).unwrap();
+
+    // The kubelet gives the same units to the next pod.
+    let second = session.allocate(&units).await.expect("allocated again");
+    assert_eq!(second.mounts[1].host_path, first.mounts[1].host_path);
+    assert!(
+        !private.join("jobs").join("planted").exists(),
+        "nothing of the last pod's"
+    );
+    let records = fs::symlink_metadata(private.join("records")).unwrap();
+    assert!(records.is_dir(), "a directory again, not the link");
+    assert_eq!(records.permissions().mode() & 0o7777, 0o1777);
+    let victim_mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(victim_mode, 0o700, "the link's target is untouched");
+}
+
+#[tokio::test]
 async fn a_pod_asking_79_where_each_gpu_has_60_free_is_refused_with_a_message() {
     let mut session = Session::two_gpus("refuse").await;
     let mut available = ids(&session.devices().await);

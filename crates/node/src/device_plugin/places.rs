@@ -8,17 +8,17 @@
 //! `jobs/` are 1777 like `/dev/shm`, since the container's processes may run as any
 //! user; the library keeps a directory of its own per user under them.
 //!
-//! Cleanup: the kubelet tells a device plugin when units are given, never when they come
-//! back, so a directory is kept and used again when the same units are given again (the
-//! previous container that had exactly them is gone: the kubelet gives a unit to one
-//! container at a time). What it holds are records, which readers reap once their
-//! process is gone, and a ledger, which its next members reuse. There is at most one
+//! A fresh directory for each allocation: the kubelet tells a device plugin when units
+//! are given, never when they come back, so the directory is named by the set of units
+//! (`<hash>`) and, when that set is given again, what the previous container left there
+//! (it is gone: the kubelet gives a unit to one container at a time) is removed first, so
+//! that no pod sees another's records or joins another's ledger. There is at most one
 //! directory per set of units the kubelet ever chose, in practice a few per container
 //! size; `<runtime-dir>` is on tmpfs (`/run`) by default, so a reboot empties it.
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub struct Places {
@@ -39,18 +39,30 @@ fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
     })
 }
 
-/// Makes `path` a directory of root's with `mode`, or checks that it is one: never a
-/// link, never someone else's.
+/// Makes `path` a directory of this user's with `mode`, or checks that it is one: opened
+/// without following a link in its last component (the only one a container can change:
+/// `records` and `jobs` are in its mount), checked and changed on the descriptor.
 fn directory(path: &Path, mode: u32) -> io::Result<()> {
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
     match fs::DirBuilder::new().mode(mode).create(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        Err(e) => return Err(named(e)),
     }
-    let meta = fs::symlink_metadata(path)?;
+    let directory = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            named(io::Error::new(
+                e.kind(),
+                format!("not a directory to use ({e})"),
+            ))
+        })?;
+    let meta = directory.metadata().map_err(named)?;
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    if !meta.file_type().is_dir() || meta.uid() != euid {
+    if meta.uid() != euid {
         return Err(io::Error::other(format!(
             "{} is not a directory of this user's (uid {euid}); remove it",
             path.display()
@@ -58,7 +70,9 @@ fn directory(path: &Path, mode: u32) -> io::Result<()> {
     }
     // The umask narrowed what mkdir made; an old one may be wider.
     if meta.mode() & 0o7777 != mode {
-        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+        directory
+            .set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(named)?;
     }
     Ok(())
 }
@@ -79,7 +93,24 @@ impl Places {
         sorted.sort_unstable();
         let hash = fnv1a(sorted.join("\n").into_bytes());
         self.prepare()?;
-        let dir = self.runtime_dir.join("alloc").join(format!("{hash:016x}"));
+        let alloc = self.runtime_dir.join("alloc");
+        let dir = alloc.join(format!("{hash:016x}"));
+        // What the previous container of these units left: renamed away at once (a
+        // container's mount follows the directory, not its name), then removed, never
+        // following a link (remove_dir_all does not).
+        if fs::symlink_metadata(&dir).is_ok() {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let stale = alloc.join(format!(".stale-{hash:016x}-{nanos}"));
+            fs::rename(&dir, &stale)?;
+            if let Err(e) = fs::remove_dir_all(&stale) {
+                eprintln!(
+                    "cudabudget-node device-plugin: cannot remove {} ({e}); it stays",
+                    stale.display()
+                );
+            }
+        }
         directory(&dir, 0o755)?;
         directory(&dir.join("records"), 0o1777)?;
         directory(&dir.join("jobs"), 0o1777)?;
