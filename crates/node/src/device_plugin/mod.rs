@@ -98,21 +98,20 @@ pub struct Args {
     poll_ms: u64,
 }
 
-/// A quantity of bytes ("1Gi", "512Mi"), more than zero; no percentage.
-fn bytes(value: &str) -> Result<u64, String> {
+/// A quantity of bytes ("2Gi", "512Mi", "0"); no percentage.
+fn reserve(value: &str) -> Result<u64, String> {
     match cudabudget_spec::quantity::parse_limit(value) {
-        Ok(cudabudget_spec::quantity::Limit::Bytes(0)) => Err("must be more than 0".to_string()),
         Ok(cudabudget_spec::quantity::Limit::Bytes(bytes)) => Ok(bytes),
         Ok(_) => Err("a percentage is not a size here; write e.g. 1Gi".to_string()),
         Err(e) => Err(e.reason),
     }
 }
 
-/// A quantity of bytes, zero allowed.
-fn reserve(value: &str) -> Result<u64, String> {
-    match bytes(value) {
-        Err(e) if e == "must be more than 0" => Ok(0),
-        other => other,
+/// A quantity of bytes more than zero.
+fn bytes(value: &str) -> Result<u64, String> {
+    match reserve(value)? {
+        0 => Err("must be more than 0".to_string()),
+        bytes => Ok(bytes),
     }
 }
 
