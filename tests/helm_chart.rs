@@ -1507,9 +1507,10 @@ fn the_device_plugin_is_off_by_default_and_on_runs_on_the_kubelets_directory_wit
         json(&security["capabilities"]["drop"]),
         serde_json::json!(["ALL"])
     );
-    assert!(
-        security["capabilities"]["add"].is_badvalue(),
-        "no capability"
+    assert_eq!(
+        json(&security["capabilities"]["add"]),
+        serde_json::json!(["DAC_OVERRIDE"]),
+        "only to empty what a pod's users left"
     );
     assert_eq!(security["allowPrivilegeEscalation"].as_bool(), Some(false));
     assert_eq!(

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -44,6 +45,18 @@ impl Node {
         args: &[&str],
         lost: Option<&str>,
     ) -> Node {
+        Node::spawn(name, gpus, memory, args, lost, &[])
+    }
+
+    /// The same, the plugin started by `wrapper` (a command that runs the rest).
+    fn spawn(
+        name: &str,
+        gpus: u32,
+        memory: u64,
+        args: &[&str],
+        lost: Option<&str>,
+        wrapper: &[&str],
+    ) -> Node {
         let dir =
             std::env::temp_dir().join(format!("cudabudget-node-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
@@ -60,24 +73,32 @@ impl Node {
             fs::write(&lost_file, lost).expect("the lost GPUs");
         }
         let lost = lost_file;
-        let plugin = Command::new(env!("CARGO_BIN_EXE_cudabudget-node"))
-            .arg("device-plugin")
-            .arg("--kubelet-dir")
-            .arg(&kubelet_dir)
-            .arg("--runtime-dir")
-            .arg(dir.join("runtime"))
-            .args(["--poll-ms", "50"])
-            .args(library)
-            .args(args)
-            .env("LD_LIBRARY_PATH", cudabudget_fake_driver::FAKE_DRIVER_DIR)
-            .env("FAKE_CUDA_DEVICES", gpus.to_string())
-            .env("FAKE_CUDA_MEM", memory.to_string())
-            .env("FAKE_NVML_LOST_FILE", &lost)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).expect("a log file"))
-            .spawn()
-            .expect("the plugin starts");
+        let binary = env!("CARGO_BIN_EXE_cudabudget-node");
+        let plugin = match wrapper {
+            [] => Command::new(binary),
+            [first, rest @ ..] => {
+                let mut command = Command::new(first);
+                command.args(rest).arg(binary);
+                command
+            }
+        }
+        .arg("device-plugin")
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .arg("--runtime-dir")
+        .arg(dir.join("runtime"))
+        .args(["--poll-ms", "50"])
+        .args(library)
+        .args(args)
+        .env("LD_LIBRARY_PATH", cudabudget_fake_driver::FAKE_DRIVER_DIR)
+        .env("FAKE_CUDA_DEVICES", gpus.to_string())
+        .env("FAKE_CUDA_MEM", memory.to_string())
+        .env("FAKE_NVML_LOST_FILE", &lost)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).expect("a log file"))
+        .spawn()
+        .expect("the plugin starts");
         Node {
             dir,
             kubelet_dir,
@@ -340,6 +361,51 @@ async fn units_given_again_come_with_a_fresh_runtime_directory_whatever_the_last
     assert_eq!(records.permissions().mode() & 0o7777, 0o1777);
     let victim_mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
     assert_eq!(victim_mode, 0o700, "the link's target is untouched");
+}
+
+#[tokio::test]
+async fn the_plugin_as_the_chart_runs_it_empties_what_a_pods_users_left() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        // To the real standard error: the harness would swallow eprintln! of a test
+        // that passes, and a skip must be seen.
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "skipped the_plugin_as_the_chart_runs_it_empties_what_a_pods_users_left: \
+             needs root and setpriv (CI has both)"
+        );
+        return;
+    }
+    // Root with DAC_OVERRIDE only, as the chart's securityContext has it.
+    let wrapper = ["setpriv", "--bounding-set=-all,+dac_override", "--"];
+    let node = Node::spawn("chart-caps", 2, 80 * GI, &[], None, &wrapper);
+    let mut session = Session::on(node, None).await;
+    let available = ids(&session.devices().await);
+    let units = session.prefer(&available, 4).await;
+    let first = session.allocate(&units).await.expect("allocated");
+    let private = PathBuf::from(&first.mounts[1].host_path);
+
+    // A user of the pod (uid 1000) left its own directory, 0700, with a record in it.
+    let users = private.join("records").join("cudabudget-1000");
+    fs::create_dir(&users).unwrap();
+    fs::write(users.join("record"), "a record").unwrap();
+    std::os::unix::fs::chown(users.join("record"), Some(1000), Some(1000)).unwrap();
+    std::os::unix::fs::chown(&users, Some(1000), Some(1000)).unwrap();
+    fs::set_permissions(&users, fs::Permissions::from_mode(0o700)).unwrap();
+
+    session.allocate(&units).await.expect("allocated again");
+    assert!(!users.exists(), "emptied for the next pod");
+    let alloc = session.node.dir.join("runtime").join("alloc");
+    let left: Vec<_> = fs::read_dir(&alloc)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name.to_string_lossy().starts_with(".stale"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "nothing left behind: {left:?}\n{}",
+        session.node.log()
+    );
 }
 
 #[tokio::test]
