@@ -435,7 +435,8 @@ async fn a_pod_asking_79_where_each_gpu_has_60_free_is_refused_with_a_message() 
     assert_eq!(refusal.code(), tonic::Code::InvalidArgument);
     let message = refusal.message();
     assert!(
-        message.contains("79 cudabudget.io/memory units given to this container are on 2 GPUs")
+        message
+            .contains("cudabudget.io/memory: the 79 units given to this container are on 2 GPUs")
             && message.contains("a container's budget must be on one GPU"),
         "{message}"
     );
@@ -447,7 +448,7 @@ async fn a_pod_asking_79_where_each_gpu_has_60_free_is_refused_with_a_message() 
         .expect_err("refused");
     let message = refusal.message();
     assert!(
-        message.contains("\"GPU-other-0\" is not a cudabudget.io/memory unit"),
+        message.contains("\"GPU-other-0\" is not a unit of this node's GPUs"),
         "{message}"
     );
 }

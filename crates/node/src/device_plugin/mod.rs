@@ -334,6 +334,7 @@ async fn serve(
             layout: layout.clone(),
             places: places.clone(),
             devices: devices_receiver.clone(),
+            resource: Arc::from(args.resource.as_str()),
             stopping: stop.clone(),
         };
         let mut server_stop = stop;

@@ -20,30 +20,29 @@ pub struct Plugin {
     pub places: Arc<Places>,
     /// The device list, re-sent to every ListAndWatch when it changes.
     pub devices: watch::Receiver<Vec<api::Device>>,
+    /// The resource's name (`--resource`), for messages.
+    pub resource: Arc<str>,
     /// Set when this server stops: its ListAndWatch streams end, so that a graceful
     /// shutdown does not wait for the kubelet to hang up.
     pub stopping: watch::Receiver<bool>,
 }
 
-/// gRPC's name for the resource in messages.
-const RESOURCE: &str = "cudabudget.io/memory";
-
 impl Plugin {
     /// What a container given `ids` needs: its GPU, its budget, the library and its
     /// private runtime directory.
     fn container(&self, ids: &[String]) -> Result<api::ContainerAllocateResponse, Status> {
-        let Grant { uuid, units, bytes } = self
-            .layout
-            .grant(ids)
-            .map_err(|e| Status::invalid_argument(format!("cudabudget device plugin: {e}")))?;
+        let Grant { uuid, units, bytes } = self.layout.grant(ids).map_err(|e| {
+            Status::invalid_argument(format!("cudabudget device plugin, {}: {e}", self.resource))
+        })?;
         let private = self.places.private_dir(ids).map_err(|e| {
             Status::internal(format!(
                 "cudabudget device plugin: cannot prepare the container's runtime directory: {e}"
             ))
         })?;
         eprintln!(
-            "cudabudget-node device-plugin: {units} units of {RESOURCE} ({bytes} bytes) on {uuid}, \
+            "cudabudget-node device-plugin: {units} units of {} ({bytes} bytes) on {uuid}, \
              runtime directory {}",
+            self.resource,
             private.display()
         );
         let places = &self.places;

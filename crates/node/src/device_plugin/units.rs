@@ -114,13 +114,13 @@ impl Layout {
     /// one of ours, or units on more than one GPU.
     pub fn grant(&self, ids: &[String]) -> Result<Grant, String> {
         if ids.is_empty() {
-            return Err("no cudabudget.io/memory units were given".to_string());
+            return Err("no units were given".to_string());
         }
         let mut per_gpu: BTreeMap<&str, u64> = BTreeMap::new();
         for id in ids {
             let Some((gpu, _)) = self.locate(id) else {
                 return Err(format!(
-                    "{id:?} is not a cudabudget.io/memory unit of this node's GPUs \
+                    "{id:?} is not a unit of this node's GPUs \
                      (the GPUs changed since the kubelet was told? the plugin re-sends its list)"
                 ));
             };
@@ -133,7 +133,7 @@ impl Layout {
                 .collect();
             let most = self.gpus.iter().map(|gpu| gpu.count).max().unwrap_or(0);
             return Err(format!(
-                "the {} cudabudget.io/memory units given to this container are on {} GPUs \
+                "the {} units given to this container are on {} GPUs \
                  ({}): a container's budget must be on one GPU, and no GPU of this node has \
                  that many free; ask for at most what one GPU has free (each GPU here has \
                  {most} units of {} in all)",
@@ -249,7 +249,7 @@ mod tests {
         let mut spread = ids("GPU-a", 0..60);
         spread.extend(ids("GPU-b", 0..19));
         let error = layout.grant(&spread).unwrap_err();
-        assert!(error.contains("79 cudabudget.io/memory units"), "{error}");
+        assert!(error.contains("the 79 units given"), "{error}");
         assert!(
             error.contains("on 2 GPUs (60 on GPU-a, 19 on GPU-b)"),
             "{error}"
@@ -257,7 +257,7 @@ mod tests {
         for unknown in ["GPU-c-0", "GPU-a-78", "GPU-a-01", "GPU-a", "x"] {
             let error = layout.grant(&[unknown.to_string()]).unwrap_err();
             assert!(
-                error.contains("is not a cudabudget.io/memory unit"),
+                error.contains("is not a unit of this node's GPUs"),
                 "{error}"
             );
         }
