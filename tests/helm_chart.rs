@@ -1503,3 +1503,140 @@ fn the_exporter_as_the_chart_runs_it_sees_a_pods_budgeted_process() {
     );
     println!("node: the exporter's view of the pod's process: {shown}");
 }
+
+fn args_of(container: &Yaml) -> Vec<&str> {
+    list(&container["args"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect()
+}
+
+#[test]
+fn the_device_plugin_is_off_by_default_and_on_runs_on_the_kubelets_directory_with_the_installers_library()
+ {
+    let Some(tools) = tools("device plugin") else {
+        return;
+    };
+    let objects = render(&tools, &[]);
+    assert!(
+        !kinds(&objects)
+            .iter()
+            .any(|k| k.contains("device-plugin") || k.starts_with("ResourceQuota/")),
+        "off by default: {:?}",
+        kinds(&objects)
+    );
+
+    let on = [
+        "--set",
+        "devicePlugin.enabled=true",
+        "--set",
+        "devicePlugin.quotas[0].namespace=ml",
+        "--set",
+        "devicePlugin.quotas[0].units=100",
+    ];
+    for helm in tools.helms() {
+        let objects = render_with(helm, &chart(), &on);
+        validate_strictly(
+            &tools,
+            &objects,
+            &format!("device plugin ({})", version_of(helm)),
+        );
+    }
+    let objects = render(&tools, &on);
+    let daemonset = find(&objects, "DaemonSet/cb-cudabudget-device-plugin");
+    let plugin = container(daemonset, "containers", "device-plugin");
+    assert_eq!(
+        plugin["command"][0].as_str(),
+        Some("/usr/local/bin/cudabudget-node")
+    );
+    let args = args_of(plugin);
+    assert_eq!(args[0], "device-plugin");
+    assert_eq!(option_of(&args, "--resource"), Some("cudabudget.io/memory"));
+    assert_eq!(option_of(&args, "--unit"), Some("1Gi"));
+    assert_eq!(option_of(&args, "--reserve"), Some("2Gi"));
+    // The library the kubelet mounts into pods is the one the installer keeps current.
+    assert_eq!(
+        option_of(&args, "--library-dir"),
+        Some("/opt/cudabudget/current")
+    );
+    let kubelet_dir = "/var/lib/kubelet/device-plugins";
+    assert_eq!(option_of(&args, "--kubelet-dir"), Some(kubelet_dir));
+    assert_eq!(host_path_at(daemonset, plugin, kubelet_dir), kubelet_dir);
+    let runtime_dir = option_of(&args, "--runtime-dir").expect("a runtime root");
+    assert_eq!(host_path_at(daemonset, plugin, runtime_dir), runtime_dir);
+    let security = &plugin["securityContext"];
+    assert_eq!(
+        json(&security["capabilities"]["drop"]),
+        serde_json::json!(["ALL"])
+    );
+    assert_eq!(
+        json(&security["capabilities"]["add"]),
+        serde_json::json!(["DAC_OVERRIDE"]),
+        "only to empty what a pod's users left"
+    );
+    assert_eq!(security["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(
+        env_value(plugin, "NVIDIA_DRIVER_CAPABILITIES"),
+        Some("utility"),
+        "NVML through the NVIDIA runtime"
+    );
+    let quota = find(&objects, "ResourceQuota/cb-cudabudget-memory");
+    assert_eq!(quota["metadata"]["namespace"].as_str(), Some("ml"));
+    assert_eq!(
+        json(&quota["spec"]["hard"]),
+        serde_json::json!({"requests.cudabudget.io/memory": "100"})
+    );
+
+    // Every switch (tests/helm_chart/every_switch.yaml, validated by the test above).
+    let values = fixture("every_switch.yaml");
+    let objects = render(&tools, &["-f", values.to_str().unwrap()]);
+    let daemonset = find(&objects, "DaemonSet/budgets-device-plugin");
+    let plugin = container(daemonset, "containers", "device-plugin");
+    let image = plugin["image"].as_str().unwrap();
+    assert!(
+        image.starts_with("registry.internal/gpu/cudabudget-node@sha256:fedc"),
+        "{image}"
+    );
+    let args = args_of(plugin);
+    assert_eq!(
+        option_of(&args, "--resource"),
+        Some("example.com/gpu-memory")
+    );
+    assert_eq!(option_of(&args, "--unit"), Some("512Mi"));
+    assert_eq!(
+        option_of(&args, "--library-dir"),
+        Some("/var/lib/cudabudget/current")
+    );
+    let kubelet_dir = "/var/lib/k0s/kubelet/device-plugins";
+    assert_eq!(host_path_at(daemonset, plugin, kubelet_dir), kubelet_dir);
+    assert_eq!(
+        pod_spec(daemonset)["runtimeClassName"].as_str(),
+        Some("nvidia")
+    );
+    let quotas: Vec<&Yaml> = objects
+        .iter()
+        .filter(|o| kind(o) == "ResourceQuota")
+        .collect();
+    assert_eq!(quotas.len(), 2);
+    assert_eq!(
+        json(&quotas[0]["spec"]["hard"]),
+        serde_json::json!({"requests.example.com/gpu-memory": "160"})
+    );
+
+    // A value that is not a quantity is refused by the schema, before anything renders.
+    let refused = try_render_with(
+        &tools.helm,
+        &chart(),
+        &[
+            "--set",
+            "devicePlugin.enabled=true",
+            "--set",
+            "devicePlugin.unit=one",
+        ],
+    )
+    .expect_err("refused");
+    assert!(
+        refused.contains("devicePlugin") && refused.contains("unit"),
+        "{refused}"
+    );
+}

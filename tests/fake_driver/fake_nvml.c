@@ -23,6 +23,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_LIBRARY_NOT_FOUND = 12,
+    NVML_ERROR_GPU_IS_LOST = 15,
 };
 
 struct fake_nvml_device {
@@ -115,6 +116,32 @@ static void delay_ms(const char *var) {
     }
 }
 
+/* FAKE_NVML_LOST_FILE=<path>: the devices whose indexes that file lists (decimal, separated
+ * by spaces, commas or newlines) have fallen off the bus: their queries answer
+ * NVML_ERROR_GPU_IS_LOST. The file is read at each call, so a test loses a GPU (or gets it
+ * back) while the process runs; no file, no lost device. */
+static int lost(unsigned index) {
+    const char *path = getenv("FAKE_NVML_LOST_FILE");
+    if (!path || !*path) return 0;
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    char text[512];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    for (char *p = text; *p;) {
+        if (*p < '0' || *p > '9') {
+            p++;
+            continue;
+        }
+        char *end;
+        unsigned long v = strtoul(p, &end, 10);
+        if (v == index) return 1;
+        p = end;
+    }
+    return 0;
+}
+
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
     /* FAKE_NVML_ABSENT=1: a machine whose NVML cannot start (as in a container that
      * mounts libcuda but no NVML driver): every initialisation fails. */
@@ -153,6 +180,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t rc) {
     case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     default: return "Unknown Error";
     }
 }
@@ -199,6 +227,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     if (!inited()) return NVML_ERROR_UNINITIALIZED;
     if (!valid(device) || !uuid) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(device->index)) return NVML_ERROR_GPU_IS_LOST;
     char u[64];
     uuid_string(device->index, u, sizeof u);
     if (length < strlen(u) + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -209,6 +238,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     if (!inited()) return NVML_ERROR_UNINITIALIZED;
     if (!valid(device) || !memory) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(device->index)) return NVML_ERROR_GPU_IS_LOST;
     unsigned long long used = phys_used(device->index) + other_used();
     memory->total = g_mem;
     memory->used = used;
@@ -219,6 +249,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     if (!inited()) return NVML_ERROR_UNINITIALIZED;
     if (!valid(device) || !memory) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(device->index)) return NVML_ERROR_GPU_IS_LOST;
     unsigned long long used = phys_used(device->index) + other_used();
     memory->total = g_mem;
     memory->reserved = 0;

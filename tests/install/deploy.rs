@@ -772,3 +772,30 @@ fn the_taskprolog_stops_a_task_whose_budget_cannot_be_enforced() {
     std::fs::write(dir.join("libcudabudget.so"), b"not an ELF file").unwrap();
     refused(&[("CUDABUDGET_LIMIT", "8Gi")], "cannot be preloaded");
 }
+
+#[test]
+fn the_device_plugin_pod_asks_for_units_and_mounts_nothing_of_the_node_and_the_quota_caps_them() {
+    let pod = manifest("kubernetes/device-plugin-pod.yaml");
+    let spec = pod_spec(&pod);
+    assert!(
+        list(&spec["volumes"]).is_empty(),
+        "the kubelet mounts the library and the runtime directory: no hostPath"
+    );
+    for container in list(&spec["containers"]) {
+        assert_eq!(
+            container["resources"]["limits"]["cudabudget.io/memory"].as_i64(),
+            Some(20)
+        );
+        assert_eq!(
+            env_value(container, "CUDABUDGET_LIMIT"),
+            None,
+            "the device plugin sets the budget"
+        );
+    }
+    let quota = manifest("kubernetes/quota.yaml");
+    assert_eq!(text(&quota["kind"]), Some("ResourceQuota"));
+    assert!(
+        text(&quota["spec"]["hard"]["requests.cudabudget.io/memory"]).is_some(),
+        "extended resources are quoted by their requests"
+    );
+}
