@@ -15,6 +15,28 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// How a thread waits for something another thread (or process) will soon let go of: it
+/// spins a little, then yields, then sleeps in 50 µs steps. The library's locks (this
+/// one, and a job's admission lock, held by another process) wait so.
+#[derive(Default)]
+pub struct Backoff {
+    tries: u32,
+}
+
+impl Backoff {
+    /// Waits once, a little longer each time.
+    pub fn pause(&mut self) {
+        self.tries = self.tries.saturating_add(1);
+        if self.tries < 64 {
+            std::hint::spin_loop();
+        } else if self.tries < 128 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
 pub struct Lock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
@@ -36,20 +58,13 @@ impl<T> Lock<T> {
 
     /// Takes the lock: spins a little, then yields, then sleeps in short steps.
     pub fn lock(&self) -> Guard<'_, T> {
-        let mut tries = 0u32;
+        let mut backoff = Backoff::default();
         while self
             .locked
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            tries = tries.saturating_add(1);
-            if tries < 64 {
-                std::hint::spin_loop();
-            } else if tries < 128 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            }
+            backoff.pause();
         }
         Guard { lock: self }
     }

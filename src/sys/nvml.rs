@@ -310,20 +310,7 @@ pub fn cuda_uuid(device: usize) -> Option<String> {
             && (real::cuDeviceGetUuid_v2(&mut uuid, handle).is_ok()
                 || real::cuDeviceGetUuid(&mut uuid, handle).is_ok())
     };
-    ok.then(|| format_uuid(&uuid))
-}
-
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let hex =
-        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        hex(0..4),
-        hex(4..6),
-        hex(6..8),
-        hex(8..10),
-        hex(10..16)
-    )
+    ok.then(|| cudabudget_spec::record::gpu_uuid(&uuid))
 }
 
 /// NVML handles of CUDA ordinals, once found (0 = not yet): finding one costs NVML
@@ -547,14 +534,6 @@ pub fn ordinal_from_visible(visible: Option<&str>, index: u32, uuid: &str) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuids_are_written_as_nvml_writes_them() {
-        let mut b = [0u8; 16];
-        b[0] = 0xfa;
-        b[15] = 0x01;
-        assert_eq!(format_uuid(&b), "GPU-fa000000-0000-0000-0000-000000000001");
-    }
 
     #[test]
     fn visible_devices_renumber_nvml_indices() {

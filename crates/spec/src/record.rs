@@ -328,6 +328,22 @@ impl Record {
     }
 }
 
+/// A GPU's UUID as NVML and `nvidia-smi` write it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`)
+/// from the 16 bytes the driver gives (`cuDeviceGetUuid`): how records, the views and the
+/// command line name a GPU.
+pub fn gpu_uuid(b: &[u8; 16]) -> String {
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
+}
+
 /// The file name of the record of `pid` in PID namespace `namespace` (two containers
 /// that share a runtime directory can have the same pids).
 pub fn file_name(pid: u32, namespace: u64) -> String {
@@ -574,6 +590,14 @@ mod tests {
             cases < 100 || accepted > 0,
             "the forger's cases reach past the checksum"
         );
+    }
+
+    #[test]
+    fn uuids_are_written_as_nvml_writes_them() {
+        let mut b = [0u8; 16];
+        b[0] = 0xfa;
+        b[15] = 0x01;
+        assert_eq!(gpu_uuid(&b), "GPU-fa000000-0000-0000-0000-000000000001");
     }
 
     #[test]

@@ -120,19 +120,6 @@ pub struct CudaDevice {
     pub uuid: Option<String>,
 }
 
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let hex =
-        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        hex(0..4),
-        hex(4..6),
-        hex(6..8),
-        hex(8..10),
-        hex(10..16)
-    )
-}
-
 impl Cuda {
     pub fn open() -> Result<Cuda, String> {
         let handle = Handle::open(c"libcuda.so.1")?;
@@ -188,7 +175,7 @@ impl Cuda {
             let mut uuid = [0u8; 16];
             let uuid = (call!(self.cuDeviceGetUuid_v2(&mut uuid, device)) == 0
                 || call!(self.cuDeviceGetUuid(&mut uuid, device)) == 0)
-                .then(|| format_uuid(&uuid));
+                .then(|| cudabudget_spec::record::gpu_uuid(&uuid));
             devices.push(CudaDevice {
                 ordinal: ordinal as u32,
                 name,

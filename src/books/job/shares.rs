@@ -86,7 +86,7 @@ impl Job {
         let me = self.lock_id | TAG.with(|t| *t);
         let word = &self.device(device).lock;
         let began = Instant::now();
-        let mut tries = 0u32;
+        let mut backoff = crate::sys::lock::Backoff::default();
         loop {
             let held = word.load(Ordering::Acquire);
             if held == 0 {
@@ -109,14 +109,7 @@ impl Job {
             {
                 return AdmitGuard { word, me };
             }
-            tries = tries.saturating_add(1);
-            if tries < 64 {
-                std::hint::spin_loop();
-            } else if tries < 128 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            backoff.pause();
         }
     }
 
