@@ -8,93 +8,46 @@ use crate::admit::{capture, flow, graphs};
 use crate::runtime::Cx;
 use crate::sys::driver::{CuResult, Device, Handle, real};
 
-/// # Safety
-/// As the driver's `cuStreamBeginCapture_v2`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) -> CuResult {
-    guard("cuStreamBeginCapture", || {
-        // SAFETY: the caller's arguments.
-        let real = || unsafe { real::cuStreamBeginCapture_v2(stream, mode) };
-        let _cx = enter!(books, real);
-        capture::begin(real)
-    })
+with_ptsz! {
+    cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, driver, fn(stream: Handle, mode: c_int) {
+        guard("cuStreamBeginCapture", || {
+            // SAFETY: the caller's arguments.
+            let real = || unsafe { driver(stream, mode) };
+            let _cx = enter!(books, real);
+            capture::begin(real)
+        })
+    }
 }
 
-/// # Safety
-/// As the driver's `cuStreamBeginCapture_v2_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int) -> CuResult {
-    guard("cuStreamBeginCapture", || {
-        // SAFETY: the caller's arguments.
-        let real = || unsafe { real::cuStreamBeginCapture_v2_ptsz(stream, mode) };
-        let _cx = enter!(books, real);
-        capture::begin(real)
-    })
+with_ptsz! {
+    cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz, driver,
+    fn(
+        stream: Handle,
+        graph: Handle,
+        deps: *const Handle,
+        data: *const c_void,
+        n: usize,
+        mode: c_int,
+    ) {
+        guard("cuStreamBeginCaptureToGraph", || {
+            // SAFETY: the caller's arguments.
+            let real =
+                || unsafe { driver(stream, graph, deps, data, n, mode) };
+            let _cx = enter!(books, real);
+            capture::begin(real)
+        })
+    }
 }
 
-/// # Safety
-/// As the driver's `cuStreamBeginCaptureToGraph`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
-    stream: Handle,
-    graph: Handle,
-    deps: *const Handle,
-    data: *const c_void,
-    n: usize,
-    mode: c_int,
-) -> CuResult {
-    guard("cuStreamBeginCaptureToGraph", || {
-        // SAFETY: the caller's arguments.
-        let real =
-            || unsafe { real::cuStreamBeginCaptureToGraph(stream, graph, deps, data, n, mode) };
-        let _cx = enter!(books, real);
-        capture::begin(real)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuStreamBeginCaptureToGraph_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
-    stream: Handle,
-    graph: Handle,
-    deps: *const Handle,
-    data: *const c_void,
-    n: usize,
-    mode: c_int,
-) -> CuResult {
-    guard("cuStreamBeginCaptureToGraph", || {
-        // SAFETY: the caller's arguments.
-        let real = || unsafe {
-            real::cuStreamBeginCaptureToGraph_ptsz(stream, graph, deps, data, n, mode)
-        };
-        let _cx = enter!(books, real);
-        capture::begin(real)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuStreamEndCapture`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) -> CuResult {
-    guard("cuStreamEndCapture", || {
-        // SAFETY: the caller's arguments.
-        let real = || unsafe { real::cuStreamEndCapture(stream, graph) };
-        let _cx = enter!(books, real);
-        capture::end(real)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuStreamEndCapture_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle) -> CuResult {
-    guard("cuStreamEndCapture", || {
-        // SAFETY: the caller's arguments.
-        let real = || unsafe { real::cuStreamEndCapture_ptsz(stream, graph) };
-        let _cx = enter!(books, real);
-        capture::end(real)
-    })
+with_ptsz! {
+    cuStreamEndCapture, cuStreamEndCapture_ptsz, driver, fn(stream: Handle, graph: *mut Handle) {
+        guard("cuStreamEndCapture", || {
+            // SAFETY: the caller's arguments.
+            let real = || unsafe { driver(stream, graph) };
+            let _cx = enter!(books, real);
+            capture::end(real)
+        })
+    }
 }
 
 /// Remembers the memory and free nodes of a graph just instantiated into `exec`.
@@ -122,37 +75,20 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     })
 }
 
-/// # Safety
-/// As the driver's `cuGraphInstantiateWithParams`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams(
-    exec: *mut Handle,
-    graph: Handle,
-    params: *mut c_void,
-) -> CuResult {
-    guard("cuGraphInstantiate", || {
-        // SAFETY: the caller's arguments.
-        let instantiate = || unsafe { real::cuGraphInstantiateWithParams(exec, graph, params) };
-        let cx = enter!(books, instantiate);
-        instantiated(cx, exec, graph, instantiate())
-    })
-}
-
-/// # Safety
-/// As the driver's `cuGraphInstantiateWithParams_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
-    exec: *mut Handle,
-    graph: Handle,
-    params: *mut c_void,
-) -> CuResult {
-    guard("cuGraphInstantiate", || {
-        // SAFETY: the caller's arguments.
-        let instantiate =
-            || unsafe { real::cuGraphInstantiateWithParams_ptsz(exec, graph, params) };
-        let cx = enter!(books, instantiate);
-        instantiated(cx, exec, graph, instantiate())
-    })
+with_ptsz! {
+    cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, driver,
+    fn(
+        exec: *mut Handle,
+        graph: Handle,
+        params: *mut c_void,
+    ) {
+        guard("cuGraphInstantiate", || {
+            // SAFETY: the caller's arguments.
+            let instantiate = || unsafe { driver(exec, graph, params) };
+            let cx = enter!(books, instantiate);
+            instantiated(cx, exec, graph, instantiate())
+        })
+    }
 }
 
 /// # Safety
@@ -190,52 +126,26 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CuResult {
     })
 }
 
-/// # Safety
-/// As the driver's `cuGraphUpload`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CuResult {
-    guard("cuGraphUpload", || {
-        // SAFETY: the caller's arguments.
-        let launch = || unsafe { real::cuGraphUpload(exec, stream) };
-        let cx = enter!(books, launch);
-        flow::launch_graph(cx, "cuGraphUpload", false, exec, stream, launch)
-    })
+with_ptsz! {
+    cuGraphUpload, cuGraphUpload_ptsz, driver, fn(exec: Handle, stream: Handle) {
+        guard("cuGraphUpload", || {
+            // SAFETY: the caller's arguments.
+            let launch = || unsafe { driver(exec, stream) };
+            let cx = enter!(books, launch);
+            flow::launch_graph(cx, "cuGraphUpload", false, exec, stream, launch)
+        })
+    }
 }
 
-/// # Safety
-/// As the driver's `cuGraphUpload_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: Handle, stream: Handle) -> CuResult {
-    guard("cuGraphUpload", || {
-        // SAFETY: the caller's arguments.
-        let launch = || unsafe { real::cuGraphUpload_ptsz(exec, stream) };
-        let cx = enter!(books, launch);
-        flow::launch_graph(cx, "cuGraphUpload", false, exec, stream, launch)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuGraphLaunch`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CuResult {
-    guard("cuGraphLaunch", || {
-        // SAFETY: the caller's arguments.
-        let launch = || unsafe { real::cuGraphLaunch(exec, stream) };
-        let cx = enter!(books, launch);
-        flow::launch_graph(cx, "cuGraphLaunch", true, exec, stream, launch)
-    })
-}
-
-/// # Safety
-/// As the driver's `cuGraphLaunch_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CuResult {
-    guard("cuGraphLaunch", || {
-        // SAFETY: the caller's arguments.
-        let launch = || unsafe { real::cuGraphLaunch_ptsz(exec, stream) };
-        let cx = enter!(books, launch);
-        flow::launch_graph(cx, "cuGraphLaunch", true, exec, stream, launch)
-    })
+with_ptsz! {
+    cuGraphLaunch, cuGraphLaunch_ptsz, driver, fn(exec: Handle, stream: Handle) {
+        guard("cuGraphLaunch", || {
+            // SAFETY: the caller's arguments.
+            let launch = || unsafe { driver(exec, stream) };
+            let cx = enter!(books, launch);
+            flow::launch_graph(cx, "cuGraphLaunch", true, exec, stream, launch)
+        })
+    }
 }
 
 /// What the device's graphs give back is no longer charged.

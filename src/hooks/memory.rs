@@ -66,136 +66,68 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
     })
 }
 
-/// # Safety
-/// As the driver's `cuMemAllocAsync`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut DevicePtr,
-    bytes: usize,
-    stream: Handle,
-) -> CuResult {
-    guard("cuMemAllocAsync", || {
-        // SAFETY: the caller's arguments (here and in the driver's call below).
-        let cx = enter!(|| unsafe { real::cuMemAllocAsync(dptr, bytes, stream) });
-        flow::alloc_async(
-            cx,
-            bytes as u64,
-            stream,
-            dptr,
-            #[inline(always)]
+with_ptsz! {
+    cuMemAllocAsync, cuMemAllocAsync_ptsz, driver,
+    fn(
+        dptr: *mut DevicePtr,
+        bytes: usize,
+        stream: Handle,
+    ) {
+        guard("cuMemAllocAsync", || {
+            // SAFETY: the caller's arguments (here and in the driver's call below).
+            let cx = enter!(|| unsafe { driver(dptr, bytes, stream) });
+            flow::alloc_async(
+                cx,
+                bytes as u64,
+                stream,
+                dptr,
+                #[inline(always)]
+                // SAFETY: the caller's arguments.
+                || unsafe { driver(dptr, bytes, stream) },
+            )
+        })
+    }
+}
+
+with_ptsz! {
+    cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, driver,
+    fn(
+        dptr: *mut DevicePtr,
+        bytes: usize,
+        pool: Handle,
+        stream: Handle,
+    ) {
+        guard("cuMemAllocFromPoolAsync", || {
             // SAFETY: the caller's arguments.
-            || unsafe { real::cuMemAllocAsync(dptr, bytes, stream) },
-        )
-    })
+            let alloc = || unsafe { driver(dptr, bytes, pool, stream) };
+            let cx = enter!(alloc);
+            let bytes = bytes as u64;
+            flow::alloc_pooled(
+                cx,
+                "cuMemAllocFromPoolAsync",
+                bytes,
+                Some(pool),
+                stream,
+                dptr,
+                alloc,
+            )
+        })
+    }
 }
 
-/// # Safety
-/// As the driver's `cuMemAllocAsync_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut DevicePtr,
-    bytes: usize,
-    stream: Handle,
-) -> CuResult {
-    guard("cuMemAllocAsync", || {
-        // SAFETY: the caller's arguments (here and in the driver's call below).
-        let cx = enter!(|| unsafe { real::cuMemAllocAsync_ptsz(dptr, bytes, stream) });
-        flow::alloc_async(
-            cx,
-            bytes as u64,
-            stream,
-            dptr,
-            #[inline(always)]
-            // SAFETY: the caller's arguments.
-            || unsafe { real::cuMemAllocAsync_ptsz(dptr, bytes, stream) },
-        )
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMemAllocFromPoolAsync`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut DevicePtr,
-    bytes: usize,
-    pool: Handle,
-    stream: Handle,
-) -> CuResult {
-    guard("cuMemAllocFromPoolAsync", || {
-        // SAFETY: the caller's arguments.
-        let alloc = || unsafe { real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) };
-        let cx = enter!(alloc);
-        let bytes = bytes as u64;
-        flow::alloc_pooled(
-            cx,
-            "cuMemAllocFromPoolAsync",
-            bytes,
-            Some(pool),
-            stream,
-            dptr,
-            alloc,
-        )
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMemAllocFromPoolAsync_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut DevicePtr,
-    bytes: usize,
-    pool: Handle,
-    stream: Handle,
-) -> CuResult {
-    guard("cuMemAllocFromPoolAsync", || {
-        // SAFETY: the caller's arguments.
-        let alloc = || unsafe { real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream) };
-        let cx = enter!(alloc);
-        let bytes = bytes as u64;
-        flow::alloc_pooled(
-            cx,
-            "cuMemAllocFromPoolAsync",
-            bytes,
-            Some(pool),
-            stream,
-            dptr,
-            alloc,
-        )
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMemFreeAsync`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevicePtr, stream: Handle) -> CuResult {
-    guard("cuMemFreeAsync", || {
-        // SAFETY: the caller's arguments (here and in the driver's call below).
-        let cx = enter!(|| unsafe { real::cuMemFreeAsync(dptr, stream) });
-        flow::free_async(
-            cx,
-            dptr,
-            stream,
-            #[inline(always)]
-            // SAFETY: the caller's arguments.
-            || unsafe { real::cuMemFreeAsync(dptr, stream) },
-        )
-    })
-}
-
-/// # Safety
-/// As the driver's `cuMemFreeAsync_ptsz`.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle) -> CuResult {
-    guard("cuMemFreeAsync", || {
-        // SAFETY: the caller's arguments (here and in the driver's call below).
-        let cx = enter!(|| unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) });
-        flow::free_async(
-            cx,
-            dptr,
-            stream,
-            #[inline(always)]
-            // SAFETY: the caller's arguments.
-            || unsafe { real::cuMemFreeAsync_ptsz(dptr, stream) },
-        )
-    })
+with_ptsz! {
+    cuMemFreeAsync, cuMemFreeAsync_ptsz, driver, fn(dptr: DevicePtr, stream: Handle) {
+        guard("cuMemFreeAsync", || {
+            // SAFETY: the caller's arguments (here and in the driver's call below).
+            let cx = enter!(|| unsafe { driver(dptr, stream) });
+            flow::free_async(
+                cx,
+                dptr,
+                stream,
+                #[inline(always)]
+                // SAFETY: the caller's arguments.
+                || unsafe { driver(dptr, stream) },
+            )
+        })
+    }
 }
