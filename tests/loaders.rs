@@ -213,3 +213,35 @@ fn dlsym_rtld_next_from_a_library_preloaded_after_us_keeps_its_meaning() {
         "the program's own calls are budgeted\n{run:?}"
     );
 }
+
+#[test]
+fn a_cuda_name_asked_of_a_library_that_lacks_it_is_missing_as_glibc_answers() {
+    // dlsym on a non-CUDA library's handle (libm) for a name we wrap: glibc answers NULL,
+    // and so must we, never our hook; the driver's handle still gets the hook.
+    let script = r#"
+import ctypes
+def has(lib, name):
+    try:
+        getattr(lib, name)
+        return "found"
+    except AttributeError:
+        return "missing"
+libm = ctypes.CDLL("libm.so.6")
+cuda = ctypes.CDLL("libcuda.so.1")
+print(has(libm, "cuMemAlloc_v2"), has(libm, "nvmlDeviceGetMemoryInfo"), has(cuda, "cuMemAlloc_v2"))
+"#;
+    let out = util::isolate(&mut std::process::Command::new("python3"))
+        .args(["-c", script])
+        .env("LD_LIBRARY_PATH", fake_dir())
+        .env("LD_PRELOAD", lib_path())
+        .env("CUDABUDGET_LIMIT", "8Gi")
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.trim(), "missing missing found");
+}
