@@ -115,7 +115,7 @@ fn tools(test: &str) -> Option<Tools> {
             std::env::var_os("CB_REQUIRE_HELM_TOOLS").is_none(),
             "{test}: {missing}, and CB_REQUIRE_HELM_TOOLS is set"
         );
-        println!("{test}: skipped, {missing}");
+        util::skip(&missing);
         return None;
     }
     Some(Tools {
@@ -1216,7 +1216,7 @@ fn behind_the_service_monitor_prometheus_keeps_the_workloads_labels() {
             std::env::var_os("CB_REQUIRE_HELM_TOOLS").is_none(),
             "prometheus: missing (Debian's package `prometheus`), and CB_REQUIRE_HELM_TOOLS is set"
         );
-        println!("prometheus: skipped, missing prometheus (Debian's package `prometheus`)");
+        util::skip("missing prometheus (Debian's package `prometheus`)");
         return;
     };
     let objects = render(&tools, &with_monitoring(&[]));
@@ -1390,7 +1390,7 @@ fn the_exporter_as_the_chart_runs_it_sees_a_pods_budgeted_process() {
         .args(["--pid", "--fork", "--mount-proc", "true"])
         .output();
     if !probe.is_ok_and(|out| out.status.success()) {
-        println!("node: skipped, this machine cannot create a PID namespace (unshare --pid)");
+        util::skip("this machine cannot create a PID namespace (unshare --pid)");
         return;
     }
     let runtime = t.sticky_dir("helm-chart-records");
