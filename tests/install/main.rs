@@ -5,6 +5,7 @@
 //! load on glibc 2.17.
 
 mod deploy;
+mod docs;
 mod glibc_versions;
 mod install_command;
 mod ray;

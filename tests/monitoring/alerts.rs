@@ -22,7 +22,9 @@ fn promtool() -> Option<PathBuf> {
             std::env::var_os("CB_REQUIRE_HELM_TOOLS").is_none(),
             "promtool: missing (Debian's package `prometheus`), and CB_REQUIRE_HELM_TOOLS is set"
         );
-        crate::util::skip("promtool missing (Debian's package `prometheus`): the rules are not evaluated");
+        crate::util::skip(
+            "promtool missing (Debian's package `prometheus`): the rules are not evaluated",
+        );
     }
     found
 }
