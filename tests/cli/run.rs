@@ -388,6 +388,36 @@ fn a_budget_of_zero_is_refused_with_the_reason() {
 }
 
 #[test]
+fn a_budget_smaller_than_a_context_runs_with_a_warning_saying_so() {
+    for (options, envs, named) in [
+        (&["--limit", "100Mi"][..], &[][..], "CUDABUDGET_LIMIT"),
+        (
+            &["--limit", "8Gi"],
+            &[("CUDABUDGET_LIMIT_1", "64Mi")],
+            "CUDABUDGET_LIMIT_1",
+        ),
+    ] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(options);
+        args.extend_from_slice(&["--", "true"]);
+        let out = output(cudabudget(&args).envs(envs.iter().copied()));
+        let said = stderr(&out);
+        assert!(out.status.success(), "{said}");
+        assert!(
+            said.contains(&format!("{named} is less than a CUDA context takes")),
+            "{said}"
+        );
+    }
+    // A budget a context fits in runs without a word.
+    let out = output(cudabudget(&["run", "--limit", "1Gi", "--", "true"]));
+    assert!(
+        out.status.success() && stderr(&out).is_empty(),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn warn_is_passed_as_the_policy() {
     let out = output(cudabudget(&[
         "run",

@@ -139,6 +139,9 @@ fn refusal(args: RunArgs) -> Refusal {
             if let Some(variable) = zero_budget(&config) {
                 return usage(format!("{variable}=0: {ZERO_BUDGET}; nothing was run"));
             }
+            if let Some(warning) = below_a_context(&config) {
+                say(warning);
+            }
             // Beside a budget an unknown name is ignored (a newer release's, or a typo
             // of something that was meant): said here, before CMD, once.
             if let Some(warning) = config.unknown_warning() {
@@ -249,6 +252,27 @@ fn zero_budget(config: &config::Config) -> Option<String> {
         .iter()
         .find(|(_, limit)| *limit == quantity::Limit::Bytes(0))
         .map(|(device, _)| format!("{}_{device}", config::LIMIT))
+}
+
+/// Less than any CUDA context takes (about 518 MiB on an H200 with lazy loading, 300
+/// MiB or more on smaller cards): a budget under it refuses the first allocations.
+const SMALLEST_CONTEXT: u64 = 256 << 20;
+
+/// A warning for a budget in bytes smaller than a context: the context alone (charged
+/// at its creation) leaves nothing, so the command's first allocations are refused. A
+/// warning, not a refusal: a command may mean to show exactly that.
+fn below_a_context(config: &config::Config) -> Option<String> {
+    let small = |limit: &quantity::Limit| matches!(limit, quantity::Limit::Bytes(b) if *b < SMALLEST_CONTEXT);
+    let variable = if config.default_limit.as_ref().is_some_and(small) {
+        config::LIMIT.to_string()
+    } else {
+        let (device, _) = config.device_limits.iter().find(|(_, l)| small(l))?;
+        format!("{}_{device}", config::LIMIT)
+    };
+    Some(format!(
+        "{variable} is less than a CUDA context takes (0.5 GiB on an H200; the context is \
+         charged to the budget): the command's first allocations will be refused"
+    ))
 }
 
 fn lookup<'a>(environment: &'a [(OsString, OsString)], name: &str) -> Option<&'a OsStr> {
