@@ -1543,6 +1543,19 @@ fn the_device_plugin_is_off_by_default_and_on_runs_on_the_kubelets_directory_wit
         );
     }
     let objects = render(&tools, &on);
+    // The exporter reads the device plugin's containers too (their own directories).
+    let exporter = find(&objects, "DaemonSet/cb-cudabudget-exporter");
+    let reader = container(exporter, "containers", "exporter");
+    assert_eq!(
+        env_value(reader, "CUDABUDGET_DEVICE_PLUGIN_DIR"),
+        Some("/run/cudabudget/device-plugin")
+    );
+    assert!(
+        list(&reader["volumeMounts"])
+            .iter()
+            .any(|m| m["mountPath"].as_str() == Some("/run/cudabudget/device-plugin")),
+        "{reader:?}"
+    );
     let daemonset = find(&objects, "DaemonSet/cb-cudabudget-device-plugin");
     let plugin = container(daemonset, "containers", "device-plugin");
     assert_eq!(

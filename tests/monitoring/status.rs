@@ -754,3 +754,38 @@ fn budgets_that_add_up_past_the_gpu_show_it_over_committed_in_status_and_doctor(
     assert_eq!(gpu["overcommitted"], false, "{gpu}");
     drop(members);
 }
+
+#[test]
+fn status_reads_the_device_plugins_containers_where_its_root_is_named() {
+    // The device plugin gives each container `<root>/alloc/<id>/records` as its runtime
+    // directory; the node's readers find them through CUDABUDGET_DEVICE_PLUGIN_DIR.
+    let root = scratch("device-plugin-root");
+    let records = root.join("alloc/0123456789abcdef/records");
+    std::fs::create_dir_all(&records).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&records, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let elsewhere = scratch("device-plugin-node-runtime");
+    let client = Budgeted::start(
+        &["alloc:1Gi", "sleep:20000"],
+        &[
+            ("CUDABUDGET_LIMIT", "20Gi"),
+            ("CUDABUDGET_RUNTIME_DIR", records.to_str().unwrap()),
+        ],
+    );
+    let node = [
+        ("CUDABUDGET_RUNTIME_DIR", elsewhere.to_str().unwrap()),
+        ("CUDABUDGET_DEVICE_PLUGIN_DIR", root.to_str().unwrap()),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let process = loop {
+        let status = status_json(&node);
+        if let Some(p) = find_process(&status, client.pid()) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "{status:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(process["devices"][0]["limit_bytes"], 20 * GI, "{process}");
+    let without = status_json(&node[..1]);
+    assert!(find_process(&without, client.pid()).is_none(), "{without}");
+}

@@ -29,6 +29,9 @@ pub const LIB: &str = "CUDABUDGET_LIB";
 /// The pod's UID, which the Kubernetes webhook sets from the downward API to name the
 /// pod's own runtime directory (its mount's `subPathExpr`); the library ignores it.
 pub const POD_UID: &str = "CUDABUDGET_POD_UID";
+/// The device plugin's root, for the node's readers (`status`, the exporter, `limit`):
+/// its containers' runtime directories are read too; the library ignores it.
+pub const DEVICE_PLUGIN_DIR: &str = "CUDABUDGET_DEVICE_PLUGIN_DIR";
 /// Where job ledgers live (default `/dev/shm`).
 pub const JOB_DIR: &str = "CUDABUDGET_JOB_DIR";
 /// A file that gets one JSON line per denial.
@@ -54,7 +57,7 @@ const PREFIX: &str = "CUDABUDGET_";
 const KNOWN_VARIABLES: &str = "CUDABUDGET_LIMIT, CUDABUDGET_LIMIT_<N> (N = 0..63), \
      CUDABUDGET_LOG, CUDABUDGET_SCOPE, CUDABUDGET_ON_EXCEED, CUDABUDGET_LIB, \
      CUDABUDGET_CONTEXT_MEMORY, CUDABUDGET_JOB_DIR, CUDABUDGET_EVENTS, CUDABUDGET_RUNTIME_DIR, \
-     CUDABUDGET_POD_UID";
+     CUDABUDGET_POD_UID, CUDABUDGET_DEVICE_PLUGIN_DIR";
 
 /// How much the library writes to stderr. Ordered: a level includes those before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -223,7 +226,9 @@ enum Variable {
     Scope,
     OnExceed,
     Lib,
-    PodUid,
+    /// Known, and set for others than the library (the webhook's pod UID, the node
+    /// readers' device plugin root): never a warning, never read here.
+    Ignored,
     JobDir,
     Events,
     RuntimeDir,
@@ -247,7 +252,7 @@ impl Variable {
                 "SCOPE" => Ok(Some(Variable::Scope)),
                 "ON_EXCEED" => Ok(Some(Variable::OnExceed)),
                 "LIB" => Ok(Some(Variable::Lib)),
-                "POD_UID" => Ok(Some(Variable::PodUid)),
+                "POD_UID" | "DEVICE_PLUGIN_DIR" => Ok(Some(Variable::Ignored)),
                 "CONTEXT_MEMORY" => Ok(Some(Variable::ContextMemory)),
                 "JOB_DIR" => Ok(Some(Variable::JobDir)),
                 "EVENTS" => Ok(Some(Variable::Events)),
@@ -541,7 +546,7 @@ impl Config {
                 Variable::Log => config.log = value.parse().map_err(fail)?,
                 Variable::Scope => config.scope = parse_scope(value).map_err(fail)?,
                 Variable::OnExceed => config.on_exceed = parse_on_exceed(value).map_err(fail)?,
-                Variable::Lib | Variable::PodUid | Variable::Unknown => {}
+                Variable::Lib | Variable::Ignored | Variable::Unknown => {}
                 Variable::JobDir | Variable::RuntimeDir => {
                     if !trim(value).starts_with('/') {
                         return Err(fail("use an absolute directory, e.g. /dev/shm".to_string()));

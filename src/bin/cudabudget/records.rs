@@ -54,6 +54,12 @@ pub const PODS: &str = "pods";
 /// Under a job root, one directory per namespace (`namespaces/<namespace>`), mounted so
 /// in the pods of that namespace that name a job.
 pub const NAMESPACES: &str = "namespaces";
+/// Read by the node's readers only (`status`, the exporter, `limit`): the device
+/// plugin's root (`cudabudget-node device-plugin --runtime-dir`), whose `alloc/<id>/records`
+/// are the private runtime directories of the containers it gave units to.
+pub const DEVICE_PLUGIN_DIR_VARIABLE: &str = config::DEVICE_PLUGIN_DIR;
+/// Under the device plugin's root, one directory per allocation of units.
+pub const ALLOCATIONS: &str = "alloc";
 /// The most tenant directories (pods, namespaces) read under one root: a node runs a
 /// few hundred pods at most.
 pub const TENANTS: usize = 4096;
@@ -211,6 +217,30 @@ pub fn scan(roots: &[PathBuf]) -> Scan {
             }
         }
         reader.scan.skipped.extend(skipped);
+    }
+    // The device plugin's containers (`alloc/<id>/records`), where this environment
+    // names its root: each container sees only its own, the node's reader all.
+    if let Some(root) = std::env::var_os(DEVICE_PLUGIN_DIR_VARIABLE)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+    {
+        match Dir::open_trusted(&root) {
+            Ok(dir) => {
+                let mut skipped = Vec::new();
+                for (_, allocation) in tenant_dirs(&dir, ALLOCATIONS, &mut skipped) {
+                    if let Some(records) = child_dir(&allocation, "records", &mut skipped)
+                        && roots_seen.insert(identity(&records))
+                    {
+                        reader.runtime_root(&records);
+                    }
+                }
+                reader.scan.skipped.extend(skipped);
+            }
+            Err(error) if !not_found(&error) => {
+                reader.scan.skipped.push(format!("{error}: not read"));
+            }
+            Err(_) => {}
+        }
     }
     // Users whose name in a shared place another user holds publish in their own
     // places instead (`$XDG_RUNTIME_DIR`, `$HOME/.cache`): root looks there too, at
