@@ -177,7 +177,22 @@ if [[ $WHEEL == 1 && " ${BUILT[*]} " == *" x86_64 "* && $(uname -m) == x86_64 ]]
   # Not under /tmp: `cudabudget run` preloads nothing from a directory other users may
   # write (sticky or not), and the wheel's CLI finds its library beside it in the venv.
   mkdir -p "$ROOT/target"
-  VCHECK=$(mktemp -d "$ROOT/target/dist-check.XXXXXX")
+  # A clone under a directory others may write (/tmp): the venv goes where nobody else
+  # can (root's /var/lib), as the test suite's copies do.
+  CHECK_PARENT="$ROOT/target"
+  dir=$(cd "$CHECK_PARENT" && pwd -P)
+  while [[ -n $dir ]]; do
+    if [[ -n $(find "$dir" -maxdepth 0 -perm /022 2>/dev/null) ]]; then
+      if [[ $(id -u) == 0 ]]; then CHECK_PARENT=/var/lib; else
+        echo "dist.sh: $dir may be written by others: the wheel check needs a clone outside it (or root)" >&2
+        exit 1
+      fi
+      break
+    fi
+    [[ $dir == / ]] && break
+    dir=$(dirname "$dir")
+  done
+  VCHECK=$(mktemp -d "$CHECK_PARENT/cudabudget-dist-check.XXXXXX")
   trap 'rm -rf "$FAKE" "$VCHECK"' EXIT
   "$PYTHON" -m venv "$VCHECK/venv"
   "$VCHECK/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \

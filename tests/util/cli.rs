@@ -53,10 +53,24 @@ pub fn cudabudget(args: &[&str]) -> Command {
     command
 }
 
-/// The library built for this run, canonical.
+/// The library built for this run, canonical; where the build lies under a directory
+/// other users may write (a clone under `/tmp`), a copy in [`super::closed_binary_dir`],
+/// since `run` and `install` refuse a library there.
 pub fn fresh_library() -> PathBuf {
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let path = lib_path();
-    std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    let path = std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if super::first_open_ancestor(&path).is_none() {
+        return path;
+    }
+    COPY.get_or_init(|| {
+        let copy = super::closed_binary_dir().join("fresh-libcudabudget.so");
+        let partial = copy.with_extension("so.partial");
+        std::fs::copy(&path, &partial).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        std::fs::rename(&partial, &copy).unwrap();
+        copy
+    })
+    .clone()
 }
 
 /// Runs `command` to the end. A binary a test just copied may still be open for writing
