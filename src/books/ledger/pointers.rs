@@ -1,0 +1,92 @@
+//! The pointer map: stream-ordered blocks in their threads' lanes, the rest in the
+//! address table.
+
+use super::addresses::*;
+use super::entries::*;
+use super::lanes::*;
+
+/// Device pointers from every allocation path: stream-ordered blocks of threads with a
+/// lane in the [`LaneTable`], everything else in the [`AddrTable`].
+pub struct PointerMap {
+    /// 4096 buckets of 4 slots a lane: 16 384 blocks a thread (16 MiB of address space,
+    /// touched only where used).
+    lanes: LaneTable<4096>,
+    shared: AddrTable<{ 1 << 18 }>,
+}
+
+impl PointerMap {
+    pub const fn new() -> Self {
+        Self {
+            lanes: LaneTable::new(),
+            shared: AddrTable::new(),
+        }
+    }
+
+    /// Records a block allocated by the thread that holds `lane` (0: none).
+    #[inline]
+    pub fn insert_in_lane(&self, key: u64, entry: Entry, lane: usize) {
+        if !self.lanes.insert(key, entry, lane) {
+            self.shared.insert(key, entry);
+        }
+    }
+
+    /// Records a block in the calling thread's own `lane` (1..[`LANES`]); false when its
+    /// bucket there is full (or `lane` is no lane), and nothing was recorded.
+    #[inline(always)]
+    pub fn insert_own(&self, key: u64, entry: Entry, lane: usize) -> bool {
+        self.lanes.insert(key, entry, lane)
+    }
+
+    /// Removes `key` if it lies in `lane` (the caller's own); `None` otherwise, when it
+    /// may still be elsewhere ([`PointerMap::remove_pooled`]).
+    #[inline(always)]
+    pub fn remove_own(&self, key: u64, lane: usize) -> Option<Entry> {
+        if key == EMPTY || key == BUSY {
+            return None;
+        }
+        self.lanes.take(lane, key)
+    }
+
+    pub fn purge_device(&self, device: usize) {
+        self.lanes.purge_device(device);
+        self.shared.purge_device(device);
+    }
+
+    /// See [`AddrTable::reset_in_child`].
+    ///
+    /// # Safety
+    /// Only from an at-fork child handler.
+    pub unsafe fn reset_in_child(&self) {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.shared.reset_in_child() };
+    }
+}
+
+impl PointerMap {
+    /// As [`Table::remove`], looking where a stream-ordered block would be first:
+    /// in the lane `hint` of the calling thread (0: none), then the others.
+    #[inline(always)]
+    pub fn remove_pooled(&self, key: u64, hint: usize) -> Option<Entry> {
+        self.lanes
+            .remove(key, hint)
+            .or_else(|| self.shared.remove(key))
+    }
+}
+
+impl Table for PointerMap {
+    fn insert(&self, key: u64, entry: Entry) {
+        self.shared.insert(key, entry);
+    }
+
+    fn remove(&self, key: u64) -> Option<Entry> {
+        self.shared
+            .remove(key)
+            .or_else(|| self.lanes.remove(key, 0))
+    }
+}
+
+impl Default for PointerMap {
+    fn default() -> Self {
+        Self::new()
+    }
+}
