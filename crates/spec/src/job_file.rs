@@ -62,6 +62,41 @@ pub fn is_member(claim: u64) -> bool {
     claim != 0 && claim & TOMB != TOMB
 }
 
+/// A ledger's words, however they are reached: the library's mapping (atomic loads) or
+/// the command line's copy of its bytes. What the words mean is read here, once, for
+/// both: a budget from its two words, a share as the larger of its two, the job's use as
+/// their sum.
+pub trait Words {
+    /// The little-endian word at `at` (a multiple of 8 inside the file).
+    fn word64(&self, at: usize) -> u64;
+
+    /// The job's budget on `device` ([`decode_budget`]).
+    fn budget(&self, device: usize) -> Option<u64> {
+        let at = budget_at(device);
+        decode_budget(self.word64(at), self.word64(at + 8))
+    }
+
+    /// Slot `slot`'s share on `device` ([`share_value`]).
+    fn share(&self, slot: usize, device: usize) -> u64 {
+        let at = share_at(slot, device);
+        share_value(self.word64(at), self.word64(at + 8))
+    }
+
+    /// What the job holds on `device`: the sum of the slots' shares.
+    fn used(&self, device: usize) -> u64 {
+        (0..SLOTS)
+            .map(|slot| self.share(slot, device))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// The slots a member holds.
+    fn members(&self) -> usize {
+        (0..SLOTS)
+            .filter(|&slot| is_member(self.word64(claim_at(slot))))
+            .count()
+    }
+}
+
 /// Where slot `slot`'s claim lies.
 pub fn claim_at(slot: usize) -> usize {
     CLAIMS_AT + slot * CLAIM_BYTES

@@ -30,7 +30,7 @@ use clap::Args;
 use cudabudget_spec::config::Config;
 use cudabudget_spec::control::{self, LimitRequest};
 use cudabudget_spec::doorbell::Doorbell;
-use cudabudget_spec::job_file;
+use cudabudget_spec::job_file::{self, Words};
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 use cudabudget_spec::quantity::{Limit, format_bytes, parse_limit};
 
@@ -142,32 +142,9 @@ struct Ledger {
 /// a budget read that way shows as not set and a share as the larger of its two words.
 struct Snapshot(Vec<u8>);
 
-impl Snapshot {
+impl job_file::Words for Snapshot {
     fn word64(&self, at: usize) -> u64 {
         u64::from_le_bytes(self.0[at..at + 8].try_into().expect("8 bytes"))
-    }
-
-    fn budget(&self, device: usize) -> Option<u64> {
-        let at = job_file::budget_at(device);
-        job_file::decode_budget(self.word64(at), self.word64(at + 8))
-    }
-
-    /// What the job holds on `device`: each slot's share read as the library reads it
-    /// (the larger of its two words).
-    fn used(&self, device: usize) -> u64 {
-        (0..job_file::SLOTS)
-            .map(|slot| {
-                let at = job_file::share_at(slot, device);
-                job_file::share_value(self.word64(at), self.word64(at + 8))
-            })
-            .fold(0u64, u64::saturating_add)
-    }
-
-    /// Processes that hold a slot.
-    fn members(&self) -> usize {
-        (0..job_file::SLOTS)
-            .filter(|&slot| job_file::is_member(self.word64(job_file::claim_at(slot))))
-            .count()
     }
 }
 

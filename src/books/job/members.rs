@@ -384,12 +384,7 @@ impl Job {
     /// Processes in the job now (claimed slots), for the tests.
     #[cfg(test)]
     pub fn members(&self) -> usize {
-        (0..SLOTS)
-            .filter(|&i| {
-                let claim = self.claim_at(i).claim.load(Ordering::Acquire);
-                layout::is_member(claim)
-            })
-            .count()
+        layout::Words::members(self)
     }
 }
 

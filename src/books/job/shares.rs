@@ -13,15 +13,12 @@ use super::words::*;
 impl Job {
     /// Slot `i`'s share on `device`, read conservatively (the larger of its two words).
     pub(super) fn share_of(&self, i: usize, device: usize) -> u64 {
-        let s = self.share_at(i, device);
-        layout::share_value(s.used.load(Ordering::SeqCst), s.inv.load(Ordering::SeqCst))
+        layout::Words::share(self, i, device)
     }
 
     /// What the job holds on `device`: the sum of the slots' shares.
     pub fn used(&self, device: usize) -> u64 {
-        (0..SLOTS)
-            .map(|i| self.share_of(i, device))
-            .fold(0u64, u64::saturating_add)
+        layout::Words::used(self, device)
     }
 
     /// What this process holds on `device`, by its own books (asked by the tests).
@@ -172,11 +169,7 @@ impl Job {
     /// The job's budget on `device`, once a member or an operator set it: what every
     /// admission of the job is measured against (`cudabudget limit --job`).
     pub fn budget(&self, device: usize) -> Option<u64> {
-        let at = layout::budget_at(device);
-        layout::decode_budget(
-            self.word64(at).load(Ordering::Acquire),
-            self.word64(at + 8).load(Ordering::Acquire),
-        )
+        layout::Words::budget(self, device)
     }
 
     /// Makes `mine` the job's budget on `device` unless one is set: the first member's
@@ -262,5 +255,13 @@ impl Drop for AdmitGuard<'_> {
         let _ = self
             .word
             .compare_exchange(self.me, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// The ledger's words through the mapping, read sequentially consistent (an admission
+/// sums the shares after adding its own: Dekker's order, see the module's docs).
+impl layout::Words for Job {
+    fn word64(&self, at: usize) -> u64 {
+        Job::word64(self, at).load(Ordering::SeqCst)
     }
 }
