@@ -427,7 +427,12 @@ fn an_mps_server_is_reported() {
 fn a_library_that_loads_but_does_not_interpose_fails_the_proof() {
     let (code, checks) = doctor(
         "no-interposition",
-        &[("CUDABUDGET_LIB", crate::util::thirdparty_lib())],
+        &[(
+            "CUDABUDGET_LIB",
+            crate::util::cli::closed_copy(std::path::Path::new(crate::util::thirdparty_lib()))
+                .to_str()
+                .unwrap(),
+        )],
     );
     assert_status(&checks, "library", "ok");
     assert_status(&checks, "interposition", "fail");

@@ -57,16 +57,10 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// The library cargo built for this test run: it sits beside this test executable in
-/// `target/<profile>/deps/` (`cargo test` does not copy libraries up next to the CLI,
-/// `cargo build` does, as a hard link).
+/// The library cargo built for this test run (a copy where the build lies under a
+/// directory others may write: `run` refuses a library there).
 fn fresh_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let path = exe
-        .parent()
-        .expect("has a directory")
-        .join("libcudabudget.so");
-    std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    util_cli::fresh_library()
 }
 
 /// Asserts `path` is absolute and is the library built for this run (possibly the

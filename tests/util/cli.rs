@@ -53,24 +53,37 @@ pub fn cudabudget(args: &[&str]) -> Command {
     command
 }
 
-/// The library built for this run, canonical; where the build lies under a directory
-/// other users may write (a clone under `/tmp`), a copy in [`super::closed_binary_dir`],
-/// since `run` and `install` refuse a library there.
+/// The library built for this run, canonical ([`closed_copy`] of it where the build lies
+/// under a directory other users may write, such as a clone under `/tmp`).
 pub fn fresh_library() -> PathBuf {
-    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let path = lib_path();
     let path = std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    if super::first_open_ancestor(&path).is_none() {
-        return path;
+    closed_copy(&path)
+}
+
+/// `path` itself, or where it lies under a directory other users may write, a copy of it
+/// with the same file name in [`super::closed_binary_dir`] (made once per test binary):
+/// `run`, `install` and `doctor` refuse a library in such a place.
+pub fn closed_copy(path: &Path) -> PathBuf {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static COPIES: Mutex<Option<HashMap<PathBuf, PathBuf>>> = Mutex::new(None);
+    if super::first_open_ancestor(path).is_none() {
+        return path.to_path_buf();
     }
-    COPY.get_or_init(|| {
-        let copy = super::closed_binary_dir().join("fresh-libcudabudget.so");
-        let partial = copy.with_extension("so.partial");
-        std::fs::copy(&path, &partial).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        std::fs::rename(&partial, &copy).unwrap();
-        copy
-    })
-    .clone()
+    let mut copies = COPIES.lock().unwrap_or_else(|e| e.into_inner());
+    let copies = copies.get_or_insert_with(HashMap::new);
+    let n = copies.len();
+    copies
+        .entry(path.to_path_buf())
+        .or_insert_with(|| {
+            let dir = super::closed_binary_dir().join(format!("copy-{n}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let copy = dir.join(path.file_name().expect("a file"));
+            std::fs::copy(path, &copy).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            copy
+        })
+        .clone()
 }
 
 /// Runs `command` to the end. A binary a test just copied may still be open for writing
