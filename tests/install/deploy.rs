@@ -357,8 +357,10 @@ fn place(from: &Path, to: &Path) {
 /// A fresh directory laid out like the installation: `cudabudget`, `libcudabudget.so` and
 /// `entrypoint.sh` (each only if asked for).
 fn install_dir(test: &str, with_library: bool) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("deploy-{}-{test}", std::process::id()))
+    // Closed to other users all the way from `/` (the entrypoint's `run` refuses a
+    // library anywhere else), wherever the clone lies.
+    let dir = crate::util::closed_binary_dir()
+        .join(format!("deploy-{test}"))
         .join("opt-cudabudget");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
