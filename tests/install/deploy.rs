@@ -348,10 +348,7 @@ fn built_library() -> PathBuf {
 /// Places `from` at `to`: a hard link where possible (never open for writing, so no
 /// ETXTBSY when it is executed while another test thread forks), else a copy.
 fn place(from: &Path, to: &Path) {
-    if std::fs::hard_link(from, to).is_err() {
-        std::fs::copy(from, to)
-            .unwrap_or_else(|e| panic!("{} -> {}: {e}", from.display(), to.display()));
-    }
+    crate::util::place(from, to);
 }
 
 /// A fresh directory laid out like the installation: `cudabudget`, `libcudabudget.so` and

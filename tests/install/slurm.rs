@@ -127,10 +127,7 @@ fn write(path: &Path, contents: impl AsRef<[u8]>, mode: u32) {
 /// `from` at `to`, mode 0755: a hard link where possible (never open for writing, so no
 /// ETXTBSY when it is executed while another test thread forks), else a copy.
 fn place(from: &Path, to: &Path) {
-    if std::fs::hard_link(from, to).is_err() {
-        std::fs::copy(from, to)
-            .unwrap_or_else(|e| panic!("{} -> {}: {e}", from.display(), to.display()));
-    }
+    crate::util::place(from, to);
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 

@@ -48,6 +48,21 @@ pub fn closed_binary_dir() -> &'static Path {
     })
 }
 
+/// Puts `from` at `to` as a hard link (a copy across file systems), replacing whatever
+/// is there: never by writing through `to`, which may be a link to `from` itself (a copy
+/// onto its own link would empty the build's file for every test after).
+pub fn place(from: &Path, to: &Path) {
+    match std::fs::remove_file(to) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("{}: {e}", to.display()),
+    }
+    if std::fs::hard_link(from, to).is_err() {
+        std::fs::copy(from, to)
+            .unwrap_or_else(|e| panic!("{} -> {}: {e}", from.display(), to.display()));
+    }
+}
+
 /// The first directory from `/` to `path` that others may write (`/tmp`), if any:
 /// the one `install` and `run` name when they refuse a place under it.
 pub fn first_open_ancestor(path: &Path) -> Option<PathBuf> {
