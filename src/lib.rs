@@ -35,6 +35,14 @@
 // Under `cargo test` the hooks are not exported (see hooks/mod.rs), so they look unused.
 #![cfg_attr(test, allow(dead_code))]
 
+// Every hook turns a panic into an error code (`hooks::guard`), and a decoder's panic on
+// a bad module image into "cannot say": with `-C panic=abort` each would end the
+// program the library runs in instead.
+#[cfg(panic = "abort")]
+compile_error!(
+    "cudabudget must be built with panic=unwind: it catches its panics at the FFI boundary"
+);
+
 mod admit;
 mod books;
 pub use cudabudget_spec::config;

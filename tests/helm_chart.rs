@@ -54,10 +54,11 @@ fn fixture(name: &str) -> PathBuf {
     repo().join("tests/helm_chart").join(name)
 }
 
+/// A fresh directory for `test`, closed to other users all the way from `/` (the
+/// installer's `cudabudget install` refuses anything else), wherever the clone lies.
 fn scratch(test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "helm-chart-{}-{}",
-        std::process::id(),
+    let dir = util::closed_binary_dir().join(format!(
+        "helm-chart-{}",
         test.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
     ));
     let _ = std::fs::remove_dir_all(&dir);

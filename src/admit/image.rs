@@ -182,8 +182,18 @@ fn read_vec(src: &(impl Source + ?Sized), at: u64, len: u64, max: u64) -> Option
     if len > max {
         return None;
     }
-    let mut buf = vec![0u8; usize::try_from(len).ok()?];
+    let mut buf = zeroed(usize::try_from(len).ok()?)?;
     src.read(at, &mut buf).then_some(buf)
+}
+
+/// `len` zeroed bytes, or `None` where the memory cannot be had: an allocation failure
+/// would abort the program (no `catch_unwind` catches it), a load that cannot say does
+/// not.
+fn zeroed(len: usize) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len).ok()?;
+    buf.resize(len, 0);
+    Some(buf)
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -396,7 +406,7 @@ fn unlz4(packed: &[u8], unpacked: usize) -> Option<Vec<u8>> {
     if unpacked > packed.len().saturating_mul(255) {
         return None;
     }
-    let mut out = vec![0u8; unpacked];
+    let mut out = zeroed(unpacked)?;
     let n = lz4_flex::block::decompress_into(packed, &mut out).ok()?;
     (n == unpacked).then_some(out)
 }
@@ -411,7 +421,10 @@ fn unzstd(packed: &[u8], unpacked: usize) -> Option<Vec<u8>> {
     let window = (unpacked.max(8 << 20) as u64).checked_next_power_of_two()?;
     let mut decoder =
         ruzstd::decoding::StreamingDecoder::new_with_max_window_size(packed, window).ok()?;
+    // Room for the whole output (and the one byte more that tells a longer frame) up
+    // front, so that reading never grows it, nor fails to.
     let mut out = Vec::new();
+    out.try_reserve_exact(unpacked.checked_add(1)?).ok()?;
     (&mut decoder)
         .take(unpacked as u64 + 1)
         .read_to_end(&mut out)

@@ -734,6 +734,9 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
 /// `context` was destroyed: what its limits were charged is given back (the driver
 /// freed their memory with it).
 pub fn context_destroyed(context: Handle) {
+    // Not while a limit of it is being set: that change settles its own charge first
+    // (a destroy between its driver call and its settling would give back twice).
+    let _setting = SETTING.lock();
     let key = context as usize;
     let gone: Vec<LimitHeld> = {
         let mut limits = LIMITS.lock();

@@ -94,7 +94,6 @@
 //! stops beating and so loses its turn. Waiters sleep on the device's futex word, which
 //! every member's free bumps, and wake at least every [`NAP_MS`] to beat.
 
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -127,9 +126,6 @@ impl Drop for Job {
 
 /// The job the process joined (null until then, and in a child of `fork()`).
 static JOINED: AtomicPtr<Job> = AtomicPtr::new(std::ptr::null_mut());
-/// The descriptor holding the joined job's [`liveness`] lock (-1: none), closed in a
-/// child of `fork()` so that a child does not keep its parent alive to the job.
-static ALIVE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 /// The job this process belongs to, if it joined one.
 #[inline]
 pub fn joined() -> Option<&'static Job> {
@@ -175,9 +171,7 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
                 Ok(_) => {
                     // SAFETY: just published, never freed.
                     let job = unsafe { &*job };
-                    if let Some(fd) = &job.alive_fd {
-                        ALIVE_FD.store(fd.as_raw_fd(), Ordering::Release);
-                    }
+                    file::publish_alive(job);
                     Joined::Job { job, in_the_way }
                 }
                 Err(first) => {
@@ -199,13 +193,10 @@ pub fn join(ledger: Ledger<'_>, roots: &[PathBuf]) -> Joined {
 /// In the child of `fork()`: the child is not the parent's member of the job.
 pub fn after_fork() {
     JOINED.store(std::ptr::null_mut(), Ordering::Release);
-    let alive = ALIVE_FD.swap(-1, Ordering::AcqRel);
-    if alive >= 0 {
-        // SAFETY: the child's copy of the parent's lock descriptor, used by nothing in
-        // the child (its Job is the parent's, no longer reachable); close is
-        // async-signal-safe. The parent's open keeps its lock.
-        unsafe { libc::close(alive) };
-    }
+    // SAFETY: in the child of fork() only the forking thread runs: no guard of JOINING
+    // is alive here (a thread that held it in the parent did not come along).
+    unsafe { file::JOINING.reset_in_child(()) };
+    file::close_alive_in_child();
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use cudabudget_spec::job_file as layout;
@@ -375,6 +375,8 @@ pub(super) fn attach(fd: OwnedFd, dir: Dir, name: &str, path: String) -> Result<
     }
     job.alive_fd = job.second_open();
     let _one = JOINING.lock();
+    // Known before its lock is taken: a child forked from now on closes its copy.
+    publish_alive(&job);
     let pid = std::process::id();
     let me = proc_stat(pid);
     let start = me.map(|s| s.start).unwrap_or(0);
@@ -504,5 +506,40 @@ impl Job {
     pub(super) fn is_still_the_ledger(&self) -> bool {
         place::fstat(std::os::fd::AsFd::as_fd(&self.fd))
             .is_ok_and(|st| (st.st_dev, st.st_ino) == (self.dev, self.ino))
+    }
+}
+
+/// The descriptor holding the joining or joined job's [`liveness`] lock (-1: none) and
+/// the ledger it is open on: a child of `fork()` closes its copy, so that it never keeps
+/// its parent alive to the job.
+static ALIVE_FD: AtomicI32 = AtomicI32::new(-1);
+static ALIVE_DEV: AtomicU64 = AtomicU64::new(0);
+static ALIVE_INO: AtomicU64 = AtomicU64::new(0);
+
+/// Makes `job`'s lock descriptor the one a child of `fork()` closes.
+pub(super) fn publish_alive(job: &Job) {
+    if let Some(fd) = &job.alive_fd {
+        ALIVE_DEV.store(job.dev, Ordering::Release);
+        ALIVE_INO.store(job.ino, Ordering::Release);
+        ALIVE_FD.store(fd.as_raw_fd(), Ordering::Release);
+    }
+}
+
+/// In the child of `fork()`: closes its copy of the lock descriptor, only while that
+/// number is still the ledger's (the program may have closed it and reused the number,
+/// which is then left alone). Plain system calls only (fstat, close).
+pub(super) fn close_alive_in_child() {
+    let fd = ALIVE_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0
+        && is_file(
+            fd as u32,
+            ALIVE_DEV.load(Ordering::Acquire),
+            ALIVE_INO.load(Ordering::Acquire),
+        )
+    {
+        // SAFETY: the child's copy of the lock descriptor, used by nothing in the child
+        // (its Job is the parent's, no longer reachable), checked above to be the
+        // ledger; close is async-signal-safe. The parent's open keeps its lock.
+        unsafe { libc::close(fd) };
     }
 }

@@ -329,12 +329,20 @@ impl Job {
     }
 
     /// Whether slot `i`'s [`liveness`] lock is held by some open of the ledger other than
-    /// our main one (`None`: cannot tell, or our descriptor is no longer the ledger).
+    /// the one asked through (`None`: this file system has no such locks). Asked through
+    /// our main descriptor, or our lock's when the program closed the main one; with
+    /// neither still the ledger, `Some(true)`: a process that cannot ask judges nobody
+    /// dead (fail closed; the job's other members still can).
     pub(super) fn lock_held(&self, i: usize) -> Option<bool> {
-        if !self.is_still_the_ledger() {
-            return None;
+        if self.is_still_the_ledger() {
+            return liveness::held(self.fd.as_fd(), i);
         }
-        liveness::held(self.fd.as_fd(), i)
+        match &self.alive_fd {
+            Some(alive) if is_file(alive.as_raw_fd() as u32, self.dev, self.ino) => {
+                liveness::held(alive.as_fd(), i)
+            }
+            _ => Some(true),
+        }
     }
 
     /// The process is leaving (exit): its share goes back, its slot is free.

@@ -1112,3 +1112,27 @@ fn a_joining_process_holds_its_slots_lock_and_gives_it_back_when_it_leaves() {
     job.leave();
     assert_eq!(liveness::held(reader.as_fd(), slot), Some(false));
 }
+
+#[test]
+fn a_member_whose_program_reused_its_descriptor_still_asks_the_kernel_through_its_lock() {
+    // The program closed our main descriptor and reused the number: the other members'
+    // locks are asked through our own lock's open, never judged by pid (another pod's
+    // pid names nothing here).
+    let dir = scratch("reused-main");
+    let job = member_of(&dir);
+    plant(&job, 9, dead_pid(), 1, 0, 600);
+    let pod = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join("ledger"))
+        .unwrap();
+    assert_eq!(liveness::take(pod.as_fd(), 9), liveness::Taken::Yes);
+    let other = std::fs::File::open("/dev/null").unwrap();
+    // SAFETY: replaces the number our Job keeps with /dev/null, as a program might.
+    assert!(unsafe { libc::dup2(other.as_raw_fd(), job.fd.as_raw_fd()) } >= 0);
+    job.reclaim_dead();
+    assert_eq!(job.used(0), 600, "alive while its lock is held");
+    drop(pod);
+    job.reclaim_dead();
+    assert_eq!(job.used(0), 0, "dead once its open is closed");
+}
