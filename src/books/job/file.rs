@@ -101,6 +101,40 @@ pub(super) fn open_ledger(
     roots: &[PathBuf],
     in_the_way: &mut Vec<String>,
 ) -> Result<Option<Job>, (String, String)> {
+    let said = in_the_way.len();
+    for _ in 0..3 {
+        in_the_way.truncate(said);
+        let Some(job) = open_ledger_once(ledger, roots, in_the_way)? else {
+            return Ok(None);
+        };
+        if !better_ledger_exists(ledger, roots, &job) {
+            return Ok(Some(job));
+        }
+        // Another process made the job's ledger in a better place while this one made
+        // or joined its own (a name another user planted, then removed, between their
+        // looks): the best place's ledger is the job's. Leave this one (its last member
+        // removes it) and join that, before anything is allocated.
+        job.leave();
+    }
+    open_ledger_once(ledger, roots, in_the_way)
+}
+
+/// Whether the job's ledger exists in a better place than `job`'s: the first of the
+/// places that hold one is not `job`'s file.
+pub(super) fn better_ledger_exists(ledger: Ledger<'_>, roots: &[PathBuf], job: &Job) -> bool {
+    existing(ledger, roots).first().is_some_and(|(dir, name)| {
+        dir.stat_at(name)
+            .is_ok_and(|st| (st.st_dev, st.st_ino) != (job.dev, job.ino))
+    })
+}
+
+/// [`open_ledger`]'s one look: a ledger that exists in any of the places first, else a
+/// new one in the first place that works.
+fn open_ledger_once(
+    ledger: Ledger<'_>,
+    roots: &[PathBuf],
+    in_the_way: &mut Vec<String>,
+) -> Result<Option<Job>, (String, String)> {
     for (dir, name) in existing(ledger, roots) {
         // What is in the way in the better places is said as when making one.
         for place in places(ledger, roots) {

@@ -13,7 +13,7 @@ use crate::sys::clock::monotonic_ms;
 use cudabudget_spec::job_file as layout;
 use layout::TOMB;
 
-use cudabudget_spec::place::Dir;
+use cudabudget_spec::place::{self, Dir};
 
 use std::os::unix::fs::FileExt;
 
@@ -1135,4 +1135,39 @@ fn a_member_whose_program_reused_its_descriptor_still_asks_the_kernel_through_it
     drop(pod);
     job.reclaim_dead();
     assert_eq!(job.used(0), 0, "dead once its open is closed");
+}
+
+#[test]
+fn a_ledger_made_in_a_better_place_meanwhile_is_the_jobs_and_the_next_join_takes_it() {
+    // Another user plants the first name, a member makes the ledger under the next one,
+    // the planted name goes and a second member makes one under the first name: the
+    // first name's is the job's (every member moves there before it allocates).
+    if place::euid() != 0 {
+        eprintln!("skipped: needs root to give a directory to another user");
+        return;
+    }
+    let root = scratch("better-place");
+    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let planted = root.join(place::user_dir_name(0));
+    std::fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::chown(&planted, Some(54321), Some(54321)).unwrap();
+    let roots = vec![root.clone()];
+    let ledger = Ledger::Named("better");
+    let mut said = Vec::new();
+    let first = open_ledger(ledger, &roots, &mut said).unwrap().unwrap();
+    assert!(first.path().contains("cudabudget-0.1/"), "{}", first.path());
+    assert!(!better_ledger_exists(ledger, &roots, &first));
+
+    std::fs::remove_dir(&planted).unwrap();
+    let mine = Dir::open_trusted(&root)
+        .unwrap()
+        .private(&place::user_dir_name(0), 0o700)
+        .unwrap();
+    let Ok(second) = open_in(&mine, "job-better") else {
+        panic!("a ledger under the first name");
+    };
+    assert!(better_ledger_exists(ledger, &roots, &first));
+    assert!(!better_ledger_exists(ledger, &roots, &second));
+    let third = open_ledger(ledger, &roots, &mut said).unwrap().unwrap();
+    assert_eq!((third.dev, third.ino), (second.dev, second.ino));
 }
