@@ -543,12 +543,17 @@ impl Cluster {
         name: &str,
     ) -> Job {
         let fake_driver = tenants.share_dir(Path::new(crate::util::fake_dir()));
+        // The jobs' records and ledgers stay in the test's directory, not the machine's
+        // /dev/shm (sbatch hands the submitter's environment to the job).
+        let places = dir_for(&dir.join("cudabudget-places"), user);
         let mut args = args.to_vec();
         args.insert(0, "--parsable");
         let out = as_user(tenants, user, &self.programs.sbatch, &args)
             .current_dir(dir)
             .env("SLURM_CONF", &self.conf)
             .env("LD_LIBRARY_PATH", fake_driver)
+            .env("CUDABUDGET_RUNTIME_DIR", &places)
+            .env("CUDABUDGET_JOB_DIR", &places)
             .envs(envs.iter().copied())
             .output()
             .expect("sbatch runs");
