@@ -399,6 +399,17 @@ impl Dir {
     /// The names in this directory (without `.` and `..`), at most `limit` of them, so
     /// that a directory filled with junk costs a bounded look.
     pub fn names(&self, limit: usize) -> io::Result<Vec<std::ffi::OsString>> {
+        self.names_where(limit, |_| true)
+    }
+
+    /// The names in this directory that `keep` accepts, at most `limit` of them: every
+    /// entry is looked at, so names another user piles up in a shared directory cannot
+    /// push those we look for past the limit (each costs one look, nothing is kept).
+    pub fn names_where(
+        &self,
+        limit: usize,
+        keep: impl Fn(&[u8]) -> bool,
+    ) -> io::Result<Vec<std::ffi::OsString>> {
         let dot = CString::new(".").expect("no NUL");
         let fd = openat(
             self.fd.as_raw_fd(),
@@ -425,7 +436,7 @@ impl Dir {
             // lives until the next readdir on `dir`; it is copied out at once.
             let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
             let bytes = name.to_bytes();
-            if bytes != b"." && bytes != b".." {
+            if bytes != b"." && bytes != b".." && keep(bytes) {
                 names.push(OsStr::from_bytes(bytes).to_os_string());
             }
         }
@@ -818,6 +829,24 @@ mod tests {
         assert!(error.is_taken(), "{error}");
         let mut file = dir.open_file("new", FileOpen::APPEND).unwrap();
         std::io::Write::write_all(&mut file, b"x").unwrap();
+    }
+
+    #[test]
+    fn names_past_the_limit_are_still_found_when_only_those_sought_count() {
+        // Another user's junk in a shared directory: only the names sought count toward
+        // the limit, so one of ours behind any number of others is found.
+        let root = scratch("junk-names");
+        for i in 0..200 {
+            std::fs::write(root.join(format!("junk-{i}")), b"").unwrap();
+        }
+        std::fs::create_dir(root.join("cudabudget-7")).unwrap();
+        let dir = Dir::open_trusted(&root).unwrap();
+        assert_eq!(dir.names(10).unwrap().len(), 10, "a plain look is bounded");
+        let ours = |n: &[u8]| std::str::from_utf8(n).is_ok_and(|n| uid_of_dir_name(n).is_some());
+        assert_eq!(
+            dir.names_where(10, ours).unwrap(),
+            vec![std::ffi::OsString::from("cudabudget-7")]
+        );
     }
 
     #[test]

@@ -372,7 +372,9 @@ fn places_of(job: &str, roots: &[PathBuf]) -> Vec<(PathBuf, u32)> {
         let Ok(dir) = Dir::open_trusted(root) else {
             continue;
         };
-        for entry in dir.names(100_000).unwrap_or_default() {
+        let ours =
+            |n: &[u8]| std::str::from_utf8(n).is_ok_and(|n| place::uid_of_dir_name(n).is_some());
+        for entry in dir.names_where(100_000, ours).unwrap_or_default() {
             let Some(uid) = entry.to_str().and_then(place::uid_of_dir_name) else {
                 continue;
             };

@@ -306,7 +306,12 @@ impl Reader {
     /// The records directories in one runtime root: this user's, or as root every user's.
     fn runtime_root(&mut self, dir: &Dir) {
         if self.me == 0 {
-            let names = dir.names(NAMES).unwrap_or_default();
+            // Only our names count toward the limit: another user's junk in the shared
+            // directory cannot hide the users' directories from root.
+            let ours = |n: &[u8]| {
+                std::str::from_utf8(n).is_ok_and(|n| place::uid_of_dir_name(n).is_some())
+            };
+            let names = dir.names_where(NAMES, ours).unwrap_or_default();
             for name in names {
                 let Some(name) = name.to_str() else { continue };
                 if let Some(uid) = place::uid_of_dir_name(name) {
