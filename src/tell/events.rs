@@ -49,6 +49,10 @@ const CAPACITY: usize = 1024;
 /// How long `exit` waits for the writer to empty the queue.
 pub const EXIT_FLUSH: Duration = Duration::from_millis(200);
 
+/// Events queued and not yet written out (or given up on): what the exit waits for. An
+/// empty queue is not enough: the writer may hold the last event it took, unwritten.
+static UNWRITTEN: AtomicU64 = AtomicU64::new(0);
+
 unsafe extern "C" {
     /// glibc: the program's name, as `ps` shows it (the last part of `argv[0]`).
     static program_invocation_short_name: *const libc::c_char;
@@ -234,6 +238,7 @@ impl Queue {
         Some(event)
     }
 
+    #[cfg(test)]
     fn is_empty(&self) -> bool {
         self.head.load(Ordering::Acquire) == self.tail.load(Ordering::Acquire)
     }
@@ -455,7 +460,9 @@ fn queue_event(
         top_holders,
         change,
     };
+    UNWRITTEN.fetch_add(1, Ordering::AcqRel);
     if !QUEUE.push(event) {
+        UNWRITTEN.fetch_sub(1, Ordering::AcqRel);
         DROPPED.fetch_add(1, Ordering::Relaxed);
     }
     SIGNAL.fetch_add(1, Ordering::Release);
@@ -514,6 +521,7 @@ extern "C" fn after_fork_child() {
     }
     QUEUE.reset();
     DROPPED.store(0, Ordering::Relaxed);
+    UNWRITTEN.store(0, Ordering::Relaxed);
     if WRITER.load(Ordering::Relaxed) != OFF {
         WRITER.store(IDLE, Ordering::Release);
     }
@@ -522,7 +530,9 @@ extern "C" fn after_fork_child() {
 /// At exit: the writer gets up to [`EXIT_FLUSH`] to write what is queued.
 extern "C" fn flush_at_exit() {
     let start = std::time::Instant::now();
-    while matches!(WRITER.load(Ordering::Acquire), STARTING | RUNNING) && !QUEUE.is_empty() {
+    while matches!(WRITER.load(Ordering::Acquire), STARTING | RUNNING)
+        && UNWRITTEN.load(Ordering::Acquire) > 0
+    {
         if start.elapsed() >= EXIT_FLUSH {
             return;
         }
@@ -600,14 +610,16 @@ fn writer() {
                 len: 0,
                 overflow: false,
             };
-            let Some(len) = line(&mut buffer, &event, job) else {
-                continue;
-            };
-            if let Err(why) = append_line(fd, &buffer.buf[..len])
+            if let Some(len) = line(&mut buffer, &event, job)
+                && let Err(why) = append_line(fd, &buffer.buf[..len])
                 && !std::mem::replace(&mut said_failure, true)
             {
                 warn_unusable(&path, &why);
             }
+            // Written (or given up on): the exit need not wait for it.
+            let _ = UNWRITTEN.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
         }
         let dropped = DROPPED.load(Ordering::Relaxed);
         if dropped > 0 && last_drop_line.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
