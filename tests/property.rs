@@ -843,7 +843,7 @@ fn generate(seed: u64) -> Program {
         if !threads.is_empty() {
             // CUDA's graphs and executable graphs are not thread-safe: a program must not
             // use one from two threads at once. Only thread 0 makes, changes, launches
-            // or destroys them (see the README's Limits for what the library does when
+            // or destroys them (see docs/operations.md's Limits for what the library does when
             // a program breaks that rule).
             ops.retain(|line| !GRAPH_OBJECT_OPS.contains(&line.split(' ').next().unwrap_or("")));
         }
@@ -1093,7 +1093,7 @@ struct Failure {
     detail: String,
 }
 
-/// The documented cases (README, "Limits") where the books may stay *above* what the
+/// The documented cases (docs/operations.md, "Limits, in full") where the books may stay *above* what the
 /// process holds once it has freed everything — never below, and never above the budget:
 /// - a context destroyed, reset or released while another context of the device lives
 ///   (the library clears a device's books only with its last context; until then the
@@ -1104,7 +1104,7 @@ struct Failure {
 /// - a double free in a program of several threads (it may race with another thread's
 ///   allocation that got the same address back);
 /// - a limit set while a capture is on (passed through uncharged: the next change is
-///   charged from the value it left; README "Limits").
+///   charged from the value it left; docs/operations.md "Limits, in full").
 ///
 /// For every other program the books must read exactly zero. Before the program has
 /// run (`seen` is `None`) this says whether it may end so; after, whether it did, on the
@@ -1705,7 +1705,7 @@ fn run_property(cases: u64, master: u64, native: bool, shrink_on: bool) {
     let queue = Arc::new(Mutex::new(queue));
     let found: Arc<Mutex<Vec<Found>>> = Arc::new(Mutex::new(Vec::new()));
     // Sequences, ops, compared without the library, and how many ended with books left
-    // where README "Limits" allows it, by reason.
+    // where docs/operations.md's "Limits, in full" allows it, by reason.
     let stats = Arc::new(Mutex::new((0usize, 0usize, 0usize, BTreeMap::new())));
     // PROPTEST_STATS=1: how often each op ran and what it returned, and the slowest cases.
     let want_hist = env_u64("PROPTEST_STATS", 0) != 0;
@@ -1826,7 +1826,7 @@ fn run_property(cases: u64, master: u64, native: bool, shrink_on: bool) {
         if native { ", WITHOUT the library" } else { "" }
     );
     for (why, n) in &allowed {
-        println!("  {n} ended with books above zero, as README \"Limits\" allows: {why}");
+        println!("  {n} ended with books above zero, as docs/operations.md's limits allow: {why}");
     }
     if want_hist {
         let mut slow = std::mem::take(&mut *slow.lock().unwrap());

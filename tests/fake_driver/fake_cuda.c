@@ -987,7 +987,7 @@ CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
  * stream-ordered or graph memory of the device outlives it (a pool's reserve, the graph
  * memory's). The library clears a device's books only with its last context, and charges
  * what outlives that again, so these are the teardowns after which its books may stay
- * above what the device holds (README, "Limits"). VMM memory that outlives it does not
+ * above what the device holds (docs/operations.md, "Limits, in full"). VMM memory that outlives it does not
  * count: the library charges it again exactly. */
 static void note_teardown(int dev) {
     int others = g_primary[dev].refcount > 0;
@@ -2700,7 +2700,7 @@ unsigned long long fake_cuda_module_loads(void) {
 
 /* How many pools of device `ordinal` were destroyed while they had blocks in use (or the
  * last answer about their use said so): the library keeps such a pool's reserve charged
- * (README, "Limits"), the one case of a pool's that may leave its books above zero. */
+ * (docs/operations.md, "Limits, in full"), the one case of a pool's that may leave its books above zero. */
 unsigned long long fake_cuda_pools_destroyed_live(int ordinal) {
     return stat_ordinal(ordinal, g_pools_destroyed_live);
 }
