@@ -230,18 +230,7 @@ libm = ctypes.CDLL("libm.so.6")
 cuda = ctypes.CDLL("libcuda.so.1")
 print(has(libm, "cuMemAlloc_v2"), has(libm, "nvmlDeviceGetMemoryInfo"), has(cuda, "cuMemAlloc_v2"))
 "#;
-    let out = util::isolate(&mut std::process::Command::new("python3"))
-        .args(["-c", script])
-        .env("LD_LIBRARY_PATH", fake_dir())
-        .env("LD_PRELOAD", lib_path())
-        .env("CUDABUDGET_LIMIT", "8Gi")
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, stdout, stderr) = util::python_under_library(script, &[("CUDABUDGET_LIMIT", "8Gi")]);
+    assert!(ok, "{stdout}\n{stderr}");
     assert_eq!(stdout.trim(), "missing missing found");
 }

@@ -1078,18 +1078,25 @@ fn who_changed_the_budget_reads_back_as_the_command_line_writes_it() {
     assert_eq!(job.budget_changed_by(), (1234, 5678));
 }
 
+/// An open of `dir`'s ledger, as a member of another pod keeps it, holding slot `slot`'s
+/// liveness lock until it is dropped.
+fn another_pod_holding(dir: &Path, slot: usize) -> std::fs::File {
+    let pod = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join("ledger"))
+        .unwrap();
+    assert_eq!(liveness::take(pod.as_fd(), slot), liveness::Taken::Yes);
+    pod
+}
+
 #[test]
 fn a_member_whose_pid_names_nobody_here_lives_while_it_holds_its_slots_lock() {
     // A member of another PID namespace: its pid means nothing here, its lock does.
     let dir = scratch("pod");
     let job = member_of(&dir);
     plant(&job, 9, dead_pid(), 1, 0, 600);
-    let pod = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.join("ledger"))
-        .unwrap();
-    assert_eq!(liveness::take(pod.as_fd(), 9), liveness::Taken::Yes);
+    let pod = another_pod_holding(&dir, 9);
     job.reclaim_dead();
     assert_eq!(job.used(0), 600, "alive while its lock is held");
     assert_eq!(job.reserve(0, 500, 1000), Err(600));
@@ -1121,12 +1128,7 @@ fn a_member_whose_program_reused_its_descriptor_still_asks_the_kernel_through_it
     let dir = scratch("reused-main");
     let job = member_of(&dir);
     plant(&job, 9, dead_pid(), 1, 0, 600);
-    let pod = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.join("ledger"))
-        .unwrap();
-    assert_eq!(liveness::take(pod.as_fd(), 9), liveness::Taken::Yes);
+    let pod = another_pod_holding(&dir, 9);
     let other = std::fs::File::open("/dev/null").unwrap();
     // SAFETY: replaces the number our Job keeps with /dev/null, as a program might.
     assert!(unsafe { libc::dup2(other.as_raw_fd(), job.fd.as_raw_fd()) } >= 0);
