@@ -5,7 +5,7 @@
 //! captured into a graph are graph nodes (not memory), and a capture starting during a
 //! free keeps the block charged.
 
-mod util;
+use crate::util;
 
 use util::scripts::{NVML_BLIND, budget_without_rereads, holds_a_gibibyte_with, python_script};
 use util::{MI, budget_run};

@@ -19,7 +19,7 @@
 //! ($CB_PROMETHEUS, $CB_PROMTOOL). Without them a test prints one line and passes; with
 //! CB_REQUIRE_HELM_TOOLS=1 (CI) a missing tool fails it.
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

@@ -48,7 +48,7 @@
 //! failures are then shrunk (ops removed while the same kind of failure remains; several
 //! threads first merged into one) and grouped by the shape of their minimal program.
 
-mod util;
+use crate::util;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-#[path = "util/servers.rs"]
-mod servers;
+use crate::util::servers;
 use servers::{connect_from, idle_connections, run_briefly};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cudabudget");

@@ -419,7 +419,7 @@ fn scrape_as(address: &str, uid: u32) -> String {
 
 #[test]
 fn on_a_loopback_listener_without_passwords_a_local_user_sees_only_their_own_series() {
-    use crate::records::{budgeted, kit};
+    use super::records::{budgeted, kit};
     use crate::util::tenants::{Tenants, as_user};
     let Some(t) = Tenants::get() else {
         return;
