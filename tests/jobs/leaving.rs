@@ -55,7 +55,7 @@ fn a_member_whose_memory_went_with_its_context_holds_nothing_in_the_job() {
     let dir = job_dir("teardown");
     let e = envs(&dir, "job:teardown", "1Gi");
     let holder = Holder::start(&["alloc:700Mi", "ctxreset:0", "ctx:0"], &e);
-    std::thread::sleep(Duration::from_millis(600));
+    // Holder::start returned once the reset and the next context were done.
     let view = client(&["info"], &e);
     let holder = holder.finish();
     assert_eq!(holder.rc("ctxreset", 0), 0, "{holder:?}");
