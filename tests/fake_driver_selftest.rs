@@ -1,7 +1,7 @@
 //! Self-tests of the fake CUDA driver, fake NVML and the C clients, run WITHOUT cudabudget:
 //! the other integration tests rely on these semantics.
 
-mod util;
+use crate::util;
 
 use util::{GIB, KIB, MIB, client};
 

@@ -4,7 +4,7 @@
 //! does not wrap are the driver's own; a third-party `RTLD_NEXT` wrapper keeps working;
 //! and programs that never touch CUDA are not disturbed.
 
-mod util;
+use crate::util;
 
 use util::{GI, budget_run, client, fake_dir, lib_path};
 

@@ -48,7 +48,7 @@
 //! failures are then shrunk (ops removed while the same kind of failure remains; several
 //! threads first merged into one) and grouped by the shape of their minimal program.
 
-mod util;
+use crate::util;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -1490,7 +1490,7 @@ fn replay_hint(seed: u64, native: bool) -> String {
         String::new()
     };
     format!(
-        "{native}{only}{threads}PROPTEST_SEED={seed:#x} cargo test --test property -- --nocapture"
+        "{native}{only}{threads}PROPTEST_SEED={seed:#x} cargo test --test tests property:: -- --nocapture"
     )
 }
 
@@ -1585,7 +1585,7 @@ fn report(found: &[Found], native: bool, shrink_on: bool) -> String {
     for ((kind, _), (count, min, detail)) in &groups {
         s += &format!(
             "\n* {kind} ({count} × shrunk to this shape; {}): {detail}\n  \
-             (replay: save the lines below as FILE, PROPTEST_PROGRAM=FILE cargo test --test property -- --nocapture)\n{}",
+             (replay: save the lines below as FILE, PROPTEST_PROGRAM=FILE cargo test --test tests property:: -- --nocapture)\n{}",
             describe(&config_of(min.seed)),
             min.script()
                 .lines()

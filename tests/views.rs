@@ -4,7 +4,7 @@
 //! memory than the card really has, and follow memory the pools gave back to the driver
 //! within a second.
 
-mod util;
+use crate::util;
 
 use util::scripts::{NVML_BLIND, budget_without_rereads};
 use util::{GI, MI, budget_run};

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-#[path = "util/servers.rs"]
-mod servers;
+use crate::util::servers;
 use servers::{connect_from, idle_connections, run_briefly};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cudabudget");
@@ -203,6 +202,20 @@ impl Webhook {
 
     fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
+    }
+
+    /// Whether the webhook logs a line containing `text`: the log is read from its
+    /// standard error by a thread of ours, and a line may come after the answer it is
+    /// about, so this waits for it (a minute at most).
+    fn logs(&self, text: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !self.log().iter().any(|l| l.contains(text)) {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 }
 
@@ -412,10 +425,7 @@ fn an_invalid_quantity_is_denied_with_a_message_naming_the_annotation() {
     assert_eq!(response["status"]["code"], 422, "{response}");
     assert_eq!(response["status"]["status"], "Failure", "{response}");
     assert!(
-        webhook
-            .log()
-            .iter()
-            .any(|l| l.contains("denied pod ml/notebook-bob")),
+        webhook.logs("denied pod ml/notebook-bob"),
         "{:?}",
         webhook.log()
     );
@@ -716,10 +726,7 @@ fn a_renewed_certificate_is_served_without_a_restart() {
         std::thread::sleep(Duration::from_millis(500));
     }
     assert!(
-        webhook
-            .log()
-            .iter()
-            .any(|l| l.contains("serving the renewed certificate")),
+        webhook.logs("serving the renewed certificate"),
         "{:?}",
         webhook.log()
     );

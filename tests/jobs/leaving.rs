@@ -4,7 +4,7 @@
 use super::*;
 
 #[test]
-fn a_killed_holders_share_comes_back_within_a_second() {
+fn a_killed_holders_share_comes_back_at_once() {
     let dir = job_dir("kill");
     let e = envs(&dir, "job:k", "1Gi");
     let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
@@ -17,10 +17,9 @@ fn a_killed_holders_share_comes_back_within_a_second() {
     );
     holder.kill().unwrap();
     holder.wait().unwrap();
-    let t = Instant::now();
+    // Without a wait (CUDABUDGET_ON_EXCEED is `fail`): the share is back at the first ask.
     let after = client(&["alloc:800Mi"], &e);
     assert_eq!(after.rc("alloc", 0), 0, "{after:?}");
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
 
 #[test]
@@ -56,7 +55,7 @@ fn a_member_whose_memory_went_with_its_context_holds_nothing_in_the_job() {
     let dir = job_dir("teardown");
     let e = envs(&dir, "job:teardown", "1Gi");
     let holder = Holder::start(&["alloc:700Mi", "ctxreset:0", "ctx:0"], &e);
-    std::thread::sleep(Duration::from_millis(600));
+    // Holder::start returned once the reset and the next context were done.
     let view = client(&["info"], &e);
     let holder = holder.finish();
     assert_eq!(holder.rc("ctxreset", 0), 0, "{holder:?}");
@@ -137,17 +136,35 @@ fn a_killed_member_not_yet_reaped_gives_its_share_back() {
     let mut holder = spawn(&["alloc:800Mi", "sleep:30000"], &e);
     // SAFETY: a plain signal to our own child, which is not reaped (it stays a zombie).
     unsafe { libc::kill(holder.id() as i32, libc::SIGKILL) };
-    std::thread::sleep(Duration::from_millis(100));
-    let t = Instant::now();
+    until_state(holder.id(), 'Z');
     let after = client(&["alloc:800Mi"], &e);
-    let took = t.elapsed();
     holder.wait().unwrap();
     assert_eq!(
         after.rc("alloc", 0),
         0,
         "the zombie's share stayed\n{after:?}"
     );
-    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+/// Waits until the process `pid` is in `state` (`/proc/<pid>/stat`'s third field: `Z`
+/// for a zombie), 60 s at most.
+fn until_state(pid: u32, state: char) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The name in parentheses may hold spaces: the state follows its last `)`.
+        let now = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if now == Some(state) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pid} never in state {state}: {stat}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -167,11 +184,9 @@ os.execv("/bin/sleep", ["sleep", "30"])
         "fail",
     );
     assert_eq!(read_line(&mut member).trim(), "held");
-    std::thread::sleep(Duration::from_millis(200));
+    until_exec(member.id(), "/bin/sleep");
     let e = envs(&dir, "job:exec", "1Gi");
-    let t = Instant::now();
     let after = client(&["alloc:800Mi"], &e);
-    let took = t.elapsed();
     member.kill().unwrap();
     member.wait().unwrap();
     assert_eq!(
@@ -179,7 +194,20 @@ os.execv("/bin/sleep", ["sleep", "30"])
         0,
         "the old image's share stayed\n{after:?}"
     );
-    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+/// Waits until the process `pid` runs `program` (its exec done), 60 s at most.
+fn until_exec(pid: u32, program: &str) {
+    let program = std::fs::canonicalize(program).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_link(format!("/proc/{pid}/exe")).ok() != Some(program.clone()) {
+        assert!(
+            Instant::now() < deadline,
+            "{pid} never ran {}",
+            program.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -275,11 +303,13 @@ print("worst", worst, flush=True)
 fn a_lock_word_naming_a_live_member_that_is_not_admitting_holds_nobody_up() {
     // A member killed while it held a device's lock, its slot then reused by a new live
     // member (or a crafted lock=1 on slot 0, which a live member then took): the lock
-    // names a live process that is not admitting. Others allocate and free within the
-    // bound; they do not spin.
+    // names a live process that is not admitting. Others allocate and free; they do not
+    // spin on it (a minute is far beyond any wait the lock allows).
     let dir = job_dir("stale-lock");
     let e = envs(&dir, "job:sl", "1Gi");
-    let mut idle = spawn(&["alloc:1Mi", "sleep:6000"], &e);
+    // The idle member lives until the test makes the file it waits for: all along.
+    let release = format!("{dir}/release");
+    let mut idle = spawn(&["alloc:1Mi", &format!("waitfile:{release}")], &e);
     util::wait_for_line(&mut idle, "alloc");
     let path = ledger_file(&dir, "sl");
     // Slot 0 + 1 (its first generation): the idle member's slot.
@@ -291,7 +321,7 @@ fn a_lock_word_naming_a_live_member_that_is_not_admitting_holds_nobody_up() {
         if let Some(st) = child.try_wait().unwrap() {
             break Some(st);
         }
-        if t.elapsed() > Duration::from_secs(4) {
+        if t.elapsed() > Duration::from_secs(60) {
             let _ = child.kill();
             let _ = child.wait();
             break None;
@@ -299,9 +329,13 @@ fn a_lock_word_naming_a_live_member_that_is_not_admitting_holds_nobody_up() {
         std::thread::sleep(Duration::from_millis(10));
     };
     let took = t.elapsed();
+    // It went through while the lock's owner lived (it waits 30 s at most for its file):
+    // not by outwaiting it.
+    let owner_lived = idle.try_wait().unwrap().is_none();
     // The idle member's own exit gives its share back without waiting on the lock.
+    std::fs::write(&release, b"").unwrap();
     let mut idle = idle;
-    let idle_exited = (0..1000).any(|_| {
+    let idle_exited = (0..6000).any(|_| {
         std::thread::sleep(Duration::from_millis(10));
         idle.try_wait().unwrap().is_some()
     });
@@ -310,11 +344,14 @@ fn a_lock_word_naming_a_live_member_that_is_not_admitting_holds_nobody_up() {
     }
     let _ = idle.wait();
     assert!(status.is_some(), "the member spun on the lock for {took:?}");
+    assert!(
+        owner_lived,
+        "the member went through only once the lock's owner ended"
+    );
     assert!(idle_exited, "the idle member spun on the lock at its exit");
     let run = finish(child);
     assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
     assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
-    assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
 #[test]

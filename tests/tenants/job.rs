@@ -215,13 +215,17 @@ fn another_users_file_beside_hamis_shared_cache_moves_the_ledger_to_a_private_pl
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache);
         cmd
     };
-    let mut holder = hami(&["alloc:700Mi", "sleep:1500"]);
+    // The holder holds its 700 MiB until the test makes the file it waits for.
+    let release = roots.join("release");
+    let wait = format!("waitfile:{}", release.display());
+    let mut holder = hami(&["alloc:700Mi", &wait]);
     holder
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let holder = holder.spawn().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut holder = holder.spawn().unwrap();
+    crate::util::wait_for_line(&mut holder, "alloc");
     let other = run(hami(&["alloc:500Mi", "alloc:300Mi"]));
+    std::fs::write(&release, b"").unwrap();
     let out = holder.wait_with_output().unwrap();
     let holder_err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(other.rc("init", 0), 0, "{other:?}");

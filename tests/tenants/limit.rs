@@ -1,6 +1,6 @@
 //! `cudabudget limit` among tenants: only a budget's owner or root may change it.
 
-use crate::records::{budgeted, kit};
+use super::records::{budgeted, kit};
 use crate::util::cli::{cli_at, output, stderr, stdout};
 use crate::util::tenants::{Tenants, as_user};
 use std::process::Stdio;

@@ -275,7 +275,12 @@ fn another_user_swapping_directories_in_the_cache_never_gets_her_library_loaded(
         std::thread::spawn(move || {
             become_user_on_this_thread(&mallory);
             // SAFETY: a NUL-terminated path; the descriptor is closed below.
-            let fd = unsafe { libc::open(parent.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+            let fd = unsafe {
+                libc::open(
+                    parent.as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
             assert!(fd >= 0, "mallory cannot open her directory");
             let mut swaps = 0u64;
             while !stop.load(Ordering::Relaxed) {

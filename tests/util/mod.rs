@@ -165,11 +165,16 @@ pub fn isolate(cmd: &mut Command) -> &mut Command {
 }
 
 /// Says that the running test is skipped, and why, on the real standard error: the test
-/// harness captures `eprintln!` of a passing test, and a skip must not be silent.
+/// harness captures `eprintln!` of a passing test, and a skip must not be silent. Under
+/// `CB_NO_SKIPS=1` (CI, `.ci/run`, where every test must run) it fails the test instead.
 pub fn skip(reason: &str) {
     use std::io::Write;
     let thread = std::thread::current();
     let test = thread.name().unwrap_or("a test");
+    assert!(
+        std::env::var("CB_NO_SKIPS").as_deref() != Ok("1"),
+        "CB_NO_SKIPS=1, and {test} would be skipped: {reason}"
+    );
     let _ = writeln!(std::io::stderr().lock(), "skipped {test}: {reason}");
 }
 

@@ -11,5 +11,3 @@ mod job;
 mod limit;
 mod preload;
 mod records;
-#[path = "../util/mod.rs"]
-mod util;

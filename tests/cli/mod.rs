@@ -5,5 +5,3 @@
 mod closed_pipe;
 mod doctor;
 mod run;
-#[path = "../util/mod.rs"]
-mod util;

@@ -8,5 +8,3 @@ mod bad_config;
 mod enforced;
 mod observe;
 mod sources;
-#[path = "../util/mod.rs"]
-mod util;

@@ -9,8 +9,7 @@ mod leaving;
 mod ledger;
 mod pods;
 mod sharing;
-#[path = "../util/mod.rs"]
-mod util;
+use crate::util;
 mod waiting;
 
 use std::process::{Child, Command, Stdio};

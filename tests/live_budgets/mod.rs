@@ -6,8 +6,7 @@
 
 mod job;
 mod process;
-#[path = "../util/mod.rs"]
-mod util;
+use crate::util;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};

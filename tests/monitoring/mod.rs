@@ -7,5 +7,3 @@ mod alerts;
 mod events;
 mod exporter;
 mod status;
-#[path = "../util/mod.rs"]
-mod util;

@@ -10,5 +10,3 @@ mod glibc_versions;
 mod install_command;
 mod ray;
 mod slurm;
-#[path = "../util/mod.rs"]
-mod util;

@@ -7,5 +7,3 @@
 mod contexts;
 mod loads_and_limits;
 mod module_images;
-#[path = "../util/mod.rs"]
-mod util;

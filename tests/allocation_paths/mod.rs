@@ -8,5 +8,3 @@
 mod graphs;
 mod stream_ordered;
 mod synchronous;
-#[path = "../util/mod.rs"]
-mod util;

@@ -7,5 +7,3 @@
 //! values filled in). These need root; otherwise each test prints that it is skipped.
 
 mod private_dirs;
-#[path = "../util/mod.rs"]
-mod util;
