@@ -13,22 +13,18 @@ use super::{
 use crate::admit::{capture, footprint, gate, graphs, pools};
 use crate::books::ledger::{self, BankGuard, Denial, DeviceLedger, Entry, Kind, Table};
 use crate::books::vmm;
-use crate::runtime::{self, Cx};
+use crate::runtime::{self, Cx, DeviceCx};
 use crate::sys::driver::{CuResult, DevicePtr, Handle, MemAllocationProp, real};
 use crate::tell::report;
 
-/// The budgeted device for a call in a budgeted process (`device`, or the calling
-/// context's); `None`: the device has no budget, call the driver unchanged.
+/// The budgeted device for a call (`device`, or the calling context's), resolved once;
+/// `None`: the device has no budget, call the driver unchanged.
 #[inline(always)]
-pub(crate) fn budgeted_device(
-    _cx: Cx,
-    device: Option<usize>,
-) -> Option<(usize, &'static DeviceLedger)> {
-    let device = match device {
-        Some(d) => d,
-        None => runtime::current_device()?,
-    };
-    runtime::budgeted(device).map(|d| (device, d))
+fn budgeted_device(cx: Cx, device: Option<usize>) -> Option<DeviceCx> {
+    match device {
+        Some(device) => cx.device(device),
+        None => cx.current_device(),
+    }
 }
 
 /// An upload or launch (`launch`) of an executable graph. One whose memory nodes could
@@ -38,7 +34,7 @@ pub(crate) fn budgeted_device(
 /// returns `CUDA_ERROR_OUT_OF_MEMORY` and runs nothing, as under MPS with a memory limit.
 /// A launch that succeeds frees the outside blocks of the graph's free nodes.
 pub fn launch_graph(
-    _cx: Cx,
+    cx: Cx,
     call: &str,
     launch: bool,
     exec: Handle,
@@ -62,12 +58,12 @@ pub fn launch_graph(
     let _one_at_a_time = growth_lock();
     let mut admitted = Vec::new();
     for (device, bytes) in footprint {
-        let Some(d) = runtime::budgeted(device) else {
+        let Some(dev) = cx.device(device) else {
             continue;
         };
-        footprint::settle_before_admission(device);
-        match admit(call, device, d, &mut Growth(|| graph_growth(device, bytes))) {
-            Ok(Some(reservation)) => admitted.push((device, d, reservation)),
+        footprint::settle_before_admission(&dev);
+        match admit(call, &dev, &mut Growth(|| graph_growth(device, bytes))) {
+            Ok(Some(reservation)) => admitted.push((dev, reservation)),
             Ok(None) => {}
             // What was admitted on other devices is rolled back with `admitted`.
             Err(rc) => return rc,
@@ -86,10 +82,10 @@ pub fn launch_graph(
         Vec::new()
     };
     let rc = real();
-    for (device, d, reservation) in admitted {
+    for (dev, reservation) in admitted {
         // The driver's figure first, then the estimate goes; when the driver cannot
         // say, the estimate stays charged.
-        if graphs::settle(device, d) || !rc.is_ok() {
+        if graphs::settle(dev.ordinal, dev.ledger) || !rc.is_ok() {
             drop(reservation);
         } else {
             reservation.commit();
@@ -112,13 +108,12 @@ pub fn launch_graph(
 #[cold]
 fn alloc_from_created(
     call: &str,
-    device: usize,
-    d: &DeviceLedger,
+    dev: &DeviceCx,
     pool: Handle,
     bytes: u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    footprint::settle_before_admission(device);
+    footprint::settle_before_admission(dev);
     // One at a time: two allocations that each see room for one in the pool's reserve
     // would otherwise both pass, and the driver grow the pool for the second.
     let _one_at_a_time = growth_lock();
@@ -130,12 +125,12 @@ fn alloc_from_created(
         let growth = used.saturating_add(bytes).saturating_sub(reserved);
         growth.div_ceil(POOL_STEP).saturating_mul(POOL_STEP)
     };
-    let admitted = match admit(call, device, d, &mut Growth(growth)) {
+    let admitted = match admit(call, dev, &mut Growth(growth)) {
         Ok(admitted) => admitted,
         Err(rc) => return rc,
     };
     let rc = real();
-    pools::settle_created(pool, d);
+    pools::settle_created(pool, dev.ledger);
     drop(admitted);
     rc
 }
@@ -144,16 +139,16 @@ fn alloc_from_created(
 /// (blocks not yet freed keep its reserve with the driver) stays charged; a pool with
 /// nothing in use gives it all back. Under [`super::GROWTH`], so that no allocation from the
 /// pool comes between the look at what it uses and its end.
-pub fn created_pool_destroyed(pool: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+pub fn created_pool_destroyed(cx: Cx, pool: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
     with_growth(|| {
         let live = pools::figures(pool).map(|(_, used)| used);
         let rc = real();
         if rc.is_ok()
             && let Some((device, charged)) = pools::unregister(pool)
-            && let Some(d) = runtime::budgeted(device)
+            && let Some(dev) = cx.device(device)
         {
             if live == Some(0) {
-                d.release(charged);
+                dev.ledger.release(charged);
             } else {
                 pools::retire(device, charged);
             }
@@ -174,9 +169,9 @@ fn graph_growth(device: usize, bytes: u64) -> u64 {
 }
 
 /// The program trimmed a device's graph memory: charge what is left.
-pub fn graph_memory_changed(device: usize) {
-    if let Some(d) = runtime::budgeted(device) {
-        graphs::settle(device, d);
+pub fn graph_memory_changed(cx: Cx, device: usize) {
+    if let Some(dev) = cx.device(device) {
+        graphs::settle(dev.ordinal, dev.ledger);
     }
 }
 
@@ -213,10 +208,10 @@ fn alloc_into(
     out: *mut u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let Some((device, d)) = budgeted_device(cx, device) else {
+    let Some(dev) = budgeted_device(cx, device) else {
         return real();
     };
-    let reservation = match admit(call, device, d, &mut Fixed { bytes, wait: true }) {
+    let reservation = match admit(call, &dev, &mut Fixed { bytes, wait: true }) {
         Ok(r) => r,
         Err(rc) => return rc,
     };
@@ -228,7 +223,7 @@ fn alloc_into(
             key,
             Entry {
                 bytes,
-                device,
+                device: dev.ordinal,
                 kind: Kind::Direct,
             },
         );
@@ -247,7 +242,7 @@ fn alloc_into(
 /// # Safety
 /// `prop` must be null or valid for the driver, `handle` as the driver's.
 pub unsafe fn alloc_vmm(
-    _cx: Cx,
+    cx: Cx,
     handle: *mut u64,
     size: usize,
     prop: *const MemAllocationProp,
@@ -262,26 +257,24 @@ pub unsafe fn alloc_vmm(
     if location.kind != crate::sys::driver::MEM_LOCATION_TYPE_DEVICE || location.id < 0 {
         return real();
     }
-    let device = location.id as usize;
-    let Some(d) = runtime::budgeted(device) else {
+    let Some(dev) = cx.device(location.id as usize) else {
         return real();
     };
     let bytes = size as u64;
     let mut ask = VmmBytes {
         bytes,
-        d,
         size,
         prop,
         flags,
     };
-    let reservation = match admit("cuMemCreate", device, d, &mut ask) {
+    let reservation = match admit("cuMemCreate", &dev, &mut ask) {
         Ok(r) => r,
         Err(rc) => return rc,
     };
     let rc = real();
     if rc.is_ok() {
         // SAFETY: the driver wrote the handle.
-        vmm::lock().created(unsafe { *handle }, bytes, device);
+        vmm::lock().created(unsafe { *handle }, bytes, dev.ordinal);
         if let Some(reservation) = reservation {
             reservation.commit();
         }
@@ -291,22 +284,21 @@ pub unsafe fn alloc_vmm(
 
 /// A `cuMemCreate` request: its size, and the driver's own answer to the same request
 /// at its smallest size ([`driver_rejects`]), asked only when the size does not fit.
-struct VmmBytes<'d> {
+struct VmmBytes {
     bytes: u64,
-    d: &'d DeviceLedger,
     size: usize,
     prop: *const MemAllocationProp,
     flags: u64,
 }
 
-impl Ask for VmmBytes<'_> {
+impl Ask for VmmBytes {
     fn bytes(&mut self) -> Option<u64> {
         Some(self.bytes)
     }
 
-    fn rejected(&mut self) -> Option<CuResult> {
+    fn rejected(&mut self, dev: &DeviceCx) -> Option<CuResult> {
         // SAFETY: the property struct `alloc_vmm`'s caller vouched for.
-        unsafe { driver_rejects(self.d, self.size, self.prop, self.flags) }
+        unsafe { driver_rejects(dev, self.size, self.prop, self.flags) }
     }
 }
 
@@ -317,7 +309,7 @@ impl Ask for VmmBytes<'_> {
 /// # Safety
 /// `prop` must be valid for the driver.
 unsafe fn driver_rejects(
-    d: &DeviceLedger,
+    dev: &DeviceCx,
     size: usize,
     prop: *const MemAllocationProp,
     flags: u64,
@@ -331,7 +323,7 @@ unsafe fn driver_rejects(
     if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
         return Some(CuResult::INVALID_VALUE);
     }
-    let _room = d.reserve(granularity as u64).ok()?;
+    let _room = dev.reserve(granularity as u64).ok()?;
     let mut probe = 0u64;
     // In relaxed mode: the probe is the library's call, and must not break a capture.
     // SAFETY: the smallest allocation of the same kind, released at once.
@@ -643,9 +635,10 @@ pub fn alloc_pooled(
         Some(pools::Place::Device(device)) => Some(device),
         Some(pools::Place::Unknown) | None => runtime::stream_device(stream),
     };
-    let Some((device, d)) = budgeted_device(cx, device) else {
+    let Some(dev) = device.and_then(|device| cx.device(device)) else {
         return real();
     };
+    let (device, d) = (dev.ordinal, dev.ledger);
     // The device's current pool is looked at, and allocated from, with no switch of it
     // in between, and no capture of the stream starts between the look at it and the
     // driver's answer (crate::admit::gate).
@@ -662,10 +655,10 @@ pub fn alloc_pooled(
         None => pools::current_created(device),
     };
     if let Some(pool) = created {
-        return alloc_from_created(call, device, d, pool, bytes, real);
+        return alloc_from_created(call, &dev, pool, bytes, real);
     }
-    let may_hold = ledger::PoolCredit::may_hold(bytes, d.limit())
-        || super::warns() && ledger::PoolCredit::may_hold(bytes, u64::MAX);
+    let may_hold = ledger::PoolCredit::may_hold(bytes, dev.budget)
+        || super::warns(&dev) && ledger::PoolCredit::may_hold(bytes, u64::MAX);
     if !may_hold {
         // No pool growth could ever admit it: refused before any credit moves, so a
         // failure cannot give back credit that was never taken. (In observe mode it goes
@@ -673,13 +666,13 @@ pub fn alloc_pooled(
         let denial = Denial {
             requested: bytes,
             used: d.budget_used(),
-            budget: d.limit(),
+            budget: dev.budget,
         };
-        return refuse(call, device, d, &denial);
+        return refuse(call, &dev, &denial);
     }
     let (private, lane) = private().map_or((false, 0), |p| (p.take(device, d, bytes), p.lane()));
     if !private && !d.pool.take(runtime::shard(), bytes) {
-        return grow_pools(call, device, d, bytes, dptr, lane, real);
+        return grow_pools(call, &dev, bytes, dptr, lane, real);
     }
     let rc = real();
     let paid = if private { Paid::Thread } else { Paid::Shard };
@@ -740,13 +733,13 @@ impl Ask for PoolGrowth<'_, '_> {
         (credit < 0).then(|| credit.unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP)
     }
 
-    fn settle(&self, _device: usize, _d: &DeviceLedger) {}
+    fn settle(&self, _dev: &DeviceCx) {}
 
     /// The trim covers only others' deficits: this request is not taken out of the pools
     /// while they are trimmed, and is admitted after like any growth.
-    fn make_room(&mut self, device: usize, d: &DeviceLedger) {
+    fn make_room(&mut self, dev: &DeviceCx) {
         self.bank.refund(self.bytes);
-        make_room(device, d, self.bank);
+        make_room(dev, self.bank);
         self.bank.debit(self.bytes);
     }
 }
@@ -755,14 +748,14 @@ impl Ask for PoolGrowth<'_, '_> {
 #[inline(never)]
 fn grow_pools(
     call: &str,
-    device: usize,
-    d: &DeviceLedger,
+    dev: &DeviceCx,
     bytes: u64,
     dptr: *mut DevicePtr,
     lane: usize,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    footprint::settle_before_admission(device);
+    let (device, d) = (dev.ordinal, dev.ledger);
+    footprint::settle_before_admission(dev);
     let shard = runtime::shard();
     let mut bank = collect_all(d);
     // The request's shard was dry: it is debited here, under the lock.
@@ -773,7 +766,7 @@ fn grow_pools(
         bank: &mut bank,
         bytes,
     };
-    match admit(call, device, d, &mut growth) {
+    match admit(call, dev, &mut growth) {
         Ok(Some(r)) => {
             // Charged to the pools: only this thread, under the bank, moves their charge.
             let (growth, charge) = (r.bytes(), d.pool.charge());
@@ -835,8 +828,8 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) {
 
 /// The program trimmed `pool`, one of the device's pools (`cuMemPoolTrimTo`): its
 /// charge becomes the driver's figure.
-pub fn pool_trimmed(device: usize, pool: Handle) {
-    let Some(d) = runtime::budgeted(device) else {
+pub fn pool_trimmed(cx: Cx, device: usize, pool: Handle) {
+    let Some(d) = cx.device(device).map(|dev| dev.ledger) else {
         return;
     };
     if pools::created(pool).is_some() {
@@ -857,7 +850,8 @@ static REFRESHED_MS: [AtomicU64; ledger::MAX_DEVICES] =
 /// driver reserves now. The driver gives pool memory back on its own (a synchronize
 /// below the release threshold), and a view that still counted it would show less free
 /// memory than there is — which a framework sizing its pool from it (XLA) would believe.
-pub fn refresh_pools(device: usize, d: &DeviceLedger) {
+pub fn refresh_pools(dev: &DeviceCx) {
+    let (device, d) = (dev.ordinal, dev.ledger);
     // The rate limit first: between refreshes a view costs two loads, no allocation.
     let Some(last) = REFRESHED_MS.get(device) else {
         return;

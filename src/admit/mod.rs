@@ -37,7 +37,7 @@ use std::time::Instant;
 
 use crate::books::ledger::{BankGuard, Denial, DeviceLedger, Reservation, clamp_i64};
 use crate::config::OnExceed;
-use crate::runtime;
+use crate::runtime::DeviceCx;
 use crate::sys::driver::CuResult;
 use crate::tell::report;
 use credit::private;
@@ -55,20 +55,20 @@ pub trait Ask {
     /// Before the first try: the device's first context charged if it is still pending
     /// (which may wait, boundedly, for NVML), and the footprint re-read at its routine
     /// interval.
-    fn settle(&self, device: usize, d: &DeviceLedger) {
-        footprint::settle_before_admission(device);
-        footprint::maybe_reconcile(device, d);
+    fn settle(&self, dev: &DeviceCx) {
+        footprint::settle_before_admission(dev);
+        footprint::maybe_reconcile(dev);
     }
 
     /// Asked only when the first reservation does not fit, before room is made: the
     /// driver's own refusal of the request whatever its size, if it has one.
-    fn rejected(&mut self) -> Option<CuResult> {
+    fn rejected(&mut self, _dev: &DeviceCx) -> Option<CuResult> {
         None
     }
 
     /// Makes room before the last try.
-    fn make_room(&mut self, device: usize, d: &DeviceLedger) {
-        make_room(device, d, &mut collect_all(d));
+    fn make_room(&mut self, dev: &DeviceCx) {
+        make_room(dev, &mut collect_all(dev.ledger));
     }
 
     /// The bytes a request that does not fit may wait for (`CUDABUDGET_ON_EXCEED=wait:…`);
@@ -107,30 +107,29 @@ impl<F: Fn() -> u64> Ask for Growth<F> {
         Some((self.0)()).filter(|&growth| growth > 0)
     }
 
-    fn settle(&self, _device: usize, _d: &DeviceLedger) {}
+    fn settle(&self, _dev: &DeviceCx) {}
 }
 
-/// Decides an allocation on `device` for `call`: reserves what `ask` asks for; if it
-/// does not fit, makes room and tries once more; then, in observe mode, admits it past
-/// the budget ([`overrun`]); for a request that may wait, waits for room; else refuses
-/// ([`refuse`]). `Ok(None)`: nothing to admit.
-pub fn admit<'d>(
+/// Decides an allocation on the call's device `dev` for `call`: reserves what `ask` asks
+/// for within the budget in force; if it does not fit, makes room and tries once more;
+/// then, in observe mode, admits it past the budget ([`overrun`]); for a request that may
+/// wait, waits for room; else refuses ([`refuse`]). `Ok(None)`: nothing to admit.
+pub fn admit(
     call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
+    dev: &DeviceCx,
     ask: &mut impl Ask,
-) -> Result<Option<Reservation<'d>>, CuResult> {
-    let denial = match try_admit(device, d, ask) {
+) -> Result<Option<Reservation<'static>>, CuResult> {
+    let denial = match try_admit(dev, ask) {
         Ok(admitted) => return Ok(admitted),
         Err(Missed::Rejected(rc)) => return Err(rc),
         Err(Missed::Denied(denial)) => denial,
     };
-    if warns() {
-        return Ok(Some(overrun(call, device, d, &denial)));
+    if warns(dev) {
+        return Ok(Some(overrun(call, dev, &denial)));
     }
     match ask.waits_for() {
-        Some(bytes) => wait_for_room(call, device, d, ask, bytes, denial),
-        None => Err(refuse(call, device, d, &denial)),
+        Some(bytes) => wait_for_room(call, dev, ask, bytes, denial),
+        None => Err(refuse(call, dev, &denial)),
     }
 }
 
@@ -142,50 +141,46 @@ enum Missed {
     Denied(Denial),
 }
 
-fn try_admit<'d>(
-    device: usize,
-    d: &'d DeviceLedger,
-    ask: &mut impl Ask,
-) -> Result<Option<Reservation<'d>>, Missed> {
-    ask.settle(device, d);
+fn try_admit(dev: &DeviceCx, ask: &mut impl Ask) -> Result<Option<Reservation<'static>>, Missed> {
+    ask.settle(dev);
     let Some(first) = ask.bytes() else {
         return Ok(None);
     };
-    if let Ok(r) = d.reserve(first) {
+    if let Ok(r) = dev.reserve(first) {
         return Ok(Some(r));
     }
-    if let Some(rc) = ask.rejected() {
+    if let Some(rc) = ask.rejected(dev) {
         return Err(Missed::Rejected(rc));
     }
-    ask.make_room(device, d);
+    ask.make_room(dev);
     let Some(again) = ask.bytes() else {
         return Ok(None);
     };
-    d.reserve(again).map(Some).map_err(Missed::Denied)
+    dev.reserve(again).map(Some).map_err(Missed::Denied)
 }
 
 /// With `CUDABUDGET_ON_EXCEED=wait:<d>`, a request of `bytes` that did not fit waits (in
 /// arrival order) until the process — or the job — has room, for at most `d`. Never
 /// during a capture, nor for more than the budget.
 #[cold]
-fn wait_for_room<'d>(
+fn wait_for_room(
     call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
+    dev: &DeviceCx,
     ask: &mut impl Ask,
     bytes: u64,
     denial: Denial,
-) -> Result<Option<Reservation<'d>>, CuResult> {
-    let Some(OnExceed::Wait(patience)) = runtime::config().map(|c| c.on_exceed) else {
-        return Err(refuse(call, device, d, &denial));
+) -> Result<Option<Reservation<'static>>, CuResult> {
+    let OnExceed::Wait(patience) = dev.config().on_exceed else {
+        return Err(refuse(call, dev, &denial));
     };
-    if capture::any() || bytes > d.limit() {
-        return Err(refuse(call, device, d, &denial));
+    if capture::any() || bytes > dev.budget {
+        return Err(refuse(call, dev, &denial));
     }
     let deadline = Instant::now() + patience;
+    let d = dev.ledger;
     d.note_wait();
     // A job's waiter keeps its place in the queue until it is admitted or gives up.
-    let turn = d.job().map(|(job, index)| job.queue(index));
+    let turn = dev.job().map(|(job, index)| job.queue(index));
     loop {
         // The budget as it is at each look: it may grow while this waits.
         let woke = match &turn {
@@ -194,11 +189,12 @@ fn wait_for_room<'d>(
                 d.used().saturating_add(bytes) <= d.limit()
             }),
         };
-        match try_admit(device, d, ask) {
+        let dev = dev.looked_again();
+        match try_admit(&dev, ask) {
             Ok(admitted) => return Ok(admitted),
             Err(Missed::Rejected(rc)) => return Err(rc),
             Err(Missed::Denied(denial)) if !woke || Instant::now() >= deadline => {
-                return Err(refuse(call, device, d, &denial));
+                return Err(refuse(call, &dev, &denial));
             }
             Err(Missed::Denied(_)) => {}
         }
@@ -208,27 +204,27 @@ fn wait_for_room<'d>(
 /// Whether a request that does not fit is admitted anyway (`CUDABUDGET_ON_EXCEED=warn`).
 /// Asked only once a request did not fit: the allocations that fit never read it.
 #[cold]
-pub fn warns() -> bool {
-    runtime::config().is_some_and(|c| c.on_exceed == OnExceed::Warn)
+fn warns(dev: &DeviceCx) -> bool {
+    dev.config().on_exceed == OnExceed::Warn
 }
 
 /// The one overrun (`CUDABUDGET_ON_EXCEED=warn`): what `denial` asked for is reserved
 /// past the budget, the overrun is counted, and reported (a line, rate-limited, and the
 /// event).
 #[cold]
-fn overrun<'d>(call: &str, device: usize, d: &'d DeviceLedger, denial: &Denial) -> Reservation<'d> {
-    let admitted = d.reserve_past_budget(denial.requested);
-    d.note_overrun();
-    report::overrun(call, device, denial);
+fn overrun(call: &str, dev: &DeviceCx, denial: &Denial) -> Reservation<'static> {
+    let admitted = dev.ledger.reserve_past_budget(denial.requested);
+    dev.ledger.note_overrun();
+    report::overrun(call, dev.ordinal, denial);
     admitted
 }
 
 /// The one refusal: the denial is noted and reported, and the call gets
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 #[cold]
-pub fn refuse(call: &str, device: usize, d: &DeviceLedger, denial: &Denial) -> CuResult {
-    d.note_denial();
-    report::denial(call, device, denial);
+fn refuse(call: &str, dev: &DeviceCx, denial: &Denial) -> CuResult {
+    dev.ledger.note_denial();
+    report::denial(call, dev.ordinal, denial);
     CuResult::OUT_OF_MEMORY
 }
 
@@ -306,10 +302,10 @@ pub unsafe fn reset_in_child() {
 
 /// Before a denial: the pools and the graph memory give back what they hold but do not
 /// use, and the footprint is read again.
-fn make_room(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
-    trim_pools(device, d, bank);
-    trim_quietly(|| graphs::trim(device, d));
-    footprint::reconcile_now(device, d);
+fn make_room(dev: &DeviceCx, bank: &mut BankGuard<'_>) {
+    trim_pools(dev.ordinal, dev.ledger, bank);
+    trim_quietly(|| graphs::trim(dev.ordinal, dev.ledger));
+    footprint::reconcile_now(dev);
 }
 
 /// Gives back what the process's pools hold but do not use, and charges the device the
@@ -398,7 +394,7 @@ mod tests {
 
     #[test]
     fn a_settlement_keeps_a_deficit_charged_in_pool_steps() {
-        let d = runtime::ledger().device(55).unwrap();
+        let d = crate::runtime::ledger().device(55).unwrap();
         d.set_budget(crate::books::ledger::Budget::Bytes(1 << 40));
         // 200 MiB reserved, then the driver says 100 MiB while the books hold 140 MiB in
         // use: the 40 MiB the pool has yet to grow by stay charged, as two 32 MiB steps.

@@ -157,10 +157,10 @@ pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: Device) -> CuResult {
     guard("cuDeviceGraphMemTrim", || {
         // SAFETY: the caller's argument.
         let trim = || unsafe { real::cuDeviceGraphMemTrim(device) };
-        let _cx = enter!(books, trim);
+        let cx = enter!(books, trim);
         let rc = crate::admit::program_trim(trim);
         if rc.is_ok() && device >= 0 {
-            flow::graph_memory_changed(device as usize);
+            flow::graph_memory_changed(cx, device as usize);
         }
         rc
     })

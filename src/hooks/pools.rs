@@ -45,7 +45,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
     guard("cuMemPoolTrimTo", || {
         // SAFETY: the caller's arguments.
         let trim = || unsafe { real::cuMemPoolTrimTo(pool, keep) };
-        let _cx = enter!(books, trim);
+        let cx = enter!(books, trim);
         // A created pool's reserve is what its growths are admitted by.
         let rc = if pools::created(pool).is_some() {
             crate::admit::program_trim(trim)
@@ -59,7 +59,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
                 pools::Place::Host => None,
             };
             if let Some(device) = device {
-                flow::pool_trimmed(device, pool);
+                flow::pool_trimmed(cx, device, pool);
             }
         }
         rc
@@ -73,7 +73,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
     guard("cuMemPoolDestroy", || {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuMemPoolDestroy(pool) };
-        let _cx = enter!(books, destroy);
+        let cx = enter!(books, destroy);
         if pools::created(pool).is_none() {
             let rc = destroy();
             if rc.is_ok() {
@@ -84,7 +84,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
         }
         // A device's current pool, when destroyed, hands the device back to its default
         // pool: a switch like cuDeviceSetMemPool's (crate::admit::gate).
-        gate::closed(|| flow::created_pool_destroyed(pool, destroy))
+        gate::closed(|| flow::created_pool_destroyed(cx, pool, destroy))
     })
 }
 

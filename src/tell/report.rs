@@ -161,8 +161,8 @@ impl fmt::Display for Bytes {
 
 /// Once, when the process is budgeted: the `CUDABUDGET_*` variables this release does
 /// not know, which it ignores (beside a budget; alone they refuse CUDA instead).
-pub fn unknown_variables() {
-    if let Some(warning) = crate::runtime::config().and_then(|c| c.unknown_warning()) {
+pub fn unknown_variables(config: &crate::config::Config) {
+    if let Some(warning) = config.unknown_warning() {
         line(LogLevel::Warn, format_args!("{}: {warning}", Process));
     }
 }
