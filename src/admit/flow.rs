@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::credit::{PrivateCredit, give_pooled, private};
 use super::{
-    Ask, Fixed, Growth, POOL_STEP, admit, collect_all, growth_lock, make_room, refuse,
-    settle_charge, trim_quietly, with_growth,
+    Ask, Fixed, Growth, POOL_STEP, Paid, admit, collect_all, growth_lock, make_room,
+    prepaid_by_thread, settle_charge, trim_quietly, with_growth,
 };
 use crate::admit::{capture, footprint, gate, graphs, pools};
-use crate::books::ledger::{self, BankGuard, Denial, DeviceLedger, Entry, Kind, Table};
+use crate::books::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Table};
 use crate::books::vmm;
 use crate::runtime::{self, Cx, DeviceCx};
-use crate::sys::driver::{CuResult, DevicePtr, Handle, MemAllocationProp, real};
+use crate::sys::driver::{CuResult, DevicePtr, Handle, MemAllocationProp};
 use crate::tell::report;
 
 /// The budgeted device for a call (`device`, or the calling context's), resolved once;
@@ -236,8 +236,7 @@ fn alloc_into(
 
 /// `cuMemCreate` (`real`) of `size` bytes as `prop` says, whose handle the driver writes
 /// to `handle`. Before refusing, the driver is asked whether it would accept the request
-/// at all, with the smallest allocation of the same kind ([`VmmBytes`]): PyTorch picks
-/// its handle type by the error it gets, and a budget OOM must not hide "not supported".
+/// at all, with the smallest allocation of the same kind ([`super::Create`]).
 ///
 /// # Safety
 /// `prop` must be null or valid for the driver, `handle` as the driver's.
@@ -261,12 +260,7 @@ pub unsafe fn alloc_vmm(
         return real();
     };
     let bytes = size as u64;
-    let mut ask = VmmBytes {
-        bytes,
-        size,
-        prop,
-        flags,
-    };
+    let mut ask = super::Create { size, prop, flags };
     let reservation = match admit("cuMemCreate", &dev, &mut ask) {
         Ok(r) => r,
         Err(rc) => return rc,
@@ -280,62 +274,6 @@ pub unsafe fn alloc_vmm(
         }
     }
     rc
-}
-
-/// A `cuMemCreate` request: its size, and the driver's own answer to the same request
-/// at its smallest size ([`driver_rejects`]), asked only when the size does not fit.
-struct VmmBytes {
-    bytes: u64,
-    size: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-}
-
-impl Ask for VmmBytes {
-    fn bytes(&mut self) -> Option<u64> {
-        Some(self.bytes)
-    }
-
-    fn rejected(&mut self, dev: &DeviceCx) -> Option<CuResult> {
-        // SAFETY: the property struct `alloc_vmm`'s caller vouched for.
-        unsafe { driver_rejects(dev, self.size, self.prop, self.flags) }
-    }
-}
-
-/// The driver's error for this request regardless of its size, if it has one. The probe
-/// is a real allocation, so it is made only within the budget (a reservation of its
-/// size); with no room for it, the budget's answer stands.
-///
-/// # Safety
-/// `prop` must be valid for the driver.
-unsafe fn driver_rejects(
-    dev: &DeviceCx,
-    size: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-) -> Option<CuResult> {
-    let mut granularity = 0usize;
-    // SAFETY: valid out-pointer and the caller's property struct (option 0 = minimum).
-    let rc = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
-    if !rc.is_ok() {
-        return Some(rc);
-    }
-    if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
-        return Some(CuResult::INVALID_VALUE);
-    }
-    let _room = dev.reserve(granularity as u64).ok()?;
-    let mut probe = 0u64;
-    // In relaxed mode: the probe is the library's call, and must not break a capture.
-    // SAFETY: the smallest allocation of the same kind, released at once.
-    let rc = capture::relaxed(|| unsafe {
-        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
-        if rc.is_ok() {
-            let _ = real::cuMemRelease(probe);
-        }
-        rc
-    });
-    // Accepted, or refused for want of memory: the budget's answer stands.
-    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
 }
 
 /// `cuMemAllocPitch`: the pitch is the driver's choice, so the reservation is for the
@@ -360,11 +298,7 @@ pub fn alloc_pitch(
             let table = runtime::pointers();
             if let Some(mut entry) = table.remove(ptr) {
                 if let Some(d) = runtime::ledger().device(entry.device) {
-                    if actual > estimate {
-                        d.charge(actual - estimate);
-                    } else {
-                        d.release(estimate - actual);
-                    }
+                    super::after::charge_after(d, estimate, actual);
                 }
                 entry.bytes = actual;
                 table.insert(ptr, entry);
@@ -581,7 +515,7 @@ fn alloc_async_fast<F: FnOnce() -> CuResult>(
     let d0 = runtime::ledger().device(0);
     if !(runtime::known_single_device()
         && !capture::any()
-        && d0.is_some_and(|d| p.take(0, d, bytes)))
+        && d0.is_some_and(|d| prepaid_by_thread(p, 0, d, bytes)))
     {
         gate::leave_own(lane);
         return Err(real);
@@ -657,38 +591,19 @@ pub fn alloc_pooled(
     if let Some(pool) = created {
         return alloc_from_created(call, &dev, pool, bytes, real);
     }
-    let may_hold = ledger::PoolCredit::may_hold(bytes, dev.budget)
-        || super::warns(&dev) && ledger::PoolCredit::may_hold(bytes, u64::MAX);
-    if !may_hold {
-        // No pool growth could ever admit it: refused before any credit moves, so a
-        // failure cannot give back credit that was never taken. (In observe mode it goes
-        // on, and its growth is admitted past the budget.)
-        let denial = Denial {
-            requested: bytes,
-            used: d.budget_used(),
-            budget: dev.budget,
-        };
-        return refuse(call, &dev, &denial);
+    // Refused before any credit moves, so a failure cannot give back credit that was
+    // never taken.
+    if let Err(refusal) = super::within_reach(call, &dev, bytes) {
+        return refusal;
     }
-    let (private, lane) = private().map_or((false, 0), |p| (p.take(device, d, bytes), p.lane()));
-    if !private && !d.pool.take(runtime::shard(), bytes) {
+    let p = private();
+    let lane = p.map_or(0, PrivateCredit::lane);
+    let Some(paid) = super::prepaid(&dev, p, bytes) else {
         return grow_pools(call, &dev, bytes, dptr, lane, real);
-    }
+    };
     let rc = real();
-    let paid = if private { Paid::Thread } else { Paid::Shard };
     record_pooled(rc, dptr, bytes, device, d, lane, paid);
     rc
-}
-
-/// Where a stream-ordered allocation's credit came from: an allocation that fails gives
-/// it back there, so that a debt left in the shards is never repaid into a thread's own
-/// credit (which the fast path spends without looking at the shards or the bank).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Paid {
-    Thread,
-    Shard,
-    /// From the bank, under its lock: the caller repays a failure there itself.
-    Bank,
 }
 
 #[inline]
@@ -816,7 +731,7 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) {
             pools::settle_created(pool, d);
         }
     });
-    d.charge(pools::retired(device));
+    super::after::charge_after(d, 0, pools::retired(device));
     let mut bank = d.pool.collect();
     if let Some(reserve) = pools::reserve(device) {
         settle_charge(d, &mut bank, reserve);

@@ -425,7 +425,7 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) -> bool {
     // teardown and stays charged.
     let vmm = vmm::lock();
     d.clear();
-    d.charge(vmm.bytes_on(device));
+    super::after::charge_after(d, 0, vmm.bytes_on(device));
     true
 }
 

@@ -487,7 +487,7 @@ pub fn lookup(
     };
     if fits.is_err() {
         // Held already and nothing to undo: charged all the same, until the unload.
-        d.charge(extra);
+        super::after::charge_after(d, 0, extra);
     }
     if let Some(r) = reservation {
         r.commit();

@@ -16,12 +16,14 @@
 //! ([`settle_charge`]) and the growth lock.
 //!
 //! - `flow`: the allocation and free flows built on [`admit`] (what each hook does).
+//! - `after`: what is measured after the fact, charged in one place ([`after::charge_after`]).
 //! - `loads`, `image`: module and library loads, and what an image places on the device.
 //! - `credit`: the credit a thread keeps for its own stream-ordered allocations.
 //! - `footprint`, `pools`, `graphs`, `capture`, `gate`: the driver-side figures and states
 //!   the decisions read (the context's footprint, the pools, graph memory, stream
 //!   captures, switches of a device's current pool).
 
+pub mod after;
 pub mod capture;
 pub mod credit;
 pub mod flow;
@@ -35,12 +37,12 @@ pub mod pools;
 use std::cell::Cell;
 use std::time::Instant;
 
-use crate::books::ledger::{BankGuard, Denial, DeviceLedger, Reservation, clamp_i64};
+use crate::books::ledger::{BankGuard, Denial, DeviceLedger, PoolCredit, Reservation, clamp_i64};
 use crate::config::OnExceed;
 use crate::runtime::DeviceCx;
-use crate::sys::driver::CuResult;
+use crate::sys::driver::{CuResult, MemAllocationProp, real};
 use crate::tell::report;
-use credit::private;
+use credit::{PrivateCredit, private};
 
 /// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
 /// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
@@ -110,6 +112,64 @@ impl<F: Fn() -> u64> Ask for Growth<F> {
     fn settle(&self, _dev: &DeviceCx) {}
 }
 
+/// A `cuMemCreate` request of `size` bytes as `prop` says: its size, and the driver's own
+/// answer to the same request at its smallest size ([`driver_rejects`]), asked only when
+/// the size does not fit. PyTorch picks its handle type by the error it gets, and a
+/// budget OOM must not hide "not supported".
+pub struct Create {
+    pub size: usize,
+    /// Null or valid for the driver (the caller of `cuMemCreate` vouched for it).
+    pub prop: *const MemAllocationProp,
+    pub flags: u64,
+}
+
+impl Ask for Create {
+    fn bytes(&mut self) -> Option<u64> {
+        Some(self.size as u64)
+    }
+
+    fn rejected(&mut self, dev: &DeviceCx) -> Option<CuResult> {
+        // SAFETY: the property struct the caller of `cuMemCreate` vouched for.
+        unsafe { driver_rejects(dev, self.size, self.prop, self.flags) }
+    }
+}
+
+/// The driver's error for this request regardless of its size, if it has one. The probe
+/// is a real allocation, so it is admitted like one, within the budget (a reservation of
+/// its size, released with it); with no room for it, the budget's answer stands.
+///
+/// # Safety
+/// `prop` must be valid for the driver.
+unsafe fn driver_rejects(
+    dev: &DeviceCx,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> Option<CuResult> {
+    let mut granularity = 0usize;
+    // SAFETY: valid out-pointer and the caller's property struct (option 0 = minimum).
+    let rc = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
+    if !rc.is_ok() {
+        return Some(rc);
+    }
+    if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
+        return Some(CuResult::INVALID_VALUE);
+    }
+    let _room = dev.reserve(granularity as u64).ok()?;
+    let mut probe = 0u64;
+    // In relaxed mode: the probe is the library's call, and must not break a capture.
+    // SAFETY: the smallest allocation of the same kind, released at once.
+    let rc = capture::relaxed(|| unsafe {
+        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
+        if rc.is_ok() {
+            let _ = real::cuMemRelease(probe);
+        }
+        rc
+    });
+    // Accepted, or refused for want of memory: the budget's answer stands.
+    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
+}
+
 /// Decides an allocation on the call's device `dev` for `call`: reserves what `ask` asks
 /// for within the budget in force; if it does not fit, makes room and tries once more;
 /// then, in observe mode, admits it past the budget ([`overrun`]); for a request that may
@@ -131,6 +191,59 @@ pub fn admit(
         Some(bytes) => wait_for_room(call, dev, ask, bytes, denial),
         None => Err(refuse(call, dev, &denial)),
     }
+}
+
+/// A stream-ordered request of `bytes` that no growth of the device's pools could ever
+/// admit (more than the budget lets the pools hold for one block) is refused here, at
+/// once, before any credit moves. In observe mode it goes on, and its growth is admitted
+/// past the budget.
+pub fn within_reach(call: &str, dev: &DeviceCx, bytes: u64) -> Result<(), CuResult> {
+    if PoolCredit::may_hold(bytes, dev.budget)
+        || warns(dev) && PoolCredit::may_hold(bytes, u64::MAX)
+    {
+        return Ok(());
+    }
+    let denial = Denial {
+        requested: bytes,
+        used: dev.ledger.budget_used(),
+        budget: dev.budget,
+    };
+    Err(refuse(call, dev, &denial))
+}
+
+/// A stream-ordered allocation is admitted in advance when it fits in what the device's
+/// pools already hold: their growth was admitted when they grew (`flow`'s `PoolGrowth`,
+/// through [`admit`]), and the pools' credit is that admission's unspent part, kept in the
+/// thread's own credit, in the shards and in the bank ([`credit`]). Spends `bytes` of it
+/// on the call's device: the thread's own first, then its shard's. `None`: there is none
+/// left, and the pools' growth must be admitted now.
+#[inline]
+fn prepaid(dev: &DeviceCx, p: Option<&PrivateCredit>, bytes: u64) -> Option<Paid> {
+    if p.is_some_and(|p| p.take(dev.ordinal, dev.ledger, bytes)) {
+        Some(Paid::Thread)
+    } else if dev.ledger.pool.take(crate::runtime::shard(), bytes) {
+        Some(Paid::Shard)
+    } else {
+        None
+    }
+}
+
+/// [`prepaid`] on the stream-ordered fast path (`flow`'s `alloc_async_fast`): `bytes` from
+/// the thread's own credit for `device`, if it holds that much; nothing else is looked at.
+#[inline(always)]
+fn prepaid_by_thread(p: &PrivateCredit, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
+    p.take(device, d, bytes)
+}
+
+/// Where a stream-ordered allocation's credit came from: an allocation that fails gives
+/// it back there, so that a debt left in the shards is never repaid into a thread's own
+/// credit (which the fast path spends without looking at the shards or the bank).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Paid {
+    Thread,
+    Shard,
+    /// From the bank, under its lock: the caller repays a failure there itself.
+    Bank,
 }
 
 /// Why a try did not admit.
@@ -375,6 +488,42 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    /// A context for device `ordinal` with a budget of `budget` bytes, in a process whose
+    /// configuration fails a request that does not fit.
+    fn device(ordinal: usize, budget: u64) -> DeviceCx {
+        let config = crate::config::Config::from_vars([("CUDABUDGET_LIMIT", "1Ti")]);
+        crate::runtime::set_config(config.expect("a valid configuration"));
+        let d = crate::runtime::ledger().device(ordinal).unwrap();
+        d.set_budget(crate::books::ledger::Budget::Bytes(budget));
+        crate::runtime::Cx::budgeted().device(ordinal).unwrap()
+    }
+
+    #[test]
+    fn a_stream_ordered_request_no_pool_growth_could_admit_is_refused_before_any_credit_moves() {
+        let dev = device(58, 64 * MIB);
+        assert_eq!(within_reach("cuMemAllocAsync", &dev, 64 * MIB), Ok(()));
+        assert_eq!(
+            within_reach("cuMemAllocAsync", &dev, 64 * MIB + 1),
+            Err(CuResult::OUT_OF_MEMORY)
+        );
+        assert_eq!(dev.ledger.denials(), 1, "the one refusal path counts it");
+        assert_eq!(dev.ledger.used(), 0);
+    }
+
+    #[test]
+    fn credit_the_pools_hold_is_an_admission_paid_in_advance_shared_credit_when_the_thread_has_none()
+     {
+        let dev = device(59, 1 << 40);
+        assert!(
+            prepaid(&dev, None, MIB).is_none(),
+            "no credit: the pools must grow"
+        );
+        dev.ledger.pool.give(crate::runtime::shard(), 2 * MIB);
+        assert!(prepaid(&dev, None, MIB) == Some(Paid::Shard));
+        assert!(prepaid(&dev, None, 2 * MIB).is_none(), "only 1 MiB is left");
+        assert_eq!(dev.ledger.used(), 0, "spending credit charges nothing more");
+    }
 
     #[test]
     fn the_growth_guard_marks_its_thread_only_while_held() {
