@@ -332,7 +332,9 @@ fn budget_changed(ordinal: usize, d: &DeviceLedger, previous: u64, now: u64, by:
         crate::sys::wait::freed();
     }
     let used = d.budget_used();
+    // On the background thread of a budgeted process: the configuration is set.
     crate::tell::events::budget_changed(
+        Cx::budgeted().config(),
         ordinal,
         previous,
         &Denial {

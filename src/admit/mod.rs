@@ -328,7 +328,7 @@ fn warns(dev: &DeviceCx) -> bool {
 fn overrun(call: &str, dev: &DeviceCx, denial: &Denial) -> Reservation<'static> {
     let admitted = dev.ledger.reserve_past_budget(denial.requested);
     dev.ledger.note_overrun();
-    report::overrun(call, dev.ordinal, denial);
+    report::overrun(dev.config(), call, dev.ordinal, denial);
     admitted
 }
 
@@ -337,7 +337,7 @@ fn overrun(call: &str, dev: &DeviceCx, denial: &Denial) -> Reservation<'static> 
 #[cold]
 fn refuse(call: &str, dev: &DeviceCx, denial: &Denial) -> CuResult {
     dev.ledger.note_denial();
-    report::denial(call, dev.ordinal, denial);
+    report::denial(dev.config(), call, dev.ordinal, denial);
     CuResult::OUT_OF_MEMORY
 }
 
