@@ -1,6 +1,7 @@
 //! What is measured after the fact: memory the driver already holds when its figure
 //! comes (a created pool's reserve, graph memory, a library's globals found at their
-//! first look-up, the real pitch of an allocation, what survives a context's end). No
+//! first look-up, the real pitch of an allocation, what survives a context's end, the
+//! footprint's overhead). No
 //! admission can refuse it any more: [`charge_after`] is the one place it reaches the
 //! books, whoever measured it ([`super::loads`], [`super::footprint`], [`super::pools`],
 //! [`super::graphs`], [`super::flow`]).
@@ -16,6 +17,13 @@ pub fn charge_after(d: &DeviceLedger, charged: u64, now: u64) {
     } else {
         d.release(charged - now);
     }
+}
+
+/// The footprint's figure for what no hook saw on the device (its overhead: the context,
+/// modules, paths we do not hook) becomes `now`, charged as [`charge_after`] against what
+/// the overhead was.
+pub fn overhead_after(d: &DeviceLedger, now: u64) {
+    charge_after(d, d.swap_overhead(now), now);
 }
 
 #[cfg(test)]

@@ -319,7 +319,7 @@ fn charge_context(dev: &DeviceCx) {
     if d.books_epoch() != epoch {
         return;
     }
-    d.set_overhead(charge.max(d.overhead()));
+    super::after::overhead_after(d, charge.max(d.overhead()));
     if let Some(last) = LAST_MS.get(device) {
         last.store(report::monotonic_ms(), Ordering::Relaxed);
     }
@@ -463,7 +463,7 @@ fn reconcile(dev: &DeviceCx) {
         return;
     };
     let tracked = d.used().saturating_sub(d.overhead());
-    d.set_overhead(process.saturating_sub(tracked));
+    super::after::overhead_after(d, process.saturating_sub(tracked));
 }
 
 /// After `fork()`: the child has no context of its own, and no lock of the parent's.

@@ -287,9 +287,17 @@ impl DeviceLedger {
         before.min(bytes)
     }
 
+    /// Records `bytes` as the overhead (the part of `used` no hook saw) and returns what it
+    /// was; `used` is not moved: the caller charges the difference
+    /// (`admit::after::charge_after`).
+    pub fn swap_overhead(&self, bytes: u64) -> u64 {
+        self.overhead.swap(bytes, Ordering::AcqRel)
+    }
+
     /// Replaces the overhead charge with `bytes`, moving `used` by the difference.
+    #[cfg(test)]
     pub fn set_overhead(&self, bytes: u64) {
-        let old = self.overhead.swap(bytes, Ordering::AcqRel);
+        let old = self.swap_overhead(bytes);
         if bytes >= old {
             self.charge(bytes - old);
         } else {
