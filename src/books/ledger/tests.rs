@@ -14,6 +14,19 @@ fn device(budget: u64) -> DeviceLedger {
 }
 
 #[test]
+fn a_reservation_is_measured_against_the_budget_in_force_it_is_given() {
+    let d = device(100);
+    let resolved = d.in_force();
+    assert_eq!(resolved.bytes, 100);
+    // A budget raised after the call was resolved: the call keeps what it was given,
+    // the next call gets the new one.
+    d.set_budget(Budget::Bytes(200));
+    assert_eq!(d.reserve(150, resolved).err().map(|e| e.budget), Some(100));
+    d.reserve(150, d.in_force()).unwrap().commit();
+    assert_eq!(d.used(), 150);
+}
+
+#[test]
 fn a_reservation_that_fits_is_charged_and_one_that_does_not_is_refused() {
     let d = device(100);
     d.reserve(60, d.in_force()).unwrap().commit();
