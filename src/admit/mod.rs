@@ -174,6 +174,7 @@ unsafe fn driver_rejects(
 /// for within the budget in force; if it does not fit, makes room and tries once more;
 /// then, in observe mode, admits it past the budget ([`overrun`]); for a request that may
 /// wait, waits for room; else refuses ([`refuse`]). `Ok(None)`: nothing to admit.
+#[inline]
 pub fn admit(
     call: &str,
     dev: &DeviceCx,
