@@ -45,7 +45,7 @@ fn another_context(
 /// Runs a primary-context release (or reset) and tells the footprint when the context
 /// it counted is gone. A reset of a primary context that was never active (what
 /// `cudaDeviceReset` does beside a context from `cuCtxCreate`) ends nothing we counted.
-fn releasing_primary(_cx: Cx, device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
+fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
     if device < 0 {
         return release();
     }
@@ -99,8 +99,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: Device) -> CuResul
     guard("cuDevicePrimaryCtxRelease", || {
         // SAFETY: the caller's argument.
         let release = || unsafe { real::cuDevicePrimaryCtxRelease_v2(device) };
-        let cx = enter!(release);
-        releasing_primary(cx, device, release)
+        let _cx = enter!(release);
+        releasing_primary(device, release)
     })
 }
 
@@ -111,13 +111,13 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: Device) -> CuResult 
     guard("cuDevicePrimaryCtxReset", || {
         // SAFETY: the caller's argument.
         let release = || unsafe { real::cuDevicePrimaryCtxReset_v2(device) };
-        let cx = enter!(release);
-        releasing_primary(cx, device, release)
+        let _cx = enter!(release);
+        releasing_primary(device, release)
     })
 }
 
 /// Remembers a context from `cuCtxCreate` and its device, so its destruction can be told.
-fn remember_created(_cx: Cx, ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
+fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
     if rc.is_ok() && !ctx.is_null() {
         // SAFETY: the driver wrote the new context.
         let handle = unsafe { *ctx } as usize;
@@ -137,7 +137,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: De
         let create = || unsafe { real::cuCtxCreate_v2(ctx, flags, device) };
         let cx = enter!(create);
         let rc = creating_context(cx, device, |dev| another_context(dev, ctx, create));
-        remember_created(cx, ctx, device, rc)
+        remember_created(ctx, device, rc)
     })
 }
 
@@ -156,7 +156,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
         let create = || unsafe { real::cuCtxCreate_v3(ctx, params, num, flags, device) };
         let cx = enter!(create);
         let rc = creating_context(cx, device, |dev| another_context(dev, ctx, create));
-        remember_created(cx, ctx, device, rc)
+        remember_created(ctx, device, rc)
     })
 }
 
@@ -174,7 +174,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
         let create = || unsafe { real::cuCtxCreate_v4(ctx, params, flags, device) };
         let cx = enter!(create);
         let rc = creating_context(cx, device, |dev| another_context(dev, ctx, create));
-        remember_created(cx, ctx, device, rc)
+        remember_created(ctx, device, rc)
     })
 }
 
