@@ -1,5 +1,7 @@
 //! The process-wide state the hooks share: whether the library budgets at all, the
-//! configuration, the ledger, and which device a call is for.
+//! configuration, the ledger, and which device a call is for; and the call's context
+//! ([`Cx`]), which resolves a call's device once ([`DeviceCx`]: its ledger, the budget in
+//! force, its job) for the decisions below.
 //!
 //! The mode is a state machine in one atomic (bytehound's pattern), decided lazily
 //! ([`crate::lifecycle`]) by the first hook that needs it — never by a constructor or by
