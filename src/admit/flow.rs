@@ -185,7 +185,10 @@ pub fn alloc_direct(
     out: *mut u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(cx, runtime::pointers(), call, bytes, device, out, real)
+    let Some(dev) = budgeted_device(cx, device) else {
+        return real();
+    };
+    alloc_into(&dev, runtime::pointers(), call, bytes, out, real)
 }
 
 /// As [`alloc_direct`], for array handles.
@@ -196,22 +199,23 @@ pub fn alloc_array(
     out: *mut Handle,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(cx, runtime::arrays(), call, bytes, None, out.cast(), real)
+    let Some(dev) = cx.current_device() else {
+        return real();
+    };
+    alloc_into(&dev, runtime::arrays(), call, bytes, out.cast(), real)
 }
 
+/// A synchronous allocation of `bytes` on the call's device, recorded in `table` under
+/// what the driver writes to `out`.
 fn alloc_into(
-    cx: Cx,
+    dev: &DeviceCx,
     table: &impl Table,
     call: &str,
     bytes: u64,
-    device: Option<usize>,
     out: *mut u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let Some(dev) = budgeted_device(cx, device) else {
-        return real();
-    };
-    let reservation = match admit(call, &dev, &mut Fixed { bytes, wait: true }) {
+    let reservation = match admit(call, dev, &mut Fixed { bytes, wait: true }) {
         Ok(r) => r,
         Err(rc) => return rc,
     };
@@ -290,19 +294,20 @@ pub fn alloc_pitch(
         .div_ceil(512)
         .saturating_mul(512)
         .saturating_mul(height as u64);
-    let rc = alloc_direct(cx, "cuMemAllocPitch", estimate, None, dptr, real);
+    let Some(dev) = cx.current_device() else {
+        return real();
+    };
+    let table = runtime::pointers();
+    let rc = alloc_into(&dev, table, "cuMemAllocPitch", estimate, dptr, real);
     if rc.is_ok() && !pitch.is_null() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote both out-parameters.
         let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
-        if actual != estimate {
-            let table = runtime::pointers();
-            if let Some(mut entry) = table.remove(ptr) {
-                if let Some(d) = runtime::ledger().device(entry.device) {
-                    super::after::charge_after(d, estimate, actual);
-                }
-                entry.bytes = actual;
-                table.insert(ptr, entry);
-            }
+        if actual != estimate
+            && let Some(mut entry) = table.remove(ptr)
+        {
+            super::after::charge_after(dev.ledger, estimate, actual);
+            entry.bytes = actual;
+            table.insert(ptr, entry);
         }
     }
     rc
