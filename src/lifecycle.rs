@@ -103,11 +103,13 @@ pub fn init() -> Mode {
                 format_args!("cannot open libcuda.so.1 from the library; CUDA calls will fail"),
             ),
             Ok(Mode::Budgeted) => {
+                // Settled as budgeted by this thread: the configuration is set.
+                let config = Cx::budgeted().config();
                 crate::tell::events::remember_program_name();
-                report::unknown_variables();
+                report::unknown_variables(config);
                 report::install_exit_summary();
                 install_fork_handler();
-                start_background();
+                start_background(config);
             }
             Ok(_) => {}
         }
@@ -133,9 +135,8 @@ fn decide_once(
 fn decide() -> Result<Mode, ConfigError> {
     let config = Config::from_env()?;
     crate::sys::log::set_level(config.log);
-    let unbudgeted = config.is_unbudgeted();
-    runtime::set_config(config);
-    if unbudgeted {
+    let config = runtime::set_config(config);
+    if config.is_unbudgeted() {
         // The driver's table fills on first use (driver::real): a process with no
         // budget opens nothing it did not open itself.
         return Ok(Mode::Passthrough);
@@ -144,9 +145,7 @@ fn decide() -> Result<Mode, ConfigError> {
         return Ok(Mode::NoDriver);
     }
     let joining = std::time::Instant::now();
-    if let Some(config) = runtime::config()
-        && let Some(ledger) = job_ledger(config)
-    {
+    if let Some(ledger) = job_ledger(config) {
         use crate::books::job::{self, Joined};
         let what = match ledger {
             job::Ledger::Named(name) => format!("job {name}"),
@@ -231,7 +230,7 @@ fn job_ledger(config: &Config) -> Option<crate::books::job::Ledger<'_>> {
 /// ([`crate::admit::gate::prepare`]) and then publishes this process's figures
 /// ([`crate::tell::publish::run`]). Called at the end of a successful initialisation;
 /// costs the caller one thread creation and nothing after.
-fn start_background() {
+fn start_background(config: &'static Config) {
     static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if STARTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         return;
@@ -243,7 +242,7 @@ fn start_background() {
             // Off the program's threads: in a process that already has threads, the
             // registration waits for an RCU grace period (milliseconds).
             crate::admit::gate::prepare();
-            crate::tell::publish::run(follow_budgets);
+            crate::tell::publish::run(config, follow_budgets);
         });
     if let Err(error) = spawned {
         crate::sys::log::line(
@@ -333,7 +332,9 @@ fn budget_changed(ordinal: usize, d: &DeviceLedger, previous: u64, now: u64, by:
         crate::sys::wait::freed();
     }
     let used = d.budget_used();
+    // On the background thread of a budgeted process: the configuration is set.
     crate::tell::events::budget_changed(
+        Cx::budgeted().config(),
         ordinal,
         previous,
         &Denial {

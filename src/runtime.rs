@@ -1,15 +1,20 @@
 //! The process-wide state the hooks share: whether the library budgets at all, the
-//! configuration, the ledger, and which device a call is for.
+//! configuration, the ledger, and which device a call is for; and the call's context
+//! ([`Cx`]), which resolves a call's device once ([`DeviceCx`]: its ledger, the budget in
+//! force, its job) for the decisions below.
 //!
 //! The mode is a state machine in one atomic (bytehound's pattern), decided lazily
 //! ([`crate::lifecycle`]) by the first hook that needs it — never by a constructor or by
 //! `dlsym`. After that, deciding what to do costs a hook one load. This module only
 //! keeps the answer: it never calls up into the decision.
 
-use std::sync::OnceLock;
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use crate::books::ledger::{AddrTable, Budget, DeviceLedger, Ledger, PointerMap};
+use crate::books::ledger::{
+    AddrTable, Budget, Denial, DeviceLedger, InForce, Ledger, PointerMap, Reservation,
+};
 use crate::config::Config;
 use crate::sys::driver::real;
 
@@ -33,7 +38,7 @@ const REFUSED: u8 = 4;
 const NO_DRIVER: u8 = 5;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-static CONFIG: OnceLock<Config> = OnceLock::new();
+static CONFIG: Settled = Settled::new();
 static LEDGER: Ledger = Ledger::new();
 /// Device pointers from every allocation path. Apart from the ledger so that it is
 /// zero-initialised (in .bss, not 12 MiB of the library's file).
@@ -59,16 +64,182 @@ pub fn known_mode() -> Option<Mode> {
     }
 }
 
-/// A hook's proof that it entered a budgeted process ([`crate::lifecycle::enter`]): the
-/// decisions below take it instead of asking the mode again. Costs nothing to pass.
+/// A hook's context ([`crate::lifecycle::enter`]): the proof that it entered a budgeted
+/// process, and the configuration, so that the decisions below neither ask the mode again
+/// nor look the configuration up. [`Cx::device`] resolves a device for the call, once.
+/// Costs nothing to make nor to pass: the configuration is set before the mode is
+/// `Budgeted`, at a fixed place, so the context carries it in its type.
 #[derive(Clone, Copy)]
 pub struct Cx(());
 
 impl Cx {
-    /// Only for [`crate::lifecycle::enter`], once the mode is `Budgeted` (and unit tests).
+    /// Only for [`crate::lifecycle`], once the mode is `Budgeted` (the configuration is
+    /// then set for good).
     #[inline(always)]
     pub(crate) const fn budgeted() -> Cx {
         Cx(())
+    }
+
+    /// The configuration the process runs under.
+    #[inline(always)]
+    pub fn config(self) -> &'static Config {
+        // SAFETY: a `Cx` is made only once the mode is `Budgeted`, which it is only once
+        // the configuration is set (`lifecycle::decide` sets it before the mode is
+        // settled), and it never changes.
+        unsafe { CONFIG.get_unchecked() }
+    }
+
+    /// Device `ordinal` for this call, when it has a budget: its ledger and the budget in
+    /// force now (working out the budget on the device's first call). `None`: the device
+    /// has no budget (or not yet: a percentage before the device's size is known), and
+    /// the call passes through.
+    #[inline]
+    pub fn device(self, ordinal: usize) -> Option<DeviceCx> {
+        self.device_sized(ordinal, None)
+    }
+
+    /// As [`Cx::device`], where the caller knows the device's size (NVML, in a process
+    /// that never initialised CUDA).
+    pub fn device_of_size(self, ordinal: usize, total: u64) -> Option<DeviceCx> {
+        self.device_sized(ordinal, Some(total))
+    }
+
+    /// The calling context's device, as [`Cx::device`].
+    #[inline]
+    pub fn current_device(self) -> Option<DeviceCx> {
+        self.device(current_device()?)
+    }
+
+    #[inline(always)]
+    fn device_sized(self, ordinal: usize, total: Option<u64>) -> Option<DeviceCx> {
+        let ledger = LEDGER.device(ordinal)?;
+        let in_force = match ledger.budget() {
+            Budget::Unbudgeted => return None,
+            Budget::Unresolved => resolve_budget(self.config(), ordinal, ledger, total)?,
+            // The device's own budget, unless it is a job's (then as the job's ledger
+            // holds it now).
+            Budget::Bytes(bytes) => match ledger.job() {
+                None => InForce { bytes, job: None },
+                Some(_) => ledger.in_force(),
+            },
+        };
+        Some(DeviceCx::new(ordinal, ledger, in_force))
+    }
+}
+
+/// A budgeted device as one call sees it, resolved once ([`Cx::device`]): its ordinal,
+/// its ledger, the budget in force (the device's own, or its job's, with the job whose
+/// books a reservation must fit too) and the configuration. What the decisions below take
+/// instead of looking any of them up again.
+#[derive(Clone, Copy)]
+pub struct DeviceCx {
+    pub ordinal: usize,
+    pub ledger: &'static DeviceLedger,
+    /// The budget in force when the call was resolved: a request is measured against it.
+    pub budget: u64,
+    /// The job the budget is, if it is one's (the device's index there is its ordinal).
+    job: Option<&'static crate::books::job::Job>,
+}
+
+impl DeviceCx {
+    #[inline(always)]
+    fn new(ordinal: usize, ledger: &'static DeviceLedger, in_force: InForce) -> DeviceCx {
+        DeviceCx {
+            ordinal,
+            ledger,
+            budget: in_force.bytes,
+            job: in_force.job.map(|(job, _)| job),
+        }
+    }
+
+    /// The configuration the process runs under (made only from a [`Cx`]: it is set).
+    #[inline(always)]
+    pub fn config(&self) -> &'static Config {
+        Cx::budgeted().config()
+    }
+
+    /// Reserves `bytes` within the budget in force ([`DeviceLedger::reserve`]).
+    #[inline(always)]
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation<'static>, Denial> {
+        let job = self.job();
+        self.ledger.reserve(
+            bytes,
+            InForce {
+                bytes: self.budget,
+                job,
+            },
+        )
+    }
+
+    /// The same device with the budget in force as the ledger holds it now: a request
+    /// that waits looks again, since the budget may change meanwhile (`cudabudget limit`).
+    pub fn looked_again(self) -> DeviceCx {
+        DeviceCx::new(self.ordinal, self.ledger, self.ledger.in_force())
+    }
+
+    /// The job this device's budget belongs to, with the device's index there.
+    #[inline(always)]
+    pub fn job(&self) -> Option<(&'static crate::books::job::Job, usize)> {
+        self.job.map(|job| (job, self.ordinal))
+    }
+}
+
+/// The configuration: set once, by the first thread to work it out; from then on at a
+/// fixed place, so that a [`Cx`] carries it for nothing.
+struct Settled {
+    /// [`EMPTY`], [`WRITING`] (one thread is storing it), [`SET`].
+    state: AtomicU8,
+    value: UnsafeCell<MaybeUninit<Config>>,
+}
+
+const EMPTY: u8 = 0;
+const WRITING: u8 = 1;
+const SET: u8 = 2;
+
+// SAFETY: the value is written once, by the one thread that moved `state` from EMPTY,
+// and read only after `state` is SET (Release/Acquire), or once the mode is published
+// (which happens after).
+unsafe impl Sync for Settled {}
+
+impl Settled {
+    const fn new() -> Settled {
+        Settled {
+            state: AtomicU8::new(EMPTY),
+            value: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// Keeps `config` unless one is set; returns the one that stands. A thread that comes
+    /// while another stores its own waits the few instructions of that store.
+    fn set(&self, config: Config) -> &Config {
+        if self
+            .state
+            .compare_exchange(EMPTY, WRITING, Ordering::Acquire, Ordering::Acquire)
+            .is_ok()
+        {
+            // SAFETY: this thread alone moved the state from EMPTY: nobody reads yet.
+            unsafe { (*self.value.get()).write(config) };
+            self.state.store(SET, Ordering::Release);
+        } else {
+            while self.state.load(Ordering::Acquire) != SET {
+                std::hint::spin_loop();
+            }
+        }
+        // SAFETY: SET, seen with Acquire.
+        unsafe { self.get_unchecked() }
+    }
+
+    fn get(&self) -> Option<&Config> {
+        // SAFETY: SET, seen with Acquire.
+        (self.state.load(Ordering::Acquire) == SET).then(|| unsafe { self.get_unchecked() })
+    }
+
+    /// # Safety
+    /// Only once the value is set, as seen by this thread.
+    #[inline(always)]
+    unsafe fn get_unchecked(&self) -> &Config {
+        // SAFETY: the caller's guarantee.
+        unsafe { (*self.value.get()).assume_init_ref() }
     }
 }
 
@@ -89,9 +260,9 @@ pub(crate) fn settle_mode(mode: Mode) -> bool {
         .is_ok()
 }
 
-/// Keeps the configuration (the first one set stands).
-pub(crate) fn set_config(config: Config) {
-    let _ = CONFIG.set(config);
+/// Keeps the configuration (the first one set stands), and returns the one that stands.
+pub(crate) fn set_config(config: Config) -> &'static Config {
+    CONFIG.set(config)
 }
 
 /// In the child of `fork()`: empty books and address tables.
@@ -109,6 +280,8 @@ pub(crate) unsafe fn reset_in_child() {
     }
 }
 
+/// The configuration, once set: for what runs outside a hook's call (the background
+/// threads, the report at exit); a hook's decisions take it from their [`Cx`].
 pub fn config() -> Option<&'static Config> {
     CONFIG.get()
 }
@@ -202,43 +375,18 @@ pub fn stream_device(stream: crate::sys::driver::Handle) -> Option<usize> {
     current_device()
 }
 
-/// The ledger of `device` when that device has a budget.
-#[inline]
-pub fn budgeted(device: usize) -> Option<&'static DeviceLedger> {
-    let d = LEDGER.device(device)?;
-    match d.budget() {
-        Budget::Unbudgeted => None,
-        Budget::Unresolved => resolve_budget(device, d, None),
-        Budget::Bytes(_) => Some(d),
-    }
-}
-
-/// As [`budgeted`], where the caller knows the device's size (NVML, in a process that
-/// never initialised CUDA).
-pub fn budgeted_with_total(device: usize, total: u64) -> Option<&'static DeviceLedger> {
-    let d = LEDGER.device(device)?;
-    match d.budget() {
-        Budget::Unbudgeted => None,
-        Budget::Unresolved => resolve_budget(device, d, Some(total)),
-        Budget::Bytes(_) => Some(d),
-    }
-}
-
-/// The ledger of the calling context's device when it has a budget: what every
-/// allocation hook starts with.
-#[inline]
-pub fn budgeted_current() -> Option<(usize, &'static DeviceLedger)> {
-    let device = current_device()?;
-    budgeted(device).map(|d| (device, d))
-}
-
+/// Works out device `ordinal`'s budget from the configuration, on its first call: the
+/// bytes the configuration gives it (a percentage of the device's size), or in a job the
+/// job's (the first member's, or an operator's), kept in the device's ledger for every
+/// call after. Returns the budget in force; `None`: the device has none (or not yet).
 #[cold]
 fn resolve_budget(
+    config: &Config,
     device: usize,
     d: &'static DeviceLedger,
     known_total: Option<u64>,
-) -> Option<&'static DeviceLedger> {
-    let Some(limit) = config()?.limit_for(device as u32) else {
+) -> Option<InForce> {
+    let Some(limit) = config.limit_for(device as u32) else {
         d.set_budget(Budget::Unbudgeted);
         return None;
     };
@@ -270,7 +418,7 @@ fn resolve_budget(
         }
         None => d.set_budget(Budget::Bytes(bytes)),
     }
-    Some(d)
+    Some(d.in_force())
 }
 
 /// The device's physical memory, from the driver.

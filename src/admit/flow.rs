@@ -7,28 +7,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::credit::{PrivateCredit, give_pooled, private};
 use super::{
-    Ask, Fixed, Growth, POOL_STEP, admit, collect_all, growth_lock, make_room, refuse,
-    settle_charge, trim_quietly, with_growth,
+    Ask, Fixed, Growth, POOL_STEP, Paid, admit, collect_all, growth_lock, make_room,
+    prepaid_by_thread, settle_charge, trim_quietly, with_growth,
 };
 use crate::admit::{capture, footprint, gate, graphs, pools};
-use crate::books::ledger::{self, BankGuard, Denial, DeviceLedger, Entry, Kind, Table};
+use crate::books::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Table};
 use crate::books::vmm;
-use crate::runtime::{self, Cx};
-use crate::sys::driver::{CuResult, DevicePtr, Handle, MemAllocationProp, real};
+use crate::runtime::{self, Cx, DeviceCx};
+use crate::sys::driver::{CuResult, DevicePtr, Handle, MemAllocationProp};
 use crate::tell::report;
 
-/// The budgeted device for a call in a budgeted process (`device`, or the calling
-/// context's); `None`: the device has no budget, call the driver unchanged.
+/// The budgeted device for a call (`device`, or the calling context's), resolved once;
+/// `None`: the device has no budget, call the driver unchanged.
 #[inline(always)]
-pub(crate) fn budgeted_device(
-    _cx: Cx,
-    device: Option<usize>,
-) -> Option<(usize, &'static DeviceLedger)> {
-    let device = match device {
-        Some(d) => d,
-        None => runtime::current_device()?,
-    };
-    runtime::budgeted(device).map(|d| (device, d))
+fn budgeted_device(cx: Cx, device: Option<usize>) -> Option<DeviceCx> {
+    match device {
+        Some(device) => cx.device(device),
+        None => cx.current_device(),
+    }
 }
 
 /// An upload or launch (`launch`) of an executable graph. One whose memory nodes could
@@ -38,7 +34,7 @@ pub(crate) fn budgeted_device(
 /// returns `CUDA_ERROR_OUT_OF_MEMORY` and runs nothing, as under MPS with a memory limit.
 /// A launch that succeeds frees the outside blocks of the graph's free nodes.
 pub fn launch_graph(
-    _cx: Cx,
+    cx: Cx,
     call: &str,
     launch: bool,
     exec: Handle,
@@ -62,12 +58,12 @@ pub fn launch_graph(
     let _one_at_a_time = growth_lock();
     let mut admitted = Vec::new();
     for (device, bytes) in footprint {
-        let Some(d) = runtime::budgeted(device) else {
+        let Some(dev) = cx.device(device) else {
             continue;
         };
-        footprint::settle_before_admission(device);
-        match admit(call, device, d, &mut Growth(|| graph_growth(device, bytes))) {
-            Ok(Some(reservation)) => admitted.push((device, d, reservation)),
+        footprint::settle_before_admission(&dev);
+        match admit(call, &dev, &mut Growth(|| graph_growth(device, bytes))) {
+            Ok(Some(reservation)) => admitted.push((dev, reservation)),
             Ok(None) => {}
             // What was admitted on other devices is rolled back with `admitted`.
             Err(rc) => return rc,
@@ -86,10 +82,10 @@ pub fn launch_graph(
         Vec::new()
     };
     let rc = real();
-    for (device, d, reservation) in admitted {
+    for (dev, reservation) in admitted {
         // The driver's figure first, then the estimate goes; when the driver cannot
         // say, the estimate stays charged.
-        if graphs::settle(device, d) || !rc.is_ok() {
+        if graphs::settle(dev.ordinal, dev.ledger) || !rc.is_ok() {
             drop(reservation);
         } else {
             reservation.commit();
@@ -112,13 +108,12 @@ pub fn launch_graph(
 #[cold]
 fn alloc_from_created(
     call: &str,
-    device: usize,
-    d: &DeviceLedger,
+    dev: &DeviceCx,
     pool: Handle,
     bytes: u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    footprint::settle_before_admission(device);
+    footprint::settle_before_admission(dev);
     // One at a time: two allocations that each see room for one in the pool's reserve
     // would otherwise both pass, and the driver grow the pool for the second.
     let _one_at_a_time = growth_lock();
@@ -130,12 +125,12 @@ fn alloc_from_created(
         let growth = used.saturating_add(bytes).saturating_sub(reserved);
         growth.div_ceil(POOL_STEP).saturating_mul(POOL_STEP)
     };
-    let admitted = match admit(call, device, d, &mut Growth(growth)) {
+    let admitted = match admit(call, dev, &mut Growth(growth)) {
         Ok(admitted) => admitted,
         Err(rc) => return rc,
     };
     let rc = real();
-    pools::settle_created(pool, d);
+    pools::settle_created(pool, dev.ledger);
     drop(admitted);
     rc
 }
@@ -144,16 +139,16 @@ fn alloc_from_created(
 /// (blocks not yet freed keep its reserve with the driver) stays charged; a pool with
 /// nothing in use gives it all back. Under [`super::GROWTH`], so that no allocation from the
 /// pool comes between the look at what it uses and its end.
-pub fn created_pool_destroyed(pool: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+pub fn created_pool_destroyed(cx: Cx, pool: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
     with_growth(|| {
         let live = pools::figures(pool).map(|(_, used)| used);
         let rc = real();
         if rc.is_ok()
             && let Some((device, charged)) = pools::unregister(pool)
-            && let Some(d) = runtime::budgeted(device)
+            && let Some(dev) = cx.device(device)
         {
             if live == Some(0) {
-                d.release(charged);
+                dev.ledger.release(charged);
             } else {
                 pools::retire(device, charged);
             }
@@ -174,9 +169,9 @@ fn graph_growth(device: usize, bytes: u64) -> u64 {
 }
 
 /// The program trimmed a device's graph memory: charge what is left.
-pub fn graph_memory_changed(device: usize) {
-    if let Some(d) = runtime::budgeted(device) {
-        graphs::settle(device, d);
+pub fn graph_memory_changed(cx: Cx, device: usize) {
+    if let Some(dev) = cx.device(device) {
+        graphs::settle(dev.ordinal, dev.ledger);
     }
 }
 
@@ -190,7 +185,10 @@ pub fn alloc_direct(
     out: *mut u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(cx, runtime::pointers(), call, bytes, device, out, real)
+    let Some(dev) = budgeted_device(cx, device) else {
+        return real();
+    };
+    alloc_into(&dev, runtime::pointers(), call, bytes, out, real)
 }
 
 /// As [`alloc_direct`], for array handles.
@@ -201,22 +199,23 @@ pub fn alloc_array(
     out: *mut Handle,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    alloc_into(cx, runtime::arrays(), call, bytes, None, out.cast(), real)
+    let Some(dev) = cx.current_device() else {
+        return real();
+    };
+    alloc_into(&dev, runtime::arrays(), call, bytes, out.cast(), real)
 }
 
+/// A synchronous allocation of `bytes` on the call's device, recorded in `table` under
+/// what the driver writes to `out`.
 fn alloc_into(
-    cx: Cx,
+    dev: &DeviceCx,
     table: &impl Table,
     call: &str,
     bytes: u64,
-    device: Option<usize>,
     out: *mut u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let Some((device, d)) = budgeted_device(cx, device) else {
-        return real();
-    };
-    let reservation = match admit(call, device, d, &mut Fixed { bytes, wait: true }) {
+    let reservation = match admit(call, dev, &mut Fixed { bytes, wait: true }) {
         Ok(r) => r,
         Err(rc) => return rc,
     };
@@ -228,7 +227,7 @@ fn alloc_into(
             key,
             Entry {
                 bytes,
-                device,
+                device: dev.ordinal,
                 kind: Kind::Direct,
             },
         );
@@ -241,13 +240,12 @@ fn alloc_into(
 
 /// `cuMemCreate` (`real`) of `size` bytes as `prop` says, whose handle the driver writes
 /// to `handle`. Before refusing, the driver is asked whether it would accept the request
-/// at all, with the smallest allocation of the same kind ([`VmmBytes`]): PyTorch picks
-/// its handle type by the error it gets, and a budget OOM must not hide "not supported".
+/// at all, with the smallest allocation of the same kind ([`super::Create`]).
 ///
 /// # Safety
 /// `prop` must be null or valid for the driver, `handle` as the driver's.
 pub unsafe fn alloc_vmm(
-    _cx: Cx,
+    cx: Cx,
     handle: *mut u64,
     size: usize,
     prop: *const MemAllocationProp,
@@ -262,88 +260,24 @@ pub unsafe fn alloc_vmm(
     if location.kind != crate::sys::driver::MEM_LOCATION_TYPE_DEVICE || location.id < 0 {
         return real();
     }
-    let device = location.id as usize;
-    let Some(d) = runtime::budgeted(device) else {
+    let Some(dev) = cx.device(location.id as usize) else {
         return real();
     };
     let bytes = size as u64;
-    let mut ask = VmmBytes {
-        bytes,
-        d,
-        size,
-        prop,
-        flags,
-    };
-    let reservation = match admit("cuMemCreate", device, d, &mut ask) {
+    let mut ask = super::Create { size, prop, flags };
+    let reservation = match admit("cuMemCreate", &dev, &mut ask) {
         Ok(r) => r,
         Err(rc) => return rc,
     };
     let rc = real();
     if rc.is_ok() {
         // SAFETY: the driver wrote the handle.
-        vmm::lock().created(unsafe { *handle }, bytes, device);
+        vmm::lock().created(unsafe { *handle }, bytes, dev.ordinal);
         if let Some(reservation) = reservation {
             reservation.commit();
         }
     }
     rc
-}
-
-/// A `cuMemCreate` request: its size, and the driver's own answer to the same request
-/// at its smallest size ([`driver_rejects`]), asked only when the size does not fit.
-struct VmmBytes<'d> {
-    bytes: u64,
-    d: &'d DeviceLedger,
-    size: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-}
-
-impl Ask for VmmBytes<'_> {
-    fn bytes(&mut self) -> Option<u64> {
-        Some(self.bytes)
-    }
-
-    fn rejected(&mut self) -> Option<CuResult> {
-        // SAFETY: the property struct `alloc_vmm`'s caller vouched for.
-        unsafe { driver_rejects(self.d, self.size, self.prop, self.flags) }
-    }
-}
-
-/// The driver's error for this request regardless of its size, if it has one. The probe
-/// is a real allocation, so it is made only within the budget (a reservation of its
-/// size); with no room for it, the budget's answer stands.
-///
-/// # Safety
-/// `prop` must be valid for the driver.
-unsafe fn driver_rejects(
-    d: &DeviceLedger,
-    size: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-) -> Option<CuResult> {
-    let mut granularity = 0usize;
-    // SAFETY: valid out-pointer and the caller's property struct (option 0 = minimum).
-    let rc = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
-    if !rc.is_ok() {
-        return Some(rc);
-    }
-    if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
-        return Some(CuResult::INVALID_VALUE);
-    }
-    let _room = d.reserve(granularity as u64).ok()?;
-    let mut probe = 0u64;
-    // In relaxed mode: the probe is the library's call, and must not break a capture.
-    // SAFETY: the smallest allocation of the same kind, released at once.
-    let rc = capture::relaxed(|| unsafe {
-        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
-        if rc.is_ok() {
-            let _ = real::cuMemRelease(probe);
-        }
-        rc
-    });
-    // Accepted, or refused for want of memory: the budget's answer stands.
-    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
 }
 
 /// `cuMemAllocPitch`: the pitch is the driver's choice, so the reservation is for the
@@ -360,23 +294,20 @@ pub fn alloc_pitch(
         .div_ceil(512)
         .saturating_mul(512)
         .saturating_mul(height as u64);
-    let rc = alloc_direct(cx, "cuMemAllocPitch", estimate, None, dptr, real);
+    let Some(dev) = cx.current_device() else {
+        return real();
+    };
+    let table = runtime::pointers();
+    let rc = alloc_into(&dev, table, "cuMemAllocPitch", estimate, dptr, real);
     if rc.is_ok() && !pitch.is_null() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote both out-parameters.
         let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
-        if actual != estimate {
-            let table = runtime::pointers();
-            if let Some(mut entry) = table.remove(ptr) {
-                if let Some(d) = runtime::ledger().device(entry.device) {
-                    if actual > estimate {
-                        d.charge(actual - estimate);
-                    } else {
-                        d.release(estimate - actual);
-                    }
-                }
-                entry.bytes = actual;
-                table.insert(ptr, entry);
-            }
+        if actual != estimate
+            && let Some(mut entry) = table.remove(ptr)
+        {
+            super::after::charge_after(dev.ledger, estimate, actual);
+            entry.bytes = actual;
+            table.insert(ptr, entry);
         }
     }
     rc
@@ -589,7 +520,7 @@ fn alloc_async_fast<F: FnOnce() -> CuResult>(
     let d0 = runtime::ledger().device(0);
     if !(runtime::known_single_device()
         && !capture::any()
-        && d0.is_some_and(|d| p.take(0, d, bytes)))
+        && d0.is_some_and(|d| prepaid_by_thread(p, 0, d, bytes)))
     {
         gate::leave_own(lane);
         return Err(real);
@@ -643,9 +574,10 @@ pub fn alloc_pooled(
         Some(pools::Place::Device(device)) => Some(device),
         Some(pools::Place::Unknown) | None => runtime::stream_device(stream),
     };
-    let Some((device, d)) = budgeted_device(cx, device) else {
+    let Some(dev) = device.and_then(|device| cx.device(device)) else {
         return real();
     };
+    let (device, d) = (dev.ordinal, dev.ledger);
     // The device's current pool is looked at, and allocated from, with no switch of it
     // in between, and no capture of the stream starts between the look at it and the
     // driver's answer (crate::admit::gate).
@@ -662,40 +594,21 @@ pub fn alloc_pooled(
         None => pools::current_created(device),
     };
     if let Some(pool) = created {
-        return alloc_from_created(call, device, d, pool, bytes, real);
+        return alloc_from_created(call, &dev, pool, bytes, real);
     }
-    let may_hold = ledger::PoolCredit::may_hold(bytes, d.limit())
-        || super::warns() && ledger::PoolCredit::may_hold(bytes, u64::MAX);
-    if !may_hold {
-        // No pool growth could ever admit it: refused before any credit moves, so a
-        // failure cannot give back credit that was never taken. (In observe mode it goes
-        // on, and its growth is admitted past the budget.)
-        let denial = Denial {
-            requested: bytes,
-            used: d.budget_used(),
-            budget: d.limit(),
-        };
-        return refuse(call, device, d, &denial);
+    // Refused before any credit moves, so a failure cannot give back credit that was
+    // never taken.
+    if let Err(refusal) = super::within_reach(call, &dev, bytes) {
+        return refusal;
     }
-    let (private, lane) = private().map_or((false, 0), |p| (p.take(device, d, bytes), p.lane()));
-    if !private && !d.pool.take(runtime::shard(), bytes) {
-        return grow_pools(call, device, d, bytes, dptr, lane, real);
-    }
+    let p = private();
+    let lane = p.map_or(0, PrivateCredit::lane);
+    let Some(paid) = super::prepaid(&dev, p, bytes) else {
+        return grow_pools(call, &dev, bytes, dptr, lane, real);
+    };
     let rc = real();
-    let paid = if private { Paid::Thread } else { Paid::Shard };
     record_pooled(rc, dptr, bytes, device, d, lane, paid);
     rc
-}
-
-/// Where a stream-ordered allocation's credit came from: an allocation that fails gives
-/// it back there, so that a debt left in the shards is never repaid into a thread's own
-/// credit (which the fast path spends without looking at the shards or the bank).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Paid {
-    Thread,
-    Shard,
-    /// From the bank, under its lock: the caller repays a failure there itself.
-    Bank,
 }
 
 #[inline]
@@ -740,13 +653,13 @@ impl Ask for PoolGrowth<'_, '_> {
         (credit < 0).then(|| credit.unsigned_abs().div_ceil(POOL_STEP) * POOL_STEP)
     }
 
-    fn settle(&self, _device: usize, _d: &DeviceLedger) {}
+    fn settle(&self, _dev: &DeviceCx) {}
 
     /// The trim covers only others' deficits: this request is not taken out of the pools
     /// while they are trimmed, and is admitted after like any growth.
-    fn make_room(&mut self, device: usize, d: &DeviceLedger) {
+    fn make_room(&mut self, dev: &DeviceCx) {
         self.bank.refund(self.bytes);
-        make_room(device, d, self.bank);
+        make_room(dev, self.bank);
         self.bank.debit(self.bytes);
     }
 }
@@ -755,14 +668,14 @@ impl Ask for PoolGrowth<'_, '_> {
 #[inline(never)]
 fn grow_pools(
     call: &str,
-    device: usize,
-    d: &DeviceLedger,
+    dev: &DeviceCx,
     bytes: u64,
     dptr: *mut DevicePtr,
     lane: usize,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    footprint::settle_before_admission(device);
+    let (device, d) = (dev.ordinal, dev.ledger);
+    footprint::settle_before_admission(dev);
     let shard = runtime::shard();
     let mut bank = collect_all(d);
     // The request's shard was dry: it is debited here, under the lock.
@@ -773,7 +686,7 @@ fn grow_pools(
         bank: &mut bank,
         bytes,
     };
-    match admit(call, device, d, &mut growth) {
+    match admit(call, dev, &mut growth) {
         Ok(Some(r)) => {
             // Charged to the pools: only this thread, under the bank, moves their charge.
             let (growth, charge) = (r.bytes(), d.pool.charge());
@@ -823,7 +736,7 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) {
             pools::settle_created(pool, d);
         }
     });
-    d.charge(pools::retired(device));
+    super::after::charge_after(d, 0, pools::retired(device));
     let mut bank = d.pool.collect();
     if let Some(reserve) = pools::reserve(device) {
         settle_charge(d, &mut bank, reserve);
@@ -835,8 +748,8 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) {
 
 /// The program trimmed `pool`, one of the device's pools (`cuMemPoolTrimTo`): its
 /// charge becomes the driver's figure.
-pub fn pool_trimmed(device: usize, pool: Handle) {
-    let Some(d) = runtime::budgeted(device) else {
+pub fn pool_trimmed(cx: Cx, device: usize, pool: Handle) {
+    let Some(d) = cx.device(device).map(|dev| dev.ledger) else {
         return;
     };
     if pools::created(pool).is_some() {
@@ -857,7 +770,8 @@ static REFRESHED_MS: [AtomicU64; ledger::MAX_DEVICES] =
 /// driver reserves now. The driver gives pool memory back on its own (a synchronize
 /// below the release threshold), and a view that still counted it would show less free
 /// memory than there is — which a framework sizing its pool from it (XLA) would believe.
-pub fn refresh_pools(device: usize, d: &DeviceLedger) {
+pub fn refresh_pools(dev: &DeviceCx) {
+    let (device, d) = (dev.ordinal, dev.ledger);
     // The rate limit first: between refreshes a view costs two loads, no allocation.
     let Some(last) = REFRESHED_MS.get(device) else {
         return;

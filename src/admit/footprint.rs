@@ -13,10 +13,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use crate::books::ledger::{DeviceLedger, MAX_DEVICES};
+use crate::books::ledger::MAX_DEVICES;
 use crate::books::vmm;
 use crate::config::LogLevel;
-use crate::runtime;
+use crate::runtime::{self, Cx, DeviceCx};
 use crate::sys::lock::{Guard, Lock};
 use crate::sys::nvml;
 use crate::tell::report::{self, Bytes};
@@ -77,8 +77,8 @@ pub fn driver_ready() {
 
 /// On NVML's thread, once NVML is initialised: waits for the driver, attaches each
 /// budgeted device, then charges the contexts created meanwhile. All of it off the
-/// program's threads.
-pub fn nvml_ready() {
+/// program's threads, in the context of the `cuInit` that started it.
+pub fn nvml_ready(cx: Cx) {
     let start = std::time::Instant::now();
     while !DRIVER_READY.load(Ordering::Acquire) {
         // Quick at first (cuInit is under way); then slowly, for a program whose cuInit
@@ -92,13 +92,18 @@ pub fn nvml_ready() {
     }
     nvml::background_busy(true);
     for device in 0..runtime::visible_devices().min(MAX_DEVICES) {
-        if runtime::budgeted(device).is_some() {
+        if cx.device(device).is_some() {
             nvml::attach(device);
         }
     }
     NVML_WARM.store(true, Ordering::SeqCst);
     for device in 0..MAX_DEVICES {
-        settle(device);
+        // Only a budgeted device's first context is ever pending.
+        if !is_settled(device)
+            && let Some(dev) = cx.device(device)
+        {
+            settle(&dev);
+        }
     }
     nvml::background_busy(false);
     crate::sys::log::line(
@@ -127,15 +132,16 @@ fn read_before(device: usize) {
     }
 }
 
-/// A context is about to be created on `device`. Waits for NVML only in a PID
+/// A context is about to be created on `device` (`dev`: the device, when it has a
+/// budget). Waits for NVML only in a PID
 /// namespace (a container), where NVML does not list this process and the device's use
 /// before the context is the only way to measure it; elsewhere the context is charged
 /// from NVML's per-process figure later, and nothing waits.
-pub fn before_context(device: usize) {
+pub fn before_context(device: usize, dev: Option<&DeviceCx>) {
     let Some(creating) = CREATING.get(device) else {
         return;
     };
-    if CONTEXTS[device].load(Ordering::Acquire) == 0 && runtime::budgeted(device).is_some() {
+    if CONTEXTS[device].load(Ordering::Acquire) == 0 && dev.is_some() {
         if !NVML_WARM.load(Ordering::Acquire) && in_pid_namespace() {
             let waited = runtime::wait_while(std::time::Duration::from_secs(2), || {
                 !NVML_WARM.load(Ordering::Acquire) && nvml::usable()
@@ -189,14 +195,14 @@ fn in_pid_namespace() -> bool {
 /// The context creation that [`before_context`] announced has ended; `created` when it
 /// succeeded. The device's first context is charged now when NVML is ready, else by
 /// NVML's thread as soon as it is, and before any allocation on the device in between.
-pub fn context_created(device: usize, created: bool) {
+pub fn context_created(device: usize, dev: Option<&DeviceCx>, created: bool) {
     let (Some(count), Some(creating)) = (CONTEXTS.get(device), CREATING.get(device)) else {
         return;
     };
     // Pending before the context counts as there: a thread that creates a second
     // context at the same time cannot allocate past an uncounted first one.
-    let budgeted = created && runtime::budgeted(device).is_some();
-    if budgeted && count.load(Ordering::Acquire) == 0 {
+    let budgeted = if created { dev } else { None };
+    if budgeted.is_some() && count.load(Ordering::Acquire) == 0 {
         let _ =
             CHARGE[device].compare_exchange(SETTLED, PENDING, Ordering::SeqCst, Ordering::SeqCst);
     }
@@ -204,8 +210,11 @@ pub fn context_created(device: usize, created: bool) {
     creating.fetch_sub(1, Ordering::AcqRel);
     // Either this thread sees NVML warm or NVML's thread sees the charge pending (both
     // SeqCst).
-    if first && budgeted && NVML_WARM.load(Ordering::SeqCst) {
-        settle(device);
+    if first
+        && let Some(dev) = budgeted
+        && NVML_WARM.load(Ordering::SeqCst)
+    {
+        settle(dev);
     }
 }
 
@@ -213,20 +222,26 @@ pub fn context_created(device: usize, created: bool) {
 /// first, waiting (bounded) for NVML if it is still starting, so that the budget never
 /// admits memory the context already holds.
 #[inline]
-pub fn settle_before_admission(device: usize) {
-    if CHARGE
-        .get(device)
-        .is_some_and(|c| c.load(Ordering::Acquire) != SETTLED)
-    {
-        settle_now(device);
+pub fn settle_before_admission(dev: &DeviceCx) {
+    if !is_settled(dev.ordinal) {
+        settle_now(dev);
     }
+}
+
+/// Whether the charge of the device's first context is settled (or was never pending).
+#[inline]
+fn is_settled(device: usize) -> bool {
+    CHARGE
+        .get(device)
+        .is_none_or(|c| c.load(Ordering::Acquire) == SETTLED)
 }
 
 #[cold]
 #[inline(never)]
-fn settle_now(device: usize) {
+fn settle_now(dev: &DeviceCx) {
+    let device = dev.ordinal;
     let waited = runtime::wait_while(std::time::Duration::from_secs(2), nvml::starting);
-    settle(device);
+    settle(dev);
     // Another thread may be measuring the context right now: its figure first.
     let measured = runtime::wait_while(std::time::Duration::from_secs(2), || {
         CHARGE[device].load(Ordering::Acquire) == CHARGING
@@ -242,7 +257,8 @@ fn settle_now(device: usize) {
 
 /// Charges the device's first context if it is still pending (once, whoever comes
 /// first); admissions wait while it is measured.
-fn settle(device: usize) {
+fn settle(dev: &DeviceCx) {
+    let device = dev.ordinal;
     struct Settled(usize);
     impl Drop for Settled {
         fn drop(&mut self) {
@@ -254,14 +270,12 @@ fn settle(device: usize) {
             .is_ok()
     }) {
         let _settled = Settled(device);
-        charge_context(device);
+        charge_context(dev);
     }
 }
 
-fn charge_context(device: usize) {
-    let Some(d) = runtime::budgeted(device) else {
-        return;
-    };
+fn charge_context(dev: &DeviceCx) {
+    let (device, d) = (dev.ordinal, dev.ledger);
     // In a PID namespace: our entry in NVML's list is the pid that appeared with the
     // context; once known, the per-process figure works as on the host.
     let before_pids = {
@@ -294,7 +308,7 @@ fn charge_context(device: usize) {
                 }
                 // NVML answers and does not list us: the context holds nothing it sees.
                 _ if nvml::initialised() && nvml::sees(device) && !in_pid_namespace() => 0,
-                _ => estimate(device).saturating_sub(seen),
+                _ => estimate(dev).saturating_sub(seen),
             },
         };
         if tracked() == seen {
@@ -305,7 +319,7 @@ fn charge_context(device: usize) {
     if d.books_epoch() != epoch {
         return;
     }
-    d.set_overhead(charge.max(d.overhead()));
+    super::after::overhead_after(d, charge.max(d.overhead()));
     if let Some(last) = LAST_MS.get(device) {
         last.store(report::monotonic_ms(), Ordering::Relaxed);
     }
@@ -319,9 +333,10 @@ fn charge_context(device: usize) {
 /// in time): `CUDABUDGET_CONTEXT_MEMORY`, else the figure measured for the device's
 /// model, else [`DEFAULT_CONTEXT`]. The footprint re-read replaces it by NVML's figure
 /// once NVML can give one.
-fn estimate(device: usize) -> u64 {
+fn estimate(dev: &DeviceCx) -> u64 {
+    let device = dev.ordinal;
     static SAID: AtomicBool = AtomicBool::new(false);
-    let (bytes, from) = match runtime::config().and_then(|c| c.context_memory) {
+    let (bytes, from) = match dev.config().context_memory {
         Some(bytes) => (bytes, "CUDABUDGET_CONTEXT_MEMORY"),
         None => match model_estimate(&device_name(device)) {
             Some(bytes) => (bytes, "measured for this model"),
@@ -410,22 +425,22 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) -> bool {
     // teardown and stays charged.
     let vmm = vmm::lock();
     d.clear();
-    d.charge(vmm.bytes_on(device));
+    super::after::charge_after(d, 0, vmm.bytes_on(device));
     true
 }
 
 /// Re-reads the footprint if the routine interval has passed.
 #[inline]
-pub fn maybe_reconcile(device: usize, d: &DeviceLedger) {
-    if !nvml::starting() && due(device, ROUTINE_MS) {
-        reconcile(device, d);
+pub fn maybe_reconcile(dev: &DeviceCx) {
+    if !nvml::starting() && due(dev.ordinal, ROUTINE_MS) {
+        reconcile(dev);
     }
 }
 
 /// Re-reads the footprint before a denial (still at a bounded rate).
-pub fn reconcile_now(device: usize, d: &DeviceLedger) {
-    if !nvml::starting() && due(device, URGENT_MS) {
-        reconcile(device, d);
+pub fn reconcile_now(dev: &DeviceCx) {
+    if !nvml::starting() && due(dev.ordinal, URGENT_MS) {
+        reconcile(dev);
     }
 }
 
@@ -442,12 +457,13 @@ fn due(device: usize, interval: u64) -> bool {
 }
 
 #[cold]
-fn reconcile(device: usize, d: &DeviceLedger) {
-    let Some(process) = nvml::process_used(device) else {
+fn reconcile(dev: &DeviceCx) {
+    let d = dev.ledger;
+    let Some(process) = nvml::process_used(dev.ordinal) else {
         return;
     };
     let tracked = d.used().saturating_sub(d.overhead());
-    d.set_overhead(process.saturating_sub(tracked));
+    super::after::overhead_after(d, process.saturating_sub(tracked));
 }
 
 /// After `fork()`: the child has no context of its own, and no lock of the parent's.

@@ -212,11 +212,7 @@ pub fn settle(device: usize, d: &DeviceLedger) -> bool {
     let before = charged(device, d);
     CHARGED[device].store(reserved, Ordering::Release);
     CHARGED_BOOKS[device].store(d.books_epoch(), Ordering::Release);
-    if reserved >= before {
-        d.charge(reserved - before);
-    } else {
-        d.release(before - reserved);
-    }
+    super::after::charge_after(d, before, reserved);
     true
 }
 

@@ -60,12 +60,11 @@
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use crate::admit::flow;
 use crate::admit::image::{self, Arch, Footprint, Placed, Source, Unknown};
 use crate::admit::{Fixed, admit};
 use crate::books::ledger::{DeviceLedger, MAX_DEVICES, Reservation, clamp_i64};
 use crate::config::LogLevel;
-use crate::runtime::Cx;
+use crate::runtime::{Cx, DeviceCx};
 use crate::sys::driver::{CuResult, Handle, real};
 use crate::sys::lock::Lock;
 use crate::tell::report::Bytes;
@@ -302,12 +301,11 @@ fn attributes(device: usize, a: i32, b: i32) -> Option<(u32, u32)> {
 }
 
 /// Reserves what the image says, before the driver's call: `Err` is the refusal.
-fn admit_predicted<'d>(
+fn admit_predicted(
     call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
+    dev: &DeviceCx,
     predicted: u64,
-) -> Result<Option<Reservation<'d>>, CuResult> {
+) -> Result<Option<Reservation<'static>>, CuResult> {
     if predicted == 0 {
         return Ok(None);
     }
@@ -315,7 +313,7 @@ fn admit_predicted<'d>(
         bytes: predicted,
         wait: false,
     };
-    admit(call, device, d, ask)
+    admit(call, dev, ask)
 }
 /// Libraries whose first look-up is still to come: while 0, look-ups take no lock.
 static LAZY: AtomicUsize = AtomicUsize::new(0);
@@ -362,9 +360,9 @@ fn measure(real: impl FnOnce() -> CuResult) -> (CuResult, i64) {
 
 /// Admits `bytes` that the device already holds (the call has happened): `Ok` when they
 /// fit and are now charged, else the refusal.
-fn admit_held(call: &str, device: usize, d: &DeviceLedger, bytes: u64) -> Result<(), CuResult> {
+fn admit_held(call: &str, dev: &DeviceCx, bytes: u64) -> Result<(), CuResult> {
     let ask = &mut Fixed { bytes, wait: false };
-    if let Some(r) = admit(call, device, d, ask)? {
+    if let Some(r) = admit(call, dev, ask)? {
         r.commit();
     }
     Ok(())
@@ -382,14 +380,15 @@ pub fn load(
     real: impl FnOnce() -> CuResult,
     unload: impl FnOnce(Handle) -> CuResult,
 ) -> CuResult {
-    let Some((device, d)) = flow::budgeted_device(cx, None) else {
+    let Some(dev) = cx.current_device() else {
         return real();
     };
+    let (device, d) = (dev.ordinal, dev.ledger);
     if crate::admit::capture::any() {
         // Not the moment for calls of our own; the footprint re-read counts it.
         return real();
     }
-    crate::admit::footprint::settle_before_admission(device);
+    crate::admit::footprint::settle_before_admission(&dev);
     if lazy && lazy_loading() {
         // Nothing arrives at a lazily loaded library's load (cudart makes hundreds of
         // them at start-up): its first look-up is admitted and measured instead, and a
@@ -408,7 +407,7 @@ pub fn load(
         return rc;
     }
     let predicted = predicted(call, image, device, true).unwrap_or(0);
-    let reservation = match admit_predicted(call, device, d, predicted) {
+    let reservation = match admit_predicted(call, &dev, predicted) {
         Ok(r) => r,
         Err(refusal) => return refusal,
     };
@@ -421,7 +420,7 @@ pub fn load(
     let handle = unsafe { *out };
     let extra = grown.saturating_sub(predicted);
     if extra > 0
-        && let Err(refused) = admit_held(call, device, d, extra)
+        && let Err(refused) = admit_held(call, &dev, extra)
     {
         let _ = unload(handle);
         drop(reservation);
@@ -438,7 +437,12 @@ pub fn load(
 /// A look-up in `library` (`cuLibraryGetGlobal`, `…GetManaged`, `…GetModule`,
 /// `…GetKernel`) that may bring a lazily loaded library's globals in: measured the first
 /// time only.
-pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+pub fn lookup(
+    cx: Cx,
+    call: &'static str,
+    library: Handle,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
     if LAZY.load(Ordering::Acquire) == 0 || crate::admit::capture::any() {
         return real();
     }
@@ -450,9 +454,10 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
     let Some((device, predicted, later)) = pending else {
         return real();
     };
-    let Some(d) = crate::runtime::budgeted(device) else {
+    let Some(dev) = cx.device(device) else {
         return real();
     };
+    let d = dev.ledger;
     // The library's image, read again where its entry is compressed: if the caller has
     // freed or changed it since, it cannot say (or says less), and the measurement is
     // the charge.
@@ -465,7 +470,7 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
     let books = d.books_epoch();
     // What the image said, admitted before the globals arrive: a look-up that does not
     // fit fails before the driver holds any of it (the library stays to be loaded).
-    let reservation = match admit_predicted(call, device, d, predicted) {
+    let reservation = match admit_predicted(call, &dev, predicted) {
         Ok(r) => r,
         Err(refusal) => return refusal,
     };
@@ -478,11 +483,11 @@ pub fn lookup(call: &'static str, library: Handle, real: impl FnOnce() -> CuResu
     let fits = if extra == 0 {
         Ok(())
     } else {
-        admit_held(call, device, d, extra)
+        admit_held(call, &dev, extra)
     };
     if fits.is_err() {
         // Held already and nothing to undo: charged all the same, until the unload.
-        d.charge(extra);
+        super::after::charge_after(d, 0, extra);
     }
     if let Some(r) = reservation {
         r.commit();
@@ -546,14 +551,12 @@ pub fn unload(handle: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
 /// first): measured like a load when this thread's current context is on `device`, and
 /// destroyed again with `destroy` if it does not fit.
 pub fn another_context(
-    device: usize,
+    dev: &DeviceCx,
     out: *mut Handle,
     create: impl FnOnce() -> CuResult,
     destroy: impl FnOnce(Handle) -> CuResult,
 ) -> CuResult {
-    let Some(d) = crate::runtime::budgeted(device) else {
-        return create();
-    };
+    let (device, d) = (dev.ordinal, dev.ledger);
     if !crate::admit::footprint::has_context(device)
         || crate::admit::capture::any()
         || crate::runtime::current_device() != Some(device)
@@ -567,7 +570,7 @@ pub fn another_context(
     }
     // SAFETY: the driver just wrote the context.
     let handle = unsafe { *out };
-    if let Err(refused) = admit_held("cuCtxCreate", device, d, grown) {
+    if let Err(refused) = admit_held("cuCtxCreate", dev, grown) {
         let _ = destroy(handle);
         return refused;
     }
@@ -665,9 +668,10 @@ fn held(context: usize, device: usize, limit: usize, now: u64, books: u64) -> (u
 /// would count any allocation another thread makes meanwhile as the limit's. The whole
 /// change is made under [`SETTING`], so two threads never both start from one old value.
 pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuResult) -> CuResult {
-    let Some((device, d)) = flow::budgeted_device(cx, None) else {
+    let Some(dev) = cx.current_device() else {
         return real(value);
     };
+    let (device, d) = (dev.ordinal, dev.ledger);
     let Ok(slot) = usize::try_from(limit) else {
         return real(value);
     };
@@ -695,7 +699,7 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
             bytes: wanted - charged,
             wait: false,
         };
-        match admit(call, device, d, ask) {
+        match admit(call, &dev, ask) {
             Ok(r) => r,
             Err(rc) => return rc,
         }
@@ -710,7 +714,7 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
     let now = cost(limit_now(limit).unwrap_or(value as u64));
     let booked = charged.saturating_add(reservation.as_ref().map_or(0, Reservation::bytes));
     if now > booked
-        && let Err(refused) = admit_held(call, device, d, now - booked)
+        && let Err(refused) = admit_held(call, &dev, now - booked)
     {
         let _ = real(old as usize);
         return refused;

@@ -16,12 +16,14 @@
 //! ([`settle_charge`]) and the growth lock.
 //!
 //! - `flow`: the allocation and free flows built on [`admit`] (what each hook does).
+//! - `after`: what is measured after the fact, charged in one place ([`after::charge_after`]).
 //! - `loads`, `image`: module and library loads, and what an image places on the device.
 //! - `credit`: the credit a thread keeps for its own stream-ordered allocations.
 //! - `footprint`, `pools`, `graphs`, `capture`, `gate`: the driver-side figures and states
 //!   the decisions read (the context's footprint, the pools, graph memory, stream
 //!   captures, switches of a device's current pool).
 
+pub mod after;
 pub mod capture;
 pub mod credit;
 pub mod flow;
@@ -35,12 +37,12 @@ pub mod pools;
 use std::cell::Cell;
 use std::time::Instant;
 
-use crate::books::ledger::{BankGuard, Denial, DeviceLedger, Reservation, clamp_i64};
+use crate::books::ledger::{BankGuard, Denial, DeviceLedger, PoolCredit, Reservation, clamp_i64};
 use crate::config::OnExceed;
-use crate::runtime;
-use crate::sys::driver::CuResult;
+use crate::runtime::DeviceCx;
+use crate::sys::driver::{CuResult, MemAllocationProp, real};
 use crate::tell::report;
-use credit::private;
+use credit::{PrivateCredit, private};
 
 /// The pools grow in steps of 32 MiB (measured on the H200: a 4 KiB allocation reserves
 /// 32 MiB, 100 MiB + 1 B reserves 128 MiB); growth is admitted in the same steps.
@@ -55,20 +57,20 @@ pub trait Ask {
     /// Before the first try: the device's first context charged if it is still pending
     /// (which may wait, boundedly, for NVML), and the footprint re-read at its routine
     /// interval.
-    fn settle(&self, device: usize, d: &DeviceLedger) {
-        footprint::settle_before_admission(device);
-        footprint::maybe_reconcile(device, d);
+    fn settle(&self, dev: &DeviceCx) {
+        footprint::settle_before_admission(dev);
+        footprint::maybe_reconcile(dev);
     }
 
     /// Asked only when the first reservation does not fit, before room is made: the
     /// driver's own refusal of the request whatever its size, if it has one.
-    fn rejected(&mut self) -> Option<CuResult> {
+    fn rejected(&mut self, _dev: &DeviceCx) -> Option<CuResult> {
         None
     }
 
     /// Makes room before the last try.
-    fn make_room(&mut self, device: usize, d: &DeviceLedger) {
-        make_room(device, d, &mut collect_all(d));
+    fn make_room(&mut self, dev: &DeviceCx) {
+        make_room(dev, &mut collect_all(dev.ledger));
     }
 
     /// The bytes a request that does not fit may wait for (`CUDABUDGET_ON_EXCEED=wait:…`);
@@ -107,31 +109,142 @@ impl<F: Fn() -> u64> Ask for Growth<F> {
         Some((self.0)()).filter(|&growth| growth > 0)
     }
 
-    fn settle(&self, _device: usize, _d: &DeviceLedger) {}
+    fn settle(&self, _dev: &DeviceCx) {}
 }
 
-/// Decides an allocation on `device` for `call`: reserves what `ask` asks for; if it
-/// does not fit, makes room and tries once more; then, in observe mode, admits it past
-/// the budget ([`overrun`]); for a request that may wait, waits for room; else refuses
-/// ([`refuse`]). `Ok(None)`: nothing to admit.
-pub fn admit<'d>(
+/// A `cuMemCreate` request of `size` bytes as `prop` says: its size, and the driver's own
+/// answer to the same request at its smallest size ([`driver_rejects`]), asked only when
+/// the size does not fit. PyTorch picks its handle type by the error it gets, and a
+/// budget OOM must not hide "not supported".
+pub struct Create {
+    pub size: usize,
+    /// Null or valid for the driver (the caller of `cuMemCreate` vouched for it).
+    pub prop: *const MemAllocationProp,
+    pub flags: u64,
+}
+
+impl Ask for Create {
+    fn bytes(&mut self) -> Option<u64> {
+        Some(self.size as u64)
+    }
+
+    fn rejected(&mut self, dev: &DeviceCx) -> Option<CuResult> {
+        // SAFETY: the property struct the caller of `cuMemCreate` vouched for.
+        unsafe { driver_rejects(dev, self.size, self.prop, self.flags) }
+    }
+}
+
+/// The driver's error for this request regardless of its size, if it has one. The probe
+/// is a real allocation, so it is admitted like one, within the budget (a reservation of
+/// its size, released with it); with no room for it, the budget's answer stands.
+///
+/// # Safety
+/// `prop` must be valid for the driver.
+unsafe fn driver_rejects(
+    dev: &DeviceCx,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> Option<CuResult> {
+    let mut granularity = 0usize;
+    // SAFETY: valid out-pointer and the caller's property struct (option 0 = minimum).
+    let rc = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
+    if !rc.is_ok() {
+        return Some(rc);
+    }
+    if granularity == 0 || size == 0 || !size.is_multiple_of(granularity) {
+        return Some(CuResult::INVALID_VALUE);
+    }
+    let _room = dev.reserve(granularity as u64).ok()?;
+    let mut probe = 0u64;
+    // In relaxed mode: the probe is the library's call, and must not break a capture.
+    // SAFETY: the smallest allocation of the same kind, released at once.
+    let rc = capture::relaxed(|| unsafe {
+        let rc = real::cuMemCreate(&mut probe, granularity, prop, flags);
+        if rc.is_ok() {
+            let _ = real::cuMemRelease(probe);
+        }
+        rc
+    });
+    // Accepted, or refused for want of memory: the budget's answer stands.
+    (!rc.is_ok() && rc != CuResult::OUT_OF_MEMORY).then_some(rc)
+}
+
+/// Decides an allocation on the call's device `dev` for `call`: reserves what `ask` asks
+/// for within the budget in force; if it does not fit, makes room and tries once more;
+/// then, in observe mode, admits it past the budget ([`overrun`]); for a request that may
+/// wait, waits for room; else refuses ([`refuse`]). `Ok(None)`: nothing to admit.
+#[inline]
+pub fn admit(
     call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
+    dev: &DeviceCx,
     ask: &mut impl Ask,
-) -> Result<Option<Reservation<'d>>, CuResult> {
-    let denial = match try_admit(device, d, ask) {
+) -> Result<Option<Reservation<'static>>, CuResult> {
+    let denial = match try_admit(dev, ask) {
         Ok(admitted) => return Ok(admitted),
         Err(Missed::Rejected(rc)) => return Err(rc),
         Err(Missed::Denied(denial)) => denial,
     };
-    if warns() {
-        return Ok(Some(overrun(call, device, d, &denial)));
+    if warns(dev) {
+        return Ok(Some(overrun(call, dev, &denial)));
     }
     match ask.waits_for() {
-        Some(bytes) => wait_for_room(call, device, d, ask, bytes, denial),
-        None => Err(refuse(call, device, d, &denial)),
+        Some(bytes) => wait_for_room(call, dev, ask, bytes, denial),
+        None => Err(refuse(call, dev, &denial)),
     }
+}
+
+/// A stream-ordered request of `bytes` that no growth of the device's pools could ever
+/// admit (more than the budget lets the pools hold for one block) is refused here, at
+/// once, before any credit moves. In observe mode it goes on, and its growth is admitted
+/// past the budget.
+pub fn within_reach(call: &str, dev: &DeviceCx, bytes: u64) -> Result<(), CuResult> {
+    if PoolCredit::may_hold(bytes, dev.budget)
+        || warns(dev) && PoolCredit::may_hold(bytes, u64::MAX)
+    {
+        return Ok(());
+    }
+    let denial = Denial {
+        requested: bytes,
+        used: dev.ledger.budget_used(),
+        budget: dev.budget,
+    };
+    Err(refuse(call, dev, &denial))
+}
+
+/// A stream-ordered allocation is admitted in advance when it fits in what the device's
+/// pools already hold: their growth was admitted when they grew (`flow`'s `PoolGrowth`,
+/// through [`admit`]), and the pools' credit is that admission's unspent part, kept in the
+/// thread's own credit, in the shards and in the bank ([`credit`]). Spends `bytes` of it
+/// on the call's device: the thread's own first, then its shard's. `None`: there is none
+/// left, and the pools' growth must be admitted now.
+#[inline]
+fn prepaid(dev: &DeviceCx, p: Option<&PrivateCredit>, bytes: u64) -> Option<Paid> {
+    if p.is_some_and(|p| p.take(dev.ordinal, dev.ledger, bytes)) {
+        Some(Paid::Thread)
+    } else if dev.ledger.pool.take(crate::runtime::shard(), bytes) {
+        Some(Paid::Shard)
+    } else {
+        None
+    }
+}
+
+/// [`prepaid`] on the stream-ordered fast path (`flow`'s `alloc_async_fast`): `bytes` from
+/// the thread's own credit for `device`, if it holds that much; nothing else is looked at.
+#[inline(always)]
+fn prepaid_by_thread(p: &PrivateCredit, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
+    p.take(device, d, bytes)
+}
+
+/// Where a stream-ordered allocation's credit came from: an allocation that fails gives
+/// it back there, so that a debt left in the shards is never repaid into a thread's own
+/// credit (which the fast path spends without looking at the shards or the bank).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Paid {
+    Thread,
+    Shard,
+    /// From the bank, under its lock: the caller repays a failure there itself.
+    Bank,
 }
 
 /// Why a try did not admit.
@@ -142,50 +255,46 @@ enum Missed {
     Denied(Denial),
 }
 
-fn try_admit<'d>(
-    device: usize,
-    d: &'d DeviceLedger,
-    ask: &mut impl Ask,
-) -> Result<Option<Reservation<'d>>, Missed> {
-    ask.settle(device, d);
+fn try_admit(dev: &DeviceCx, ask: &mut impl Ask) -> Result<Option<Reservation<'static>>, Missed> {
+    ask.settle(dev);
     let Some(first) = ask.bytes() else {
         return Ok(None);
     };
-    if let Ok(r) = d.reserve(first) {
+    if let Ok(r) = dev.reserve(first) {
         return Ok(Some(r));
     }
-    if let Some(rc) = ask.rejected() {
+    if let Some(rc) = ask.rejected(dev) {
         return Err(Missed::Rejected(rc));
     }
-    ask.make_room(device, d);
+    ask.make_room(dev);
     let Some(again) = ask.bytes() else {
         return Ok(None);
     };
-    d.reserve(again).map(Some).map_err(Missed::Denied)
+    dev.reserve(again).map(Some).map_err(Missed::Denied)
 }
 
 /// With `CUDABUDGET_ON_EXCEED=wait:<d>`, a request of `bytes` that did not fit waits (in
 /// arrival order) until the process — or the job — has room, for at most `d`. Never
 /// during a capture, nor for more than the budget.
 #[cold]
-fn wait_for_room<'d>(
+fn wait_for_room(
     call: &str,
-    device: usize,
-    d: &'d DeviceLedger,
+    dev: &DeviceCx,
     ask: &mut impl Ask,
     bytes: u64,
     denial: Denial,
-) -> Result<Option<Reservation<'d>>, CuResult> {
-    let Some(OnExceed::Wait(patience)) = runtime::config().map(|c| c.on_exceed) else {
-        return Err(refuse(call, device, d, &denial));
+) -> Result<Option<Reservation<'static>>, CuResult> {
+    let OnExceed::Wait(patience) = dev.config().on_exceed else {
+        return Err(refuse(call, dev, &denial));
     };
-    if capture::any() || bytes > d.limit() {
-        return Err(refuse(call, device, d, &denial));
+    if capture::any() || bytes > dev.budget {
+        return Err(refuse(call, dev, &denial));
     }
     let deadline = Instant::now() + patience;
+    let d = dev.ledger;
     d.note_wait();
     // A job's waiter keeps its place in the queue until it is admitted or gives up.
-    let turn = d.job().map(|(job, index)| job.queue(index));
+    let turn = dev.job().map(|(job, index)| job.queue(index));
     loop {
         // The budget as it is at each look: it may grow while this waits.
         let woke = match &turn {
@@ -194,11 +303,12 @@ fn wait_for_room<'d>(
                 d.used().saturating_add(bytes) <= d.limit()
             }),
         };
-        match try_admit(device, d, ask) {
+        let dev = dev.looked_again();
+        match try_admit(&dev, ask) {
             Ok(admitted) => return Ok(admitted),
             Err(Missed::Rejected(rc)) => return Err(rc),
             Err(Missed::Denied(denial)) if !woke || Instant::now() >= deadline => {
-                return Err(refuse(call, device, d, &denial));
+                return Err(refuse(call, &dev, &denial));
             }
             Err(Missed::Denied(_)) => {}
         }
@@ -208,27 +318,27 @@ fn wait_for_room<'d>(
 /// Whether a request that does not fit is admitted anyway (`CUDABUDGET_ON_EXCEED=warn`).
 /// Asked only once a request did not fit: the allocations that fit never read it.
 #[cold]
-pub fn warns() -> bool {
-    runtime::config().is_some_and(|c| c.on_exceed == OnExceed::Warn)
+fn warns(dev: &DeviceCx) -> bool {
+    dev.config().on_exceed == OnExceed::Warn
 }
 
 /// The one overrun (`CUDABUDGET_ON_EXCEED=warn`): what `denial` asked for is reserved
 /// past the budget, the overrun is counted, and reported (a line, rate-limited, and the
 /// event).
 #[cold]
-fn overrun<'d>(call: &str, device: usize, d: &'d DeviceLedger, denial: &Denial) -> Reservation<'d> {
-    let admitted = d.reserve_past_budget(denial.requested);
-    d.note_overrun();
-    report::overrun(call, device, denial);
+fn overrun(call: &str, dev: &DeviceCx, denial: &Denial) -> Reservation<'static> {
+    let admitted = dev.ledger.reserve_past_budget(denial.requested);
+    dev.ledger.note_overrun();
+    report::overrun(dev.config(), call, dev.ordinal, denial);
     admitted
 }
 
 /// The one refusal: the denial is noted and reported, and the call gets
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 #[cold]
-pub fn refuse(call: &str, device: usize, d: &DeviceLedger, denial: &Denial) -> CuResult {
-    d.note_denial();
-    report::denial(call, device, denial);
+fn refuse(call: &str, dev: &DeviceCx, denial: &Denial) -> CuResult {
+    dev.ledger.note_denial();
+    report::denial(dev.config(), call, dev.ordinal, denial);
     CuResult::OUT_OF_MEMORY
 }
 
@@ -306,10 +416,10 @@ pub unsafe fn reset_in_child() {
 
 /// Before a denial: the pools and the graph memory give back what they hold but do not
 /// use, and the footprint is read again.
-fn make_room(device: usize, d: &DeviceLedger, bank: &mut BankGuard<'_>) {
-    trim_pools(device, d, bank);
-    trim_quietly(|| graphs::trim(device, d));
-    footprint::reconcile_now(device, d);
+fn make_room(dev: &DeviceCx, bank: &mut BankGuard<'_>) {
+    trim_pools(dev.ordinal, dev.ledger, bank);
+    trim_quietly(|| graphs::trim(dev.ordinal, dev.ledger));
+    footprint::reconcile_now(dev);
 }
 
 /// Gives back what the process's pools hold but do not use, and charges the device the
@@ -380,6 +490,42 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// A context for device `ordinal` with a budget of `budget` bytes, in a process whose
+    /// configuration fails a request that does not fit.
+    fn device(ordinal: usize, budget: u64) -> DeviceCx {
+        let config = crate::config::Config::from_vars([("CUDABUDGET_LIMIT", "1Ti")]);
+        crate::runtime::set_config(config.expect("a valid configuration"));
+        let d = crate::runtime::ledger().device(ordinal).unwrap();
+        d.set_budget(crate::books::ledger::Budget::Bytes(budget));
+        crate::runtime::Cx::budgeted().device(ordinal).unwrap()
+    }
+
+    #[test]
+    fn a_stream_ordered_request_no_pool_growth_could_admit_is_refused_before_any_credit_moves() {
+        let dev = device(58, 64 * MIB);
+        assert_eq!(within_reach("cuMemAllocAsync", &dev, 64 * MIB), Ok(()));
+        assert_eq!(
+            within_reach("cuMemAllocAsync", &dev, 64 * MIB + 1),
+            Err(CuResult::OUT_OF_MEMORY)
+        );
+        assert_eq!(dev.ledger.denials(), 1, "the one refusal path counts it");
+        assert_eq!(dev.ledger.used(), 0);
+    }
+
+    #[test]
+    fn credit_the_pools_hold_is_an_admission_paid_in_advance_shared_credit_when_the_thread_has_none()
+     {
+        let dev = device(59, 1 << 40);
+        assert!(
+            prepaid(&dev, None, MIB).is_none(),
+            "no credit: the pools must grow"
+        );
+        dev.ledger.pool.give(crate::runtime::shard(), 2 * MIB);
+        assert!(prepaid(&dev, None, MIB) == Some(Paid::Shard));
+        assert!(prepaid(&dev, None, 2 * MIB).is_none(), "only 1 MiB is left");
+        assert_eq!(dev.ledger.used(), 0, "spending credit charges nothing more");
+    }
+
     #[test]
     fn the_growth_guard_marks_its_thread_only_while_held() {
         {
@@ -398,7 +544,7 @@ mod tests {
 
     #[test]
     fn a_settlement_keeps_a_deficit_charged_in_pool_steps() {
-        let d = runtime::ledger().device(55).unwrap();
+        let d = crate::runtime::ledger().device(55).unwrap();
         d.set_budget(crate::books::ledger::Budget::Bytes(1 << 40));
         // 200 MiB reserved, then the driver says 100 MiB while the books hold 140 MiB in
         // use: the 40 MiB the pool has yet to grow by stay charged, as two 32 MiB steps.

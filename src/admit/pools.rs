@@ -219,11 +219,7 @@ pub fn set_charged(pool: Handle, bytes: u64) -> u64 {
 pub fn settle_created(pool: Handle, d: &DeviceLedger) {
     if let Some((reserved, _)) = figures(pool) {
         let before = set_charged(pool, reserved);
-        if reserved >= before {
-            d.charge(reserved - before);
-        } else {
-            d.release(before - reserved);
-        }
+        super::after::charge_after(d, before, reserved);
     }
 }
 

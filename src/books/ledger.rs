@@ -52,6 +52,16 @@ pub enum Budget {
 const UNBUDGETED: u64 = u64::MAX;
 const UNRESOLVED: u64 = u64::MAX - 1;
 
+/// The budget a reservation is measured against, as resolved once for a call
+/// ([`DeviceLedger::in_force`], `runtime::Cx::device`): the device's own, or in a job the
+/// job's as its ledger says (it may change while the job runs: `cudabudget limit`), with
+/// the job's books that the reservation must fit too.
+#[derive(Clone, Copy)]
+pub struct InForce {
+    pub bytes: u64,
+    pub job: Option<(&'static crate::books::job::Job, usize)>,
+}
+
 /// A refused request, with what the device held and allowed at that moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Denial {
@@ -166,15 +176,23 @@ impl DeviceLedger {
         self.overhead.load(Ordering::Relaxed)
     }
 
-    /// Reserves `bytes` if they fit in the budget. Dropping the reservation without
-    /// [`Reservation::commit`] gives the bytes back.
-    pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>, Denial> {
-        // In a job, the job's budget as it is now (it may change while the job runs).
+    /// The budget in force now: in a job, the job's budget as its ledger holds it (it may
+    /// change while the job runs), else the device's.
+    #[inline]
+    pub fn in_force(&self) -> InForce {
         let job = self.job();
-        let budget = match job {
+        let bytes = match job {
             Some((job, index)) => job.budget(index).unwrap_or_else(|| self.limit()),
             None => self.limit(),
         };
+        InForce { bytes, job }
+    }
+
+    /// Reserves `bytes` if they fit in `budget` (this device's budget in force, resolved
+    /// by the caller: [`Self::in_force`]). Dropping the reservation without
+    /// [`Reservation::commit`] gives the bytes back.
+    pub fn reserve(&self, bytes: u64, budget: InForce) -> Result<Reservation<'_>, Denial> {
+        let InForce { bytes: budget, job } = budget;
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let after = match used.checked_add(bytes) {
@@ -269,9 +287,17 @@ impl DeviceLedger {
         before.min(bytes)
     }
 
+    /// Records `bytes` as the overhead (the part of `used` no hook saw) and returns what it
+    /// was; `used` is not moved: the caller charges the difference
+    /// (`admit::after::charge_after`).
+    pub fn swap_overhead(&self, bytes: u64) -> u64 {
+        self.overhead.swap(bytes, Ordering::AcqRel)
+    }
+
     /// Replaces the overhead charge with `bytes`, moving `used` by the difference.
+    #[cfg(test)]
     pub fn set_overhead(&self, bytes: u64) {
-        let old = self.overhead.swap(bytes, Ordering::AcqRel);
+        let old = self.swap_overhead(bytes);
         if bytes >= old {
             self.charge(bytes - old);
         } else {

@@ -6,25 +6,46 @@ use std::ffi::{c_int, c_void};
 
 use super::guard;
 use crate::admit::{footprint, loads};
-use crate::runtime::Cx;
+use crate::runtime::{Cx, DeviceCx};
 use crate::sys::driver::{CuResult, Device, Handle, real};
 
-/// Runs a context creation on `device` and charges the context when it succeeds.
-fn creating_context(_cx: Cx, device: Device, create: impl FnOnce() -> CuResult) -> CuResult {
+/// Runs a context creation on `device` and charges the context when it succeeds. The
+/// device is resolved here, once, and `create` gets it when it has a budget.
+fn creating_context(
+    cx: Cx,
+    device: Device,
+    create: impl FnOnce(Option<&DeviceCx>) -> CuResult,
+) -> CuResult {
     if device < 0 {
-        return create();
+        return create(None);
     }
-    let device = device as usize;
-    footprint::before_context(device);
-    let rc = create();
-    footprint::context_created(device, rc.is_ok());
+    let ordinal = device as usize;
+    let dev = cx.device(ordinal);
+    footprint::before_context(ordinal, dev.as_ref());
+    let rc = create(dev.as_ref());
+    footprint::context_created(ordinal, dev.as_ref(), rc.is_ok());
     rc
+}
+
+/// A context created beside another on its device: admitted by what it costs
+/// ([`loads::another_context`]) when the device has a budget.
+fn another_context(
+    dev: Option<&DeviceCx>,
+    ctx: *mut Handle,
+    create: impl FnOnce() -> CuResult,
+) -> CuResult {
+    // SAFETY: the context the driver just created, destroyed when it does not fit.
+    let destroy = |c| unsafe { real::cuCtxDestroy_v2(c) };
+    match dev {
+        Some(dev) => loads::another_context(dev, ctx, create, destroy),
+        None => create(),
+    }
 }
 
 /// Runs a primary-context release (or reset) and tells the footprint when the context
 /// it counted is gone. A reset of a primary context that was never active (what
 /// `cudaDeviceReset` does beside a context from `cuCtxCreate`) ends nothing we counted.
-fn releasing_primary(_cx: Cx, device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
+fn releasing_primary(device: Device, release: impl FnOnce() -> CuResult) -> CuResult {
     if device < 0 {
         return release();
     }
@@ -61,7 +82,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Devi
         if primary_active(device) {
             return retain();
         }
-        let rc = creating_context(cx, device, retain);
+        let rc = creating_context(cx, device, |_| retain());
         if rc.is_ok()
             && let Some(counted) = books.primary.get_mut(device as usize)
         {
@@ -78,8 +99,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: Device) -> CuResul
     guard("cuDevicePrimaryCtxRelease", || {
         // SAFETY: the caller's argument.
         let release = || unsafe { real::cuDevicePrimaryCtxRelease_v2(device) };
-        let cx = enter!(release);
-        releasing_primary(cx, device, release)
+        let _cx = enter!(release);
+        releasing_primary(device, release)
     })
 }
 
@@ -90,13 +111,13 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: Device) -> CuResult 
     guard("cuDevicePrimaryCtxReset", || {
         // SAFETY: the caller's argument.
         let release = || unsafe { real::cuDevicePrimaryCtxReset_v2(device) };
-        let cx = enter!(release);
-        releasing_primary(cx, device, release)
+        let _cx = enter!(release);
+        releasing_primary(device, release)
     })
 }
 
 /// Remembers a context from `cuCtxCreate` and its device, so its destruction can be told.
-fn remember_created(_cx: Cx, ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
+fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
     if rc.is_ok() && !ctx.is_null() {
         // SAFETY: the driver wrote the new context.
         let handle = unsafe { *ctx } as usize;
@@ -115,13 +136,8 @@ pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: De
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuCtxCreate_v2(ctx, flags, device) };
         let cx = enter!(create);
-        let rc = creating_context(cx, device, || {
-            // SAFETY: the context the driver just created, destroyed when it does not fit.
-            loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
-                real::cuCtxDestroy_v2(c)
-            })
-        });
-        remember_created(cx, ctx, device, rc)
+        let rc = creating_context(cx, device, |dev| another_context(dev, ctx, create));
+        remember_created(ctx, device, rc)
     })
 }
 
@@ -139,13 +155,8 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuCtxCreate_v3(ctx, params, num, flags, device) };
         let cx = enter!(create);
-        let rc = creating_context(cx, device, || {
-            // SAFETY: the context the driver just created, destroyed when it does not fit.
-            loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
-                real::cuCtxDestroy_v2(c)
-            })
-        });
-        remember_created(cx, ctx, device, rc)
+        let rc = creating_context(cx, device, |dev| another_context(dev, ctx, create));
+        remember_created(ctx, device, rc)
     })
 }
 
@@ -162,13 +173,8 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuCtxCreate_v4(ctx, params, flags, device) };
         let cx = enter!(create);
-        let rc = creating_context(cx, device, || {
-            // SAFETY: the context the driver just created, destroyed when it does not fit.
-            loads::another_context(device.max(0) as usize, ctx, create, |c| unsafe {
-                real::cuCtxDestroy_v2(c)
-            })
-        });
-        remember_created(cx, ctx, device, rc)
+        let rc = creating_context(cx, device, |dev| another_context(dev, ctx, create));
+        remember_created(ctx, device, rc)
     })
 }
 

@@ -3,7 +3,6 @@
 
 use super::guard;
 use crate::admit::footprint;
-use crate::runtime;
 use crate::sys::driver::{CuResult, Device, real};
 
 /// Refused with `CUDA_ERROR_NOT_PERMITTED` when the configuration is malformed: the
@@ -16,12 +15,12 @@ pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
     guard("cuInit", || {
         // SAFETY: the caller's argument.
         let init = || unsafe { real::cuInit(flags) };
-        let _cx = enter!(init);
+        let cx = enter!(init);
         let rc = init();
         // NVML starts now, on its own thread: after the driver's initialisation, not
         // alongside it (the two take turns in the kernel driver, and a cuInit alongside
         // NVML's took 9 ms longer on an H200).
-        crate::sys::nvml::prewarm(footprint::nvml_ready);
+        crate::sys::nvml::prewarm(move || footprint::nvml_ready(cx));
         if rc.is_ok() {
             footprint::driver_ready();
         }
@@ -38,17 +37,17 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     guard("cuMemGetInfo", || {
         // SAFETY: the caller's out-pointers.
         let get = || unsafe { real::cuMemGetInfo_v2(free, total) };
-        let _cx = enter!(get);
+        let cx = enter!(get);
         let rc = get();
         if rc.is_ok()
             && !free.is_null()
             && !total.is_null()
-            && let Some((device, d)) = runtime::budgeted_current()
+            && let Some(dev) = cx.current_device()
         {
-            footprint::settle_before_admission(device);
-            crate::admit::flow::refresh_pools(device, d);
-            footprint::maybe_reconcile(device, d);
-            let budget = d.limit();
+            footprint::settle_before_admission(&dev);
+            crate::admit::flow::refresh_pools(&dev);
+            footprint::maybe_reconcile(&dev);
+            let (budget, d) = (dev.budget, dev.ledger);
             // SAFETY: the driver just filled both.
             unsafe {
                 *total = (*total as u64).min(budget) as usize;
@@ -68,15 +67,15 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: Device) 
     guard("cuDeviceTotalMem", || {
         // SAFETY: the caller's arguments.
         let total = || unsafe { real::cuDeviceTotalMem_v2(bytes, device) };
-        let _cx = enter!(total);
+        let cx = enter!(total);
         let rc = total();
         if rc.is_ok()
             && !bytes.is_null()
             && device >= 0
-            && let Some(d) = runtime::budgeted(device as usize)
+            && let Some(dev) = cx.device(device as usize)
         {
             // SAFETY: the driver just filled it.
-            unsafe { *bytes = (*bytes as u64).min(d.limit()) as usize };
+            unsafe { *bytes = (*bytes as u64).min(dev.budget) as usize };
         }
         rc
     })

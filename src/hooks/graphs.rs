@@ -5,7 +5,6 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::guard;
 use crate::admit::{capture, flow, graphs};
-use crate::runtime::Cx;
 use crate::sys::driver::{CuResult, Device, Handle, real};
 
 with_ptsz! {
@@ -51,7 +50,7 @@ with_ptsz! {
 }
 
 /// Remembers the memory and free nodes of a graph just instantiated into `exec`.
-fn instantiated(_cx: Cx, exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
+fn instantiated(exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
     if rc.is_ok() && !exec.is_null() {
         // SAFETY: the driver wrote the new executable graph.
         graphs::instantiated(unsafe { *exec }, graphs::memory_of(graph));
@@ -70,8 +69,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     guard("cuGraphInstantiate", || {
         // SAFETY: the caller's arguments.
         let instantiate = || unsafe { real::cuGraphInstantiateWithFlags(exec, graph, flags) };
-        let cx = enter!(books, instantiate);
-        instantiated(cx, exec, graph, instantiate())
+        let _cx = enter!(books, instantiate);
+        instantiated(exec, graph, instantiate())
     })
 }
 
@@ -85,8 +84,8 @@ with_ptsz! {
         guard("cuGraphInstantiate", || {
             // SAFETY: the caller's arguments.
             let instantiate = || unsafe { driver(exec, graph, params) };
-            let cx = enter!(books, instantiate);
-            instantiated(cx, exec, graph, instantiate())
+            let _cx = enter!(books, instantiate);
+            instantiated(exec, graph, instantiate())
         })
     }
 }
@@ -105,8 +104,8 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
         // SAFETY: the caller's arguments.
         let instantiate =
             || unsafe { real::cuGraphInstantiate_v2(exec, graph, error_node, log, log_size) };
-        let cx = enter!(books, instantiate);
-        instantiated(cx, exec, graph, instantiate())
+        let _cx = enter!(books, instantiate);
+        instantiated(exec, graph, instantiate())
     })
 }
 
@@ -157,10 +156,10 @@ pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: Device) -> CuResult {
     guard("cuDeviceGraphMemTrim", || {
         // SAFETY: the caller's argument.
         let trim = || unsafe { real::cuDeviceGraphMemTrim(device) };
-        let _cx = enter!(books, trim);
+        let cx = enter!(books, trim);
         let rc = crate::admit::program_trim(trim);
         if rc.is_ok() && device >= 0 {
-            flow::graph_memory_changed(device as usize);
+            flow::graph_memory_changed(cx, device as usize);
         }
         rc
     })

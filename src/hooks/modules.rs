@@ -202,8 +202,8 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     guard("cuLibraryGetGlobal", || {
         // SAFETY: the caller's arguments.
         let look_up = || unsafe { real::cuLibraryGetGlobal(dptr, bytes, library, name) };
-        let _cx = enter!(books, look_up);
-        loads::lookup("cuLibraryGetGlobal", library, look_up)
+        let cx = enter!(books, look_up);
+        loads::lookup(cx, "cuLibraryGetGlobal", library, look_up)
     })
 }
 
@@ -219,8 +219,8 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
     guard("cuLibraryGetManaged", || {
         // SAFETY: the caller's arguments.
         let look_up = || unsafe { real::cuLibraryGetManaged(dptr, bytes, library, name) };
-        let _cx = enter!(books, look_up);
-        loads::lookup("cuLibraryGetManaged", library, look_up)
+        let cx = enter!(books, look_up);
+        loads::lookup(cx, "cuLibraryGetManaged", library, look_up)
     })
 }
 
@@ -231,8 +231,8 @@ pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle
     guard("cuLibraryGetModule", || {
         // SAFETY: the caller's arguments.
         let look_up = || unsafe { real::cuLibraryGetModule(module, library) };
-        let _cx = enter!(books, look_up);
-        loads::lookup("cuLibraryGetModule", library, look_up)
+        let cx = enter!(books, look_up);
+        loads::lookup(cx, "cuLibraryGetModule", library, look_up)
     })
 }
 
@@ -247,7 +247,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     guard("cuLibraryGetKernel", || {
         // SAFETY: the caller's arguments.
         let look_up = || unsafe { real::cuLibraryGetKernel(kernel, library, name) };
-        let _cx = enter!(books, look_up);
-        loads::lookup("cuLibraryGetKernel", library, look_up)
+        let cx = enter!(books, look_up);
+        loads::lookup(cx, "cuLibraryGetKernel", library, look_up)
     })
 }

@@ -4,7 +4,6 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::runtime;
 use crate::sys::nvml::{self, F, Memory, MemoryV2, NvmlDevice};
 
 /// Our NVML hook for an exact name.
@@ -21,14 +20,14 @@ const NVML_ERROR_UNINITIALIZED: c_int = 1;
 
 /// (total, free, used) as this process should see them on `device`, if it is budgeted.
 fn view(device: NvmlDevice, total: u64, free: u64) -> Option<(u64, u64, u64)> {
-    let _cx = crate::lifecycle::enter_books()?;
-    let visible = runtime::config().and_then(|c| c.cuda_visible_devices.as_deref());
+    let cx = crate::lifecycle::enter_books()?;
+    let visible = cx.config().cuda_visible_devices.as_deref();
     let ordinal = nvml::ordinal_of(device, visible)?;
-    let d = runtime::budgeted_with_total(ordinal, total)?;
-    crate::admit::footprint::settle_before_admission(ordinal);
-    crate::admit::flow::refresh_pools(ordinal, d);
-    let budget = d.limit().min(total);
-    let used = d.budget_used().min(budget);
+    let dev = cx.device_of_size(ordinal, total)?;
+    crate::admit::footprint::settle_before_admission(&dev);
+    crate::admit::flow::refresh_pools(&dev);
+    let budget = dev.budget.min(total);
+    let used = dev.ledger.budget_used().min(budget);
     Some((budget, free.min(budget - used), used))
 }
 

@@ -3,7 +3,7 @@
 
 use super::guard;
 use crate::admit::{flow, gate, pools};
-use crate::runtime::{self, Cx};
+use crate::runtime;
 use crate::sys::driver::{
     CuResult, Handle, MEM_ALLOCATION_TYPE_PINNED, MEM_LOCATION_TYPE_DEVICE, MemLocation,
     MemPoolProps, real,
@@ -45,7 +45,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
     guard("cuMemPoolTrimTo", || {
         // SAFETY: the caller's arguments.
         let trim = || unsafe { real::cuMemPoolTrimTo(pool, keep) };
-        let _cx = enter!(books, trim);
+        let cx = enter!(books, trim);
         // A created pool's reserve is what its growths are admitted by.
         let rc = if pools::created(pool).is_some() {
             crate::admit::program_trim(trim)
@@ -59,7 +59,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
                 pools::Place::Host => None,
             };
             if let Some(device) = device {
-                flow::pool_trimmed(device, pool);
+                flow::pool_trimmed(cx, device, pool);
             }
         }
         rc
@@ -73,7 +73,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
     guard("cuMemPoolDestroy", || {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuMemPoolDestroy(pool) };
-        let _cx = enter!(books, destroy);
+        let cx = enter!(books, destroy);
         if pools::created(pool).is_none() {
             let rc = destroy();
             if rc.is_ok() {
@@ -84,7 +84,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
         }
         // A device's current pool, when destroyed, hands the device back to its default
         // pool: a switch like cuDeviceSetMemPool's (crate::admit::gate).
-        gate::closed(|| flow::created_pool_destroyed(pool, destroy))
+        gate::closed(|| flow::created_pool_destroyed(cx, pool, destroy))
     })
 }
 
@@ -100,8 +100,8 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(
     guard("cuDeviceSetMemPool", || {
         // SAFETY: the caller's arguments.
         let set = || unsafe { real::cuDeviceSetMemPool(device, pool) };
-        let cx = enter!(books, set);
-        set_device_pool(cx, device, pool, set)
+        let _cx = enter!(books, set);
+        set_device_pool(device, pool, set)
     })
 }
 
@@ -119,14 +119,14 @@ pub unsafe extern "C" fn cuMemSetMemPool(
     guard("cuMemSetMemPool", || {
         // SAFETY: the caller's arguments.
         let set = || unsafe { real::cuMemSetMemPool(location, kind, pool) };
-        let cx = enter!(books, set);
+        let _cx = enter!(books, set);
         // SAFETY: read only when non-null; the caller's location.
         let device = (!location.is_null())
             .then(|| unsafe { *location })
             .filter(|l| l.kind == MEM_LOCATION_TYPE_DEVICE && kind == MEM_ALLOCATION_TYPE_PINNED)
             .map(|l| l.id);
         match device {
-            Some(device) => set_device_pool(cx, device, pool, set),
+            Some(device) => set_device_pool(device, pool, set),
             None => set(),
         }
     })
@@ -134,7 +134,6 @@ pub unsafe extern "C" fn cuMemSetMemPool(
 
 /// Makes `pool` the device's current pool (`real`).
 fn set_device_pool(
-    _cx: Cx,
     device: crate::sys::driver::Device,
     pool: Handle,
     real: impl FnOnce() -> CuResult,

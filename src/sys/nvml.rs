@@ -147,7 +147,7 @@ static INITIALISED: AtomicU8 = AtomicU8::new(IDLE);
 /// H200) then overlaps the program's next steps (the context's creation, about 100 ms),
 /// and nothing on the program's threads waits for it. Started before the real `cuInit`
 /// instead, it made that `cuInit` 9 ms slower (docs/gpu-runs/2026-12-01b at 258b938).
-pub fn prewarm(ready: fn()) {
+pub fn prewarm(ready: impl FnOnce() + Send + 'static) {
     if INITIALISED
         .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
         .is_err()

@@ -42,7 +42,7 @@ use std::time::Duration;
 use cudabudget_spec::place::{Dir, FileOpen, PlaceError};
 
 use crate::books::ledger::Denial;
-use crate::config::LogLevel;
+use crate::config::{Config, LogLevel};
 
 /// Events the queue holds (a power of two). An event is about 150 bytes.
 const CAPACITY: usize = 1024;
@@ -399,20 +399,27 @@ fn line(buffer: &mut Buffer, event: &Event, job: Option<&str>) -> Option<usize> 
 
 /// Queues the event of one denial, if `CUDABUDGET_EVENTS` asks for it. Never waits:
 /// atomics, and a futex wake (the first event of a process also starts the writer).
-pub fn denial(call: &str, device: usize, denial: &Denial) {
-    queue(Outcome::Denied, call, device, denial);
+pub fn denial(config: &'static Config, call: &str, device: usize, denial: &Denial) {
+    queue(config, Outcome::Denied, call, device, denial);
 }
 
 /// Queues the event of one allocation admitted past the budget
 /// (`CUDABUDGET_ON_EXCEED=warn`), if `CUDABUDGET_EVENTS` asks for it; as [`denial`].
-pub fn overrun(call: &str, device: usize, request: &Denial) {
-    queue(Outcome::Overrun, call, device, request);
+pub fn overrun(config: &'static Config, call: &str, device: usize, request: &Denial) {
+    queue(config, Outcome::Overrun, call, device, request);
 }
 
 /// Queues the event of a change of the device's budget from `previous` to
 /// `now.budget` by `by` (uid, pid), `now.used` in use then; as [`denial`].
-pub fn budget_changed(device: usize, previous: u64, now: &Denial, by: (u32, u32)) {
+pub fn budget_changed(
+    config: &'static Config,
+    device: usize,
+    previous: u64,
+    now: &Denial,
+    by: (u32, u32),
+) {
     queue_event(
+        config,
         Outcome::BudgetChanged,
         "cudabudget limit",
         device,
@@ -421,11 +428,12 @@ pub fn budget_changed(device: usize, previous: u64, now: &Denial, by: (u32, u32)
     );
 }
 
-fn queue(outcome: Outcome, call: &str, device: usize, denial: &Denial) {
-    queue_event(outcome, call, device, denial, None);
+fn queue(config: &'static Config, outcome: Outcome, call: &str, device: usize, denial: &Denial) {
+    queue_event(config, outcome, call, device, denial, None);
 }
 
 fn queue_event(
+    config: &'static Config,
     outcome: Outcome,
     call: &str,
     device: usize,
@@ -433,7 +441,7 @@ fn queue_event(
     change: Option<(u64, u32, u32)>,
 ) {
     let state = WRITER.load(Ordering::Acquire);
-    if state == OFF || crate::runtime::config().is_none_or(|c| c.events.is_none()) {
+    if state == OFF || config.events.is_none() {
         return;
     }
     let mut name = [0u8; 32];
@@ -467,14 +475,14 @@ fn queue_event(
     }
     SIGNAL.fetch_add(1, Ordering::Release);
     if state == IDLE {
-        start_writer();
+        start_writer(config);
     } else {
         futex_wake(&SIGNAL);
     }
 }
 
 #[cold]
-fn start_writer() {
+fn start_writer(config: &'static Config) {
     // Before the state leaves IDLE: a fork between the two would leave the child
     // STARTING with no handler to set it back, and its events never written.
     if !AT_FORK.swap(true, Ordering::Relaxed) {
@@ -495,8 +503,8 @@ fn start_writer() {
     let spawned = std::thread::Builder::new()
         .name("cudabudget-events".into())
         .stack_size(256 << 10)
-        .spawn(|| {
-            if std::panic::catch_unwind(writer).is_err() {
+        .spawn(move || {
+            if std::panic::catch_unwind(|| writer(config)).is_err() {
                 WRITER.store(OFF, Ordering::Release);
             }
         });
@@ -566,11 +574,7 @@ fn open(path: &Path) -> Result<File, String> {
     })
 }
 
-fn writer() {
-    let Some(config) = crate::runtime::config() else {
-        WRITER.store(OFF, Ordering::Release);
-        return;
-    };
+fn writer(config: &Config) {
     let Some(named) = config.events.clone() else {
         WRITER.store(OFF, Ordering::Release);
         return;

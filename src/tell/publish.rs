@@ -41,7 +41,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen};
 
 use crate::books::ledger::Budget;
-use crate::config::LogLevel;
+use crate::config::{Config, LogLevel, PodNames};
 use control::LimitRequest;
 use record::{DeviceFigures, Record};
 
@@ -72,8 +72,8 @@ fn still_ours(dir: &Dir, identity: (u64, u64)) -> bool {
 /// (`cudabudget limit`); true when one changed, which publishes the figures at once.
 /// Without a record (none could be made, or it was lost) the budgets are still
 /// followed, every [`INTERVAL`].
-pub fn run(tick: fn() -> bool) {
-    let _ = std::panic::catch_unwind(|| publish(tick));
+pub fn run(config: &Config, tick: fn() -> bool) {
+    let _ = std::panic::catch_unwind(|| publish(config, tick));
     while std::panic::catch_unwind(tick).is_ok() {
         std::thread::sleep(INTERVAL);
     }
@@ -115,7 +115,8 @@ pub fn new_limit_request() -> Option<Result<LimitRequest, String>> {
     }))
 }
 
-/// What the process is, read once from `/proc/self` (never from `environ`, which the
+/// What the process is, read once from `/proc/self` and the configuration (the one
+/// reader of the environment, at initialisation: never `environ` again, which the
 /// program may be changing on another thread).
 struct Identity {
     pid: u32,
@@ -139,45 +140,30 @@ const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/servicea
 
 impl Labels {
     /// The job from the configuration ([`crate::config::Config::job`]); the Kubernetes
-    /// names from `POD_NAME`, `POD_NAMESPACE` and `CONTAINER_NAME` (the usual downward-API
-    /// variables: Kubernetes sets none of them by itself) and, inside a pod
-    /// (`KUBERNETES_SERVICE_HOST` is set), from `HOSTNAME` (the pod's name) and the
-    /// service account's namespace file (`namespace_file`).
-    fn from_environment<'a>(
-        var: impl Fn(&str) -> Option<&'a str>,
-        namespace_file: impl FnOnce() -> Option<String>,
-    ) -> Labels {
-        let job = crate::runtime::config()
-            .and_then(|c| c.job())
-            .map(str::to_string);
-        let in_kubernetes = var("KUBERNETES_SERVICE_HOST").is_some();
-        let pod = non_empty(var("POD_NAME"))
-            .or_else(|| in_kubernetes.then(|| non_empty(var("HOSTNAME"))).flatten());
-        let namespace = non_empty(var("POD_NAMESPACE")).or_else(|| {
+    /// names from its [`PodNames`]: the downward-API variables first and, inside a pod,
+    /// the hostname (the pod's name) and the service account's namespace file
+    /// (`namespace_file`).
+    fn from_config(config: &Config, namespace_file: impl FnOnce() -> Option<String>) -> Labels {
+        let names: &PodNames = &config.pod;
+        let in_kubernetes = names.in_kubernetes;
+        let pod = non_empty(names.pod_name.as_deref()).or_else(|| {
+            in_kubernetes
+                .then(|| non_empty(names.hostname.as_deref()))
+                .flatten()
+        });
+        let namespace = non_empty(names.pod_namespace.as_deref()).or_else(|| {
             in_kubernetes
                 .then(namespace_file)
                 .flatten()
                 .and_then(|n| non_empty(Some(&n)))
         });
         Labels {
-            job,
+            job: config.job().map(str::to_string),
             pod,
             namespace,
-            container: non_empty(var("CONTAINER_NAME")),
+            container: non_empty(names.container_name.as_deref()),
         }
     }
-}
-
-/// The variables of the environment the process started with.
-fn initial_environment() -> Vec<(String, String)> {
-    let raw = std::fs::read("/proc/self/environ").unwrap_or_default();
-    raw.split(|&b| b == 0)
-        .filter_map(|entry| {
-            let text = std::str::from_utf8(entry).ok()?;
-            let (name, value) = text.split_once('=')?;
-            Some((name.to_string(), value.to_string()))
-        })
-        .collect()
 }
 
 fn non_empty(value: Option<&str>) -> Option<String> {
@@ -188,14 +174,7 @@ fn non_empty(value: Option<&str>) -> Option<String> {
 }
 
 impl Identity {
-    fn read() -> Identity {
-        let environment = initial_environment();
-        let var = |name: &str| {
-            environment
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
+    fn read(config: &Config) -> Identity {
         let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
         let command = cmdline
             .split(|&b| b == 0)
@@ -211,7 +190,7 @@ impl Identity {
             .ok()
             .and_then(|link| record::namespace_inode(&link.to_string_lossy()))
             .unwrap_or(0);
-        let labels = Labels::from_environment(var, || {
+        let labels = Labels::from_config(config, || {
             std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok()
         });
         Identity {
@@ -328,12 +307,9 @@ fn snapshot(uuids: &[Option<String>]) -> Vec<DeviceFigures> {
         .collect()
 }
 
-fn publish(tick: fn() -> bool) {
-    let identity = Identity::read();
-    let roots = crate::runtime::config()
-        .map(|config| config.runtime_dirs.clone())
-        .unwrap_or_default();
-    let (dir, in_the_way) = records_dir(&roots);
+fn publish(config: &Config, tick: fn() -> bool) {
+    let identity = Identity::read(config);
+    let (dir, in_the_way) = records_dir(&config.runtime_dirs);
     let Some(dir) = dir else {
         crate::sys::log::line(
             LogLevel::Info,
@@ -474,16 +450,17 @@ mod tests {
     use super::*;
 
     fn labels(vars: &[(&str, &str)], namespace_file: Option<&str>) -> Labels {
-        Labels::from_environment(
-            |name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v),
-            || namespace_file.map(str::to_string),
-        )
+        let config = Config::from_vars(vars.iter().copied()).expect("a valid configuration");
+        Labels::from_config(&config, || namespace_file.map(str::to_string))
     }
 
     #[test]
-    fn the_scope_variable_is_not_read_again_here() {
-        // The job comes from the configuration (none in the unit tests' process).
-        assert_eq!(labels(&[("CUDABUDGET_SCOPE", "job:train")], None).job, None);
+    fn the_job_is_the_configurations() {
+        let vars = [
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("CUDABUDGET_SCOPE", "job:train"),
+        ];
+        assert_eq!(labels(&vars, None).job.as_deref(), Some("train"));
         assert_eq!(labels(&[], None), Labels::default());
     }
 

@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use crate::books::ledger::Denial;
-use crate::config::LogLevel;
+use crate::config::{Config, LogLevel};
 use crate::sys::log::{emit, enabled, line};
 
 pub use crate::sys::clock::monotonic_ms;
@@ -51,9 +51,9 @@ static OVERRUNS: Throttle = Throttle::new();
 
 /// A refused allocation: one event (when `CUDABUDGET_EVENTS` is set), and at most one
 /// line a second, with a count of those left out.
-pub fn denial(call: &str, device: usize, denial: &Denial) {
+pub fn denial(config: &'static Config, call: &str, device: usize, denial: &Denial) {
     damage_news();
-    crate::tell::events::denial(call, device, denial);
+    crate::tell::events::denial(config, call, device, denial);
     if !enabled(LogLevel::Warn) {
         return;
     }
@@ -74,9 +74,9 @@ pub fn denial(call: &str, device: usize, denial: &Denial) {
 /// what it asked for, and what the device held and allowed before it): as a denial, one
 /// event, and at most one line a second (its own second: overruns never hide denials),
 /// with a count of those left out.
-pub fn overrun(call: &str, device: usize, request: &Denial) {
+pub fn overrun(config: &'static Config, call: &str, device: usize, request: &Denial) {
     damage_news();
-    crate::tell::events::overrun(call, device, request);
+    crate::tell::events::overrun(config, call, device, request);
     if !enabled(LogLevel::Warn) {
         return;
     }
@@ -161,8 +161,8 @@ impl fmt::Display for Bytes {
 
 /// Once, when the process is budgeted: the `CUDABUDGET_*` variables this release does
 /// not know, which it ignores (beside a budget; alone they refuse CUDA instead).
-pub fn unknown_variables() {
-    if let Some(warning) = crate::runtime::config().and_then(|c| c.unknown_warning()) {
+pub fn unknown_variables(config: &Config) {
+    if let Some(warning) = config.unknown_warning() {
         line(LogLevel::Warn, format_args!("{}: {warning}", Process));
     }
 }

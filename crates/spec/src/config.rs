@@ -169,6 +169,15 @@ impl fmt::Display for DeviceLimit {
     }
 }
 
+/// The variables that name a process's pod ([`PodNames`]).
+const POD_VARIABLES: [&str; 5] = [
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "CONTAINER_NAME",
+    "KUBERNETES_SERVICE_HOST",
+    "HOSTNAME",
+];
+
 /// What the environment asks for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -206,6 +215,22 @@ pub struct Config {
     /// sorted, beside a valid budget: they are ignored, and [`Config::unknown_warning`]
     /// says so. Without a budget they are an error instead.
     pub unknown: Vec<String>,
+    /// The names Kubernetes gives the process, as its environment says them (the one
+    /// place the library reads them: the records name the pod from here).
+    pub pod: PodNames,
+}
+
+/// What the environment says of the pod a process runs in: the downward-API variables
+/// `POD_NAME`, `POD_NAMESPACE` and `CONTAINER_NAME` (Kubernetes sets none of them by
+/// itself), whether the process is in a pod at all (`KUBERNETES_SERVICE_HOST` is set),
+/// and its `HOSTNAME` (in a pod, the pod's name). Values as found, untrimmed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodNames {
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
+    pub container_name: Option<String>,
+    pub in_kubernetes: bool,
+    pub hostname: Option<String>,
 }
 
 /// A variable whose value cannot be honoured. `Display` renders the single line the
@@ -485,7 +510,12 @@ impl Config {
         let mut places: BTreeMap<&str, &str> = BTreeMap::new();
         let mut visible: Option<&str> = None;
         let mut unknown: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut pod: BTreeMap<&str, &str> = BTreeMap::new();
         for (name, value) in vars {
+            if POD_VARIABLES.contains(&name) {
+                pod.entry(name).or_insert(value);
+                continue;
+            }
             if name == HAMI_SHARED_CACHE {
                 hami_cache.get_or_insert(value);
                 continue;
@@ -528,6 +558,7 @@ impl Config {
             events: None,
             cuda_visible_devices: None,
             unknown: Vec::new(),
+            pod: PodNames::default(),
         };
         let fallbacks = crate::place::fallback_roots(|name| places.get(name).copied());
         let mut job_dir = PathBuf::from(DEFAULT_SHARED_DIR);
@@ -600,6 +631,14 @@ impl Config {
                 .map(str::to_string);
         }
         config.cuda_visible_devices = visible.map(str::to_string);
+        let named = |name: &str| pod.get(name).map(|v| v.to_string());
+        config.pod = PodNames {
+            pod_name: named("POD_NAME"),
+            pod_namespace: named("POD_NAMESPACE"),
+            container_name: named("CONTAINER_NAME"),
+            in_kubernetes: pod.contains_key("KUBERNETES_SERVICE_HOST"),
+            hostname: named("HOSTNAME"),
+        };
         config.source = match (has_ours, has_hami) {
             (false, false) => Source::None,
             (true, false) => Source::Cudabudget,
@@ -746,6 +785,24 @@ mod tests {
             Ok(config) => config,
             Err(e) => panic!("{vars:?} refused: {e}"),
         }
+    }
+
+    #[test]
+    fn the_pods_names_are_read_with_the_configuration_first_value_standing() {
+        let c = config(&[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("POD_NAME", "trainer-0"),
+            ("POD_NAME", "shadowed"),
+            ("POD_NAMESPACE", "ml"),
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("HOSTNAME", "trainer-0-host"),
+        ]);
+        assert_eq!(c.pod.pod_name.as_deref(), Some("trainer-0"));
+        assert_eq!(c.pod.pod_namespace.as_deref(), Some("ml"));
+        assert_eq!(c.pod.container_name, None);
+        assert!(c.pod.in_kubernetes);
+        assert_eq!(c.pod.hostname.as_deref(), Some("trainer-0-host"));
+        assert_eq!(config(&[]).pod, PodNames::default());
     }
 
     fn refused(vars: &[(&str, &str)]) -> ConfigError {

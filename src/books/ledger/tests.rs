@@ -14,11 +14,24 @@ fn device(budget: u64) -> DeviceLedger {
 }
 
 #[test]
+fn a_reservation_is_measured_against_the_budget_in_force_it_is_given() {
+    let d = device(100);
+    let resolved = d.in_force();
+    assert_eq!(resolved.bytes, 100);
+    // A budget raised after the call was resolved: the call keeps what it was given,
+    // the next call gets the new one.
+    d.set_budget(Budget::Bytes(200));
+    assert_eq!(d.reserve(150, resolved).err().map(|e| e.budget), Some(100));
+    d.reserve(150, d.in_force()).unwrap().commit();
+    assert_eq!(d.used(), 150);
+}
+
+#[test]
 fn a_reservation_that_fits_is_charged_and_one_that_does_not_is_refused() {
     let d = device(100);
-    d.reserve(60).unwrap().commit();
+    d.reserve(60, d.in_force()).unwrap().commit();
     assert_eq!(d.used(), 60);
-    let denial = d.reserve(41).err().unwrap();
+    let denial = d.reserve(41, d.in_force()).err().unwrap();
     assert_eq!(
         denial,
         Denial {
@@ -27,7 +40,7 @@ fn a_reservation_that_fits_is_charged_and_one_that_does_not_is_refused() {
             budget: 100
         }
     );
-    d.reserve(40).unwrap().commit();
+    d.reserve(40, d.in_force()).unwrap().commit();
     assert_eq!(d.used(), 100);
     assert_eq!(d.peak(), 100);
 }
@@ -35,11 +48,11 @@ fn a_reservation_that_fits_is_charged_and_one_that_does_not_is_refused() {
 #[test]
 fn a_reservation_past_the_budget_is_charged_and_rolled_back_like_any_other() {
     let d = device(100);
-    d.reserve(60).unwrap().commit();
+    d.reserve(60, d.in_force()).unwrap().commit();
     d.reserve_past_budget(70).commit();
     assert_eq!((d.used(), d.peak()), (130, 130));
     assert!(
-        d.reserve(1).is_err(),
+        d.reserve(1, d.in_force()).is_err(),
         "above the budget, what fits is still decided"
     );
     drop(d.reserve_past_budget(50));
@@ -52,7 +65,7 @@ fn a_reservation_past_the_budget_is_charged_and_rolled_back_like_any_other() {
 fn a_dropped_reservation_is_rolled_back() {
     let d = device(100);
     {
-        let _r = d.reserve(70).unwrap();
+        let _r = d.reserve(70, d.in_force()).unwrap();
         assert_eq!(d.used(), 70);
     }
     assert_eq!(d.used(), 0);
@@ -61,7 +74,7 @@ fn a_dropped_reservation_is_rolled_back() {
 #[test]
 fn releases_never_take_the_counter_below_zero() {
     let d = device(100);
-    d.reserve(10).unwrap().commit();
+    d.reserve(10, d.in_force()).unwrap().commit();
     d.release(1 << 60);
     assert_eq!(d.used(), 0);
     d.release(5);
@@ -71,8 +84,8 @@ fn releases_never_take_the_counter_below_zero() {
 #[test]
 fn a_request_that_overflows_is_refused() {
     let d = device(u64::MAX);
-    d.reserve(10).unwrap().commit();
-    assert!(d.reserve(u64::MAX).is_err());
+    d.reserve(10, d.in_force()).unwrap().commit();
+    assert!(d.reserve(u64::MAX, d.in_force()).is_err());
 }
 
 #[test]
@@ -83,7 +96,7 @@ fn racing_threads_never_pass_the_budget_together() {
             let d = Arc::clone(&d);
             std::thread::spawn(move || {
                 let mut held = 0;
-                while let Ok(r) = d.reserve(7) {
+                while let Ok(r) = d.reserve(7, d.in_force()) {
                     r.commit();
                     held += 7;
                 }
@@ -101,7 +114,7 @@ fn racing_threads_never_pass_the_budget_together() {
 #[test]
 fn overhead_moves_used_by_the_difference() {
     let d = device(1000);
-    d.reserve(100).unwrap().commit();
+    d.reserve(100, d.in_force()).unwrap().commit();
     d.set_overhead(300);
     assert_eq!(d.used(), 400);
     d.set_overhead(50);
@@ -535,7 +548,7 @@ fn only_clearing_the_books_starts_new_books() {
 #[test]
 fn a_reservation_the_clear_wiped_is_charged_again_when_committed() {
     let d = device(1000);
-    let r = d.reserve(100).unwrap();
+    let r = d.reserve(100, d.in_force()).unwrap();
     // The device's last context went away while the driver allocated in another.
     d.clear();
     assert_eq!(d.used(), 0);
@@ -546,9 +559,9 @@ fn a_reservation_the_clear_wiped_is_charged_again_when_committed() {
 #[test]
 fn a_reservation_dropped_after_a_clear_gives_back_nothing_of_the_new_books() {
     let d = device(1000);
-    let r = d.reserve(100).unwrap();
+    let r = d.reserve(100, d.in_force()).unwrap();
     d.clear();
-    d.reserve(50).unwrap().commit();
+    d.reserve(50, d.in_force()).unwrap().commit();
     drop(r);
     assert_eq!(d.used(), 50, "the 50 charged after the clear stay");
 }
@@ -568,7 +581,7 @@ fn a_free_that_straddles_a_clear_is_told_so() {
 #[test]
 fn clearing_forgets_what_the_device_held_but_keeps_budget_and_statistics() {
     let d = device(1000);
-    d.reserve(100).unwrap().commit();
+    d.reserve(100, d.in_force()).unwrap().commit();
     d.set_overhead(50);
     {
         let mut bank = d.pool.collect();
