@@ -261,6 +261,7 @@ fn start_background(config: &'static Config) {
 /// admission reads as it is then, and the device's figures (the views, the record)
 /// follow it here. True when a budget changed.
 fn follow_budgets() -> bool {
+    crate::admit::footprint::routine_tick();
     let mut changed = false;
     match crate::tell::publish::new_limit_request() {
         Some(Ok(request)) => changed |= apply_limit_request(&request),

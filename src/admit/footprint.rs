@@ -432,8 +432,36 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) -> bool {
 /// Re-reads the footprint if the routine interval has passed.
 #[inline]
 pub fn maybe_reconcile(dev: &DeviceCx) {
-    if !nvml::starting() && due(dev.ordinal, ROUTINE_MS) {
+    // One load of a flag the background thread raises once a second (`routine_tick`):
+    // an admission reads no clock.
+    let Some(flag) = ROUTINE_DUE.get(dev.ordinal) else {
+        return;
+    };
+    if flag.load(Ordering::Relaxed) && !nvml::starting() && flag.swap(false, Ordering::AcqRel) {
+        if let Some(last) = LAST_MS.get(dev.ordinal) {
+            last.store(report::monotonic_ms(), Ordering::Relaxed);
+        }
         reconcile(dev);
+    }
+}
+
+/// Raised for every device once a second by [`routine_tick`]; lowered by the admission
+/// that takes the routine re-read.
+static ROUTINE_DUE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
+/// On the library's background thread, at every look at the books: once a routine
+/// interval has passed, the next admission on each device re-reads the footprint. In a
+/// process without that thread (it could not start) the footprint is re-read only before
+/// a denial.
+pub fn routine_tick() {
+    static RAISED_MS: AtomicU64 = AtomicU64::new(0);
+    let now = report::monotonic_ms();
+    let raised = RAISED_MS.load(Ordering::Relaxed);
+    if now.saturating_sub(raised) >= ROUTINE_MS {
+        RAISED_MS.store(now, Ordering::Relaxed);
+        for flag in &ROUTINE_DUE {
+            flag.store(true, Ordering::Release);
+        }
     }
 }
 
