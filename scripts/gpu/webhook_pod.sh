@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A pod the admission webhook budgets, on a real GPU without Kubernetes: the node is laid
 # out as the Helm chart's installer lays it out (/opt/cudabudget/<version>, `current`,
-# /run/cudabudget/records), `cudabudget webhook` patches a pod annotated
+# /run/cudabudget/records), `cudabudget-node webhook` patches a pod annotated
 # `cudabudget.io/limit: 20Gi`, and the PyTorch process runs with exactly the patched
 # container's environment and mounts (a private mount namespace binds the node's
 # directories where the pod would see them). Checks: the process sees 20 GiB, holds

@@ -4,6 +4,7 @@
 
 mod closed_pipe;
 mod doctor;
+mod node_services;
 mod run;
 #[path = "../util/mod.rs"]
 mod util;
