@@ -15,7 +15,7 @@ set -u
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CLI="${CB_CLI:-$ROOT/target/release/cudabudget}"
 # The node services (webhook, exporter): `cargo build --release -p cudabudget-node`.
-NODE="${CB_NODE:-$ROOT/target/release/cudabudget-node}"
+NODE_BIN="${CB_NODE_BIN:-$ROOT/target/release/cudabudget-node}"
 PY="${PYTHON:-python3}"
 WORK=$(mktemp -d /tmp/cb-webhook-pod.XXXXXX)
 NODE_LIB=/opt/cudabudget
@@ -35,7 +35,7 @@ install -d -m 1777 /run/cudabudget "$RECORDS" /run/cudabudget/jobs
 # The webhook, over TLS, and a pod of one GPU container for it to patch.
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
   -addext subjectAltName=IP:127.0.0.1 -keyout "$WORK/key.pem" -out "$WORK/cert.pem" >/dev/null 2>&1
-"$NODE" webhook --listen 127.0.0.1:18443 --tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem" \
+"$NODE_BIN" webhook --listen 127.0.0.1:18443 --tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem" \
   >"$WORK/webhook.log" 2>&1 &
 PIDS+=($!)
 "$PY" - "$WORK" <<'EOF' || { cat "$WORK/webhook.log"; exit 1; }
@@ -120,7 +120,7 @@ fi
 PIDS+=($!)
 for _ in $(seq 1 600); do [ -s "$WORK/trainer.out" ] && break; sleep 0.1; done
 
-CUDABUDGET_RUNTIME_DIR=$RECORDS "$NODE" exporter --listen 127.0.0.1:0 2>"$WORK/exporter.err" &
+CUDABUDGET_RUNTIME_DIR=$RECORDS "$NODE_BIN" exporter --listen 127.0.0.1:0 2>"$WORK/exporter.err" &
 PIDS+=($!)
 for _ in $(seq 1 50); do grep -q listening "$WORK/exporter.err" && break; sleep 0.1; done
 ADDRESS=$(sed -n 's|.*listening on http://\([^/]*\)/metrics.*|\1|p' "$WORK/exporter.err")

@@ -8,9 +8,10 @@
 //! driver's names, which would interpose on the CLI itself. What it shares with the
 //! library (quantities, configuration, the record layout, shared places) is the
 //! `cudabudget-spec` crate; what it shares with `cudabudget-node` (the records, the
-//! figures, the GPUs, how a message is told) is `cudabudget-cli-common`. Everything that can be wrong with `run` is checked before `exec`, so
-//! a bad option or a bad inherited variable fails here and the job never starts
-//! unbudgeted.
+//! figures, the GPUs, how a message is told) is `cudabudget-cli-common`, whose modules
+//! are named here as this crate's own. Everything that can be wrong with `run` is
+//! checked before `exec`, so a bad option or a bad inherited variable fails here and the
+//! job never starts unbudgeted.
 
 mod doctor;
 mod install;
