@@ -2,10 +2,13 @@
 # Builds dist/: cudabudget for any Linux with glibc 2.17 or newer, from this machine,
 # with only what the package registries provide.
 #
-#   dist/libcudabudget.so, dist/cudabudget              x86_64, glibc >= 2.17
-#   dist/aarch64/libcudabudget.so, dist/aarch64/cudabudget   aarch64, glibc >= 2.17
-#   dist/cudabudget-VERSION-ARCH-linux.tar.gz           both binaries + licenses, per arch
+#   dist/libcudabudget.so, dist/cudabudget, dist/cudabudget-node     x86_64, glibc >= 2.17
+#   dist/aarch64/{libcudabudget.so,cudabudget,cudabudget-node}       aarch64, glibc >= 2.17
+#   dist/cudabudget-VERSION-ARCH-linux.tar.gz     the library, the CLI, the node services'
+#                                                 binary (webhook, exporter, device
+#                                                 plugin) + licenses, per arch
 #   dist/cudabudget-VERSION-py3-none-manylinux_2_17_ARCH.manylinux2014_ARCH.whl
+#                                                 the library and the CLI (the user's)
 #
 # How: cargo-zigbuild with Zig from the Python package `ziglang` (both from PyPI, into a
 # virtual environment, .dist-venv/ by default), `--target <triple>.2.17`, which links
@@ -89,14 +92,17 @@ for arch in "${ARCHES[@]}"; do
   fi
   say "build $arch (glibc 2.17): cargo zigbuild --release --target $triple.2.17"
   cargo zigbuild --release --locked --target "$triple.2.17" --lib --bin cudabudget
+  say "build $arch (glibc 2.17): cargo zigbuild --release --target $triple.2.17 -p cudabudget-node"
+  cargo zigbuild --release --locked --target "$triple.2.17" -p cudabudget-node --bin cudabudget-node
   out=$TARGET_DIR/$triple/release
   dest=$DIST
   [[ $arch == x86_64 ]] || dest=$DIST/$arch
   mkdir -p "$dest"
-  cp "$out/libcudabudget.so" "$out/cudabudget" "$dest/"
+  cp "$out/libcudabudget.so" "$out/cudabudget" "$out/cudabudget-node" "$dest/"
   tardir=cudabudget-$VERSION-$arch-linux
   mkdir -p "$DIST/.tar/$tardir"
-  cp "$dest/libcudabudget.so" "$dest/cudabudget" LICENSE-MIT LICENSE-APACHE "$DIST/.tar/$tardir/"
+  cp "$dest/libcudabudget.so" "$dest/cudabudget" "$dest/cudabudget-node" LICENSE-MIT LICENSE-APACHE \
+    "$DIST/.tar/$tardir/"
   tar -C "$DIST/.tar" --owner=0 --group=0 --numeric-owner --sort=name \
     --mtime=@0 -czf "$DIST/$tardir.tar.gz" "$tardir"
   rm -rf "$DIST/.tar"
@@ -114,7 +120,7 @@ say "dist/"
 [[ $CHECKS == 1 ]] || exit 0
 
 say "glibc versions (objdump -T: newest GLIBC_ needed)"
-for f in "$DIST/libcudabudget.so" "$DIST/cudabudget" "$DIST/aarch64/libcudabudget.so" "$DIST/aarch64/cudabudget"; do
+for f in "$DIST"/{,aarch64/}{libcudabudget.so,cudabudget,cudabudget-node}; do
   [[ -f $f ]] || continue
   if command -v objdump >/dev/null; then
     printf '%-28s %s\n' "${f#"$ROOT"/}" \

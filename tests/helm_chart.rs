@@ -539,6 +539,11 @@ fn the_service_monitor_scrapes_the_exporter_and_keeps_the_workloads_labels() {
         .filter_map(Yaml::as_str)
         .collect();
     assert_eq!(args, ["exporter", "--listen", "0.0.0.0:9464"]);
+    // The node services' binary serves it (the user's CLI carries no server).
+    assert_eq!(
+        list(&listening["command"])[0].as_str(),
+        Some("/opt/cudabudget/cudabudget-node")
+    );
 }
 
 /// `helm version --short` of `helm`.
@@ -806,7 +811,7 @@ fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_t
         .collect();
     assert_eq!(
         list(&webhook["command"])[0].as_str(),
-        Some("/opt/cudabudget/cudabudget")
+        Some("/opt/cudabudget/cudabudget-node")
     );
     assert_eq!(args[0], "webhook");
     assert_eq!(
@@ -874,7 +879,7 @@ fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_t
         let at = run_args.iter().position(|a| a == option).unwrap() + 1;
         run_args[at] = scratch.join(file).to_str().unwrap().to_string();
     }
-    let mut child = Command::new(CLI)
+    let mut child = Command::new(util::servers::node_bin())
         .args(&run_args)
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::null())

@@ -1,4 +1,4 @@
-//! `cudabudget webhook`: AdmissionReviews of pods shaped as the API server sends them
+//! `cudabudget-node webhook`: AdmissionReviews of pods shaped as the API server sends them
 //! (`tests/webhook/*.json`: kubectl's and a controller's pods, defaulted, with init
 //! containers, sidecars, existing `env` and `LD_PRELOAD`) posted over a real TLS
 //! connection to the running subcommand. The JSONPatch it answers is applied to the pod
@@ -16,7 +16,10 @@ use serde_json::{Value, json};
 use crate::util::servers;
 use servers::{connect_from, idle_connections, run_briefly};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cudabudget");
+/// The node services' binary, which serves the webhook.
+fn node() -> &'static Path {
+    servers::node_bin()
+}
 
 fn fixture(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -72,7 +75,7 @@ impl Webhook {
     fn start_with(test: &str, extra: &[&str]) -> Webhook {
         let dir = scratch(test);
         let ca = self_signed(&dir);
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(node())
             .args(["webhook", "--listen", "127.0.0.1:0", "--tls-cert"])
             .arg(dir.join("cert.pem"))
             .arg("--tls-key")
@@ -674,7 +677,7 @@ fn bad_options_are_refused_before_serving() {
         ),
     ];
     for (args, named) in cases {
-        let output = Command::new(BIN)
+        let output = Command::new(node())
             .args(["webhook", "--listen", "127.0.0.1:0"])
             .args(&args)
             .stdin(Stdio::null())
@@ -997,7 +1000,7 @@ fn a_cap_that_is_not_a_namespace_and_a_size_is_refused_before_serving() {
         ),
         (vec!["--max-limit-default", "lots"], "--max-limit-default"),
     ] {
-        let output = Command::new(BIN)
+        let output = Command::new(node())
             .args(["webhook", "--listen", "127.0.0.1:0", "--tls-cert"])
             .arg(dir.join("cert.pem"))
             .arg("--tls-key")
@@ -1084,7 +1087,7 @@ fn review_answers_one_admission_review_on_standard_output_as_the_server_does() {
     let webhook = Webhook::start("review-file");
     let review = fixture("trainer.json");
     let served = webhook.review(&review);
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(node())
         .args(["webhook", "--review", "-"])
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::piped())
@@ -1107,7 +1110,7 @@ fn review_answers_one_admission_review_on_standard_output_as_the_server_does() {
     let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(answer["response"], served);
     // Not a review: a usage error naming the option.
-    let output = Command::new(BIN)
+    let output = Command::new(node())
         .args(["webhook", "--review"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
         .output()
@@ -1164,7 +1167,7 @@ fn a_certificate_or_key_that_is_not_a_regular_file_refuses_the_start_naming_it()
         (fifo.as_path(), key.as_path(), "--tls-cert"),
         (cert.as_path(), fifo.as_path(), "--tls-key"),
     ] {
-        let (status, text) = run_briefly(Command::new(BIN).args([
+        let (status, text) = run_briefly(Command::new(node()).args([
             "webhook".as_ref(),
             "--listen".as_ref(),
             "127.0.0.1:0".as_ref(),

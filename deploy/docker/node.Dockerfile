@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 #
-# The node services' image: `cudabudget-node` (the Kubernetes device plugin), which the
-# Helm chart's device plugin DaemonSet runs (devicePlugin.image). Build from the
+# The node services' image: `cudabudget-node` (the Kubernetes device plugin, the admission
+# webhook, the exporter) on a small base. The Helm chart's device plugin DaemonSet runs it
+# (devicePlugin.image); its webhook and exporter run the same binary from the main image
+# (deploy/docker/Dockerfile, /opt/cudabudget/cudabudget-node). Build from the
 # repository root:
 #
 #   docker build -f deploy/docker/node.Dockerfile -t registry.example.com/cudabudget-node:0.1.0 .

@@ -4,7 +4,7 @@
 # and the exporter show both, each within 2 % of nvidia-smi's per-process figure; the
 # exporter's text parses; `doctor` passes and names the driver.
 #
-#   bash scripts/gpu/monitor_check.sh          (carrying target/release/{libcudabudget.so,cudabudget})
+#   bash scripts/gpu/monitor_check.sh          (carrying target/release/{libcudabudget.so,cudabudget,cudabudget-node})
 #
 # Prints one PASS/FAIL line per check and "N passed, M failed"; files land in $OUT
 # (./gpu-out without it): status.json, smi.csv, metrics.txt, doctor.txt, the processes'
@@ -13,6 +13,8 @@ set -u
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 LIB="${CB_LIB:-$ROOT/target/release/libcudabudget.so}"
 CLI="${CB_CLI:-$ROOT/target/release/cudabudget}"
+# The node services (webhook, exporter): `cargo build --release -p cudabudget-node`.
+NODE_BIN="${CB_NODE_BIN:-$ROOT/target/release/cudabudget-node}"
 PY="${PYTHON:-python3}"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -54,7 +56,7 @@ sleep 3
 "$CLI" status --json >"$OUT/status.json" 2>"$OUT/status.err"
 "$CLI" status >"$OUT/status.txt" 2>&1
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits >"$OUT/smi.csv" 2>&1
-"$CLI" exporter --per-process --listen 127.0.0.1:0 2>"$OUT/exporter.err" &
+"$NODE_BIN" exporter --per-process --listen 127.0.0.1:0 2>"$OUT/exporter.err" &
 EXPORTER=$!
 PIDS+=("$EXPORTER")
 for _ in $(seq 1 50); do grep -q listening "$OUT/exporter.err" && break; sleep 0.1; done

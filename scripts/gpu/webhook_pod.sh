@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # A pod the admission webhook budgets, on a real GPU without Kubernetes: the node is laid
 # out as the Helm chart's installer lays it out (/opt/cudabudget/<version>, `current`,
-# /run/cudabudget/records), `cudabudget webhook` patches a pod annotated
+# /run/cudabudget/records), `cudabudget-node webhook` patches a pod annotated
 # `cudabudget.io/limit: 20Gi`, and the PyTorch process runs with exactly the patched
 # container's environment and mounts (a private mount namespace binds the node's
 # directories where the pod would see them). Checks: the process sees 20 GiB, holds
 # 16 GiB, is refused 8 GiB more with PyTorch's OutOfMemoryError, and the exporter reading
 # the node-wide runtime directory shows it with the pod's namespace, pod and container.
 #
-#   bash scripts/gpu/webhook_pod.sh      (as root; carrying target/release/{libcudabudget.so,cudabudget})
+#   bash scripts/gpu/webhook_pod.sh      (as root; carrying target/release/{libcudabudget.so,cudabudget,cudabudget-node})
 #
 # One PASS/FAIL line per check and "N passed, M failed"; exit status 1 when a check failed.
 set -u
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CLI="${CB_CLI:-$ROOT/target/release/cudabudget}"
+# The node services (webhook, exporter): `cargo build --release -p cudabudget-node`.
+NODE_BIN="${CB_NODE_BIN:-$ROOT/target/release/cudabudget-node}"
 PY="${PYTHON:-python3}"
 WORK=$(mktemp -d /tmp/cb-webhook-pod.XXXXXX)
 NODE_LIB=/opt/cudabudget
@@ -33,7 +35,7 @@ install -d -m 1777 /run/cudabudget "$RECORDS" /run/cudabudget/jobs
 # The webhook, over TLS, and a pod of one GPU container for it to patch.
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
   -addext subjectAltName=IP:127.0.0.1 -keyout "$WORK/key.pem" -out "$WORK/cert.pem" >/dev/null 2>&1
-"$CLI" webhook --listen 127.0.0.1:18443 --tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem" \
+"$NODE_BIN" webhook --listen 127.0.0.1:18443 --tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem" \
   >"$WORK/webhook.log" 2>&1 &
 PIDS+=($!)
 "$PY" - "$WORK" <<'EOF' || { cat "$WORK/webhook.log"; exit 1; }
@@ -118,7 +120,7 @@ fi
 PIDS+=($!)
 for _ in $(seq 1 600); do [ -s "$WORK/trainer.out" ] && break; sleep 0.1; done
 
-CUDABUDGET_RUNTIME_DIR=$RECORDS "$CLI" exporter --listen 127.0.0.1:0 2>"$WORK/exporter.err" &
+CUDABUDGET_RUNTIME_DIR=$RECORDS "$NODE_BIN" exporter --listen 127.0.0.1:0 2>"$WORK/exporter.err" &
 PIDS+=($!)
 for _ in $(seq 1 50); do grep -q listening "$WORK/exporter.err" && break; sleep 0.1; done
 ADDRESS=$(sed -n 's|.*listening on http://\([^/]*\)/metrics.*|\1|p' "$WORK/exporter.err")

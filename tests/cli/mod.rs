@@ -4,4 +4,5 @@
 
 mod closed_pipe;
 mod doctor;
+mod node_services;
 mod run;

@@ -182,7 +182,15 @@ fn every_cudabudget_command_the_documents_show_exists() {
         .output()
         .unwrap();
     let help = String::from_utf8_lossy(&help.stdout).into_owned();
-    let node = ["device-plugin"];
+    let node_help = std::process::Command::new(crate::util::servers::node_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let node_help = String::from_utf8_lossy(&node_help.stdout).into_owned();
+    let names = |help: &str, command: &str| {
+        help.lines()
+            .any(|l| l.split_whitespace().next() == Some(command))
+    };
     let mut wrong = Vec::new();
     for doc in documents() {
         let text = std::fs::read_to_string(&doc).unwrap();
@@ -199,13 +207,10 @@ fn every_cudabudget_command_the_documents_show_exists() {
                 let binary = Path::new(pair[1]).file_name().and_then(|n| n.to_str());
                 let command = pair[2];
                 let known = match binary {
-                    Some("cudabudget") => {
-                        command.starts_with('-')
-                            || help
-                                .lines()
-                                .any(|l| l.split_whitespace().next() == Some(command))
+                    Some("cudabudget") => command.starts_with('-') || names(&help, command),
+                    Some("cudabudget-node") => {
+                        command.starts_with('-') || names(&node_help, command)
                     }
-                    Some("cudabudget-node") => command.starts_with('-') || node.contains(&command),
                     _ => true,
                 };
                 if !known && command.chars().all(|c| c.is_ascii_lowercase() || c == '-') {

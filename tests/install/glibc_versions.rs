@@ -1,5 +1,6 @@
-//! The glibc the shipped binaries need: `scripts/dist.sh` builds `dist/libcudabudget.so`
-//! and `dist/cudabudget` (and `dist/aarch64/…`) against glibc 2.17 with cargo-zigbuild;
+//! The glibc the shipped binaries need: `scripts/dist.sh` builds `dist/libcudabudget.so`,
+//! `dist/cudabudget` and `dist/cudabudget-node` (and `dist/aarch64/…`) against glibc 2.17
+//! with cargo-zigbuild;
 //! this test reads their ELF version needs (`.gnu.version_r`, as `objdump -T` shows them)
 //! and fails if any symbol needs a version above `GLIBC_2.17`, or a library that is not
 //! part of glibc.
@@ -233,8 +234,10 @@ fn the_shipped_binaries_need_glibc_2_17_at_most() {
     let candidates = [
         ("libcudabudget.so", EM_X86_64),
         ("cudabudget", EM_X86_64),
+        ("cudabudget-node", EM_X86_64),
         ("aarch64/libcudabudget.so", EM_AARCH64),
         ("aarch64/cudabudget", EM_AARCH64),
+        ("aarch64/cudabudget-node", EM_AARCH64),
     ];
     let mut checked = 0;
     let mut failures = Vec::new();
@@ -274,8 +277,11 @@ fn the_shipped_binaries_need_glibc_2_17_at_most() {
         );
     } else if required {
         assert!(
-            dir.join("libcudabudget.so").is_file() && dir.join("cudabudget").is_file(),
-            "CB_REQUIRE_DIST is set: {} must hold the x86_64 libcudabudget.so and cudabudget",
+            ["libcudabudget.so", "cudabudget", "cudabudget-node"]
+                .iter()
+                .all(|name| dir.join(name).is_file()),
+            "CB_REQUIRE_DIST is set: {} must hold the x86_64 libcudabudget.so, cudabudget \
+             and cudabudget-node",
             dir.display()
         );
     }

@@ -1,8 +1,8 @@
-//! `cudabudget exporter`: live processes' figures as Prometheus metrics in the text
+//! `cudabudget-node exporter`: live processes' figures as Prometheus metrics in the text
 //! exposition format (read back by a parser of that format), over TLS and behind basic
 //! authentication when a web configuration file asks for them.
 
-use crate::util::cli::{Budgeted, cudabudget, output, scratch, stderr};
+use crate::util::cli::{Budgeted, cudabudget, node, output, scratch, stderr};
 use crate::util::servers::{connect_from, idle_connections};
 use crate::util::{GI, MI};
 use serde_json::Value;
@@ -23,7 +23,7 @@ impl Exporter {
     fn start(extra: &[&str]) -> Exporter {
         let mut args = vec!["exporter", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        let mut child = cudabudget(&args)
+        let mut child = node(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -530,7 +530,7 @@ fn other_paths_are_not_found_and_a_bad_address_is_a_usage_error() {
     let exporter = Exporter::start(&[]);
     assert_eq!(exporter.get("/nothing").0, 404);
     assert_eq!(exporter.get("/").0, 200);
-    let out = output(&mut cudabudget(&["exporter", "--listen", "not-an-address"]));
+    let out = output(&mut node(&["exporter", "--listen", "not-an-address"]));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).starts_with("cudabudget: --listen \"not-an-address\""),
@@ -730,9 +730,9 @@ fn with_basic_auth_users_only_the_right_credentials_get_the_metrics() {
     }
 }
 
-/// The exit status and stderr of `cudabudget args`, killed if still running after 10 s.
+/// The exit status and stderr of `cudabudget-node args`, killed if still running after 10 s.
 fn run_briefly(args: &[&str]) -> (Option<i32>, String) {
-    crate::util::servers::run_briefly(&mut cudabudget(args))
+    crate::util::servers::run_briefly(&mut node(args))
 }
 
 #[test]

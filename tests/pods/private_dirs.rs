@@ -89,7 +89,7 @@ impl Node {
         let file = self.dir.join(format!("review-{name}.json"));
         std::fs::write(&file, serde_json::to_vec(&review).unwrap()).unwrap();
         let library = self.library.to_str().unwrap();
-        let out = output(Command::new(BIN).args([
+        let out = output(Command::new(crate::util::servers::node_bin()).args([
             "webhook",
             "--review",
             file.to_str().unwrap(),

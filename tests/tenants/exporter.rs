@@ -7,7 +7,7 @@
 //!
 //! The clients are plain `TcpStream`s on 127.0.0.1; every loop is bounded.
 
-use crate::util::cli::cudabudget;
+use crate::util::cli::node;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
@@ -39,7 +39,7 @@ impl Exporter {
     fn start(extra: &[&str], limits: &[(libc::__rlimit_resource_t, u64)]) -> Exporter {
         let mut args = vec!["exporter", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        Exporter::launch(cudabudget(&args), limits)
+        Exporter::launch(node(&args), limits)
     }
 
     /// The exporter that `command` starts, under `limits`.
@@ -487,7 +487,7 @@ fn on_a_loopback_listener_without_passwords_a_local_user_sees_only_their_own_ser
         .and_then(|(_, value)| value)
         .expect("the tenants' runtime directory")
         .to_os_string();
-    let mut command = cudabudget(&["exporter", "--listen", "127.0.0.1:0"]);
+    let mut command = node(&["exporter", "--listen", "127.0.0.1:0"]);
     command.env("CUDABUDGET_RUNTIME_DIR", &runtime);
     let exporter = Exporter::launch(command, &[]);
     // Root sees both, once both have published.

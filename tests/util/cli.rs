@@ -53,6 +53,12 @@ pub fn cudabudget(args: &[&str]) -> Command {
     command
 }
 
+/// The node services' binary (`cudabudget-node`, [`super::servers::node_bin`]) with a
+/// clean environment, as [`cli_at`]: `node(&["exporter", …])`, `node(&["webhook", …])`.
+pub fn node(args: &[&str]) -> Command {
+    cli_at(super::servers::node_bin(), args)
+}
+
 /// The library built for this run, canonical ([`closed_copy`] of it where the build lies
 /// under a directory other users may write, such as a clone under `/tmp`).
 pub fn fresh_library() -> PathBuf {

@@ -1,13 +1,78 @@
-//! For the tests of the command line's servers (the exporter, the webhook): clients
-//! from chosen loopback addresses (every address of 127.0.0.0/8 reaches a server on
-//! 127.0.0.1, so 127.0.0.2 and 127.0.0.3 are two clients of one machine, as the servers
-//! count clients), and a start that is bounded in time.
+//! For the tests of the node services' servers (the exporter, the webhook): the binary
+//! that runs them ([`node_bin`]), clients from chosen loopback addresses (every address
+//! of 127.0.0.0/8 reaches a server on 127.0.0.1, so 127.0.0.2 and 127.0.0.3 are two
+//! clients of one machine, as the servers count clients), and a start that is bounded in
+//! time.
 
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::os::fd::FromRawFd;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// The node services' binary, `cudabudget-node`, beside the `cudabudget` cargo built for
+/// these tests (where `cudabudget webhook|exporter` find it too). Cargo builds another
+/// workspace package's binary for this package's tests only when asked, so the first call
+/// in each test binary asks: `cargo build -p cudabudget-node` with this build's profile
+/// and target directory (at once when it is up to date, as after `.ci/run`'s `cargo
+/// build --workspace`; cargo runs the tests after it has let go of the build directory).
+pub fn node_bin() -> &'static Path {
+    static NODE: OnceLock<PathBuf> = OnceLock::new();
+    NODE.get_or_init(|| {
+        let cli = Path::new(env!("CARGO_BIN_EXE_cudabudget"));
+        let profile_dir = cli.parent().expect("the CLI's directory");
+        let node = profile_dir.join("cudabudget-node");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(name) => name,
+            None => panic!("{}: no profile directory", cli.display()),
+        };
+        // <target>/<profile>/, or <target>/<triple>/<profile>/ for a --target build.
+        let above = profile_dir.parent().expect("the target directory");
+        let mut command = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
+        command.args([
+            "build",
+            "--quiet",
+            "-p",
+            "cudabudget-node",
+            "--bin",
+            "cudabudget-node",
+        ]);
+        command
+            .arg("--manifest-path")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+        command.args(["--profile", profile]);
+        let is_target_dir =
+            |dir: &Path| dir.join(".rustc_info.json").exists() || dir.join("CACHEDIR.TAG").exists();
+        match above.parent() {
+            Some(target) if !is_target_dir(above) && is_target_dir(target) => {
+                let triple = above.file_name().expect("a target triple");
+                command
+                    .arg("--target")
+                    .arg(triple)
+                    .arg("--target-dir")
+                    .arg(target);
+            }
+            _ => {
+                command.arg("--target-dir").arg(above);
+            }
+        }
+        let out = command
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+        assert!(
+            out.status.success() && node.is_file(),
+            "{command:?} ({}) did not build {}: {}",
+            out.status,
+            node.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        node
+    })
+}
 
 /// A connection from `source` (any free port) to `to` (`ADDR:PORT`, IPv4).
 pub fn connect_from(source: Ipv4Addr, to: &str) -> std::io::Result<TcpStream> {

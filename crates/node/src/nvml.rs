@@ -2,8 +2,8 @@
 //! runs, and says why, on a machine without the driver), asked for each GPU's UUID and
 //! memory, and asked again for health.
 //!
-//! The CLI has its own reader (`src/bin/cudabudget/gpu.rs`, with CUDA beside NVML); this
-//! one is the few calls the device plugin needs.
+//! The binaries' shared reader (`crates/cli-common/src/gpu.rs`, with CUDA beside NVML) serves
+//! `status` and the exporter; this one is the few calls the device plugin needs (health).
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::gpu::{Cuda, CudaDevice, Nvml, cuda_error};
 use crate::library::{self, Library};
+use crate::preload::PRELOAD_BEFORE;
 use crate::records;
 use crate::status::bytes;
 use crate::tell::Refusal;
@@ -36,9 +37,6 @@ Examples:
 /// The budget the interposition check gives its child, and what the child asks for.
 const PROOF_BUDGET: u64 = 64 << 20;
 const PROOF_REQUEST: u64 = 256 << 20;
-/// Where `main` keeps the `LD_PRELOAD` it found, before it took the library out of it
-/// to run this command natively.
-pub const PRELOAD_BEFORE: &str = "_CUDABUDGET_PRELOAD_BEFORE";
 
 #[derive(Args)]
 pub struct DoctorArgs {
@@ -650,7 +648,7 @@ fn budgets(nvml: Option<&Nvml>) -> Check {
             "no NVML: the GPUs' sizes are unknown",
         );
     };
-    let status = crate::status::collect(Some(nvml));
+    let status = crate::figures::collect(Some(nvml));
     let gpus = status.gpus.unwrap_or_default();
     let over: Vec<String> = gpus
         .iter()

@@ -1,28 +1,28 @@
 //! The `cudabudget` command line: `run` a command under a budget, see the budgeted
-//! processes (`status`, `exporter`), find out why a budget does not apply (`doctor`),
-//! and place the library for an image (`install`).
+//! processes (`status`), change a budget (`limit`), find out why a budget does not apply
+//! (`doctor`), and place the library for an image (`install`). The node services
+//! (`exporter`, `webhook`) are the binary `cudabudget-node`, which these two commands run
+//! ([`node`]).
 //!
 //! This binary must never link the library crate: the library exports `dlsym` and the
 //! driver's names, which would interpose on the CLI itself. What it shares with the
 //! library (quantities, configuration, the record layout, shared places) is the
-//! `cudabudget-spec` crate. Everything that can be wrong with `run` is checked before `exec`, so
-//! a bad option or a bad inherited variable fails here and the job never starts
-//! unbudgeted.
+//! `cudabudget-spec` crate; what it shares with `cudabudget-node` (the records, the
+//! figures, the GPUs, how a message is told) is `cudabudget-cli-common`, whose modules
+//! are named here as this crate's own. Everything that can be wrong with `run` is
+//! checked before `exec`, so a bad option or a bad inherited variable fails here and the
+//! job never starts unbudgeted.
 
 mod doctor;
-mod exporter;
-mod gpu;
-mod http;
 mod install;
 mod library;
 mod limit;
+mod node;
 mod probe;
-mod records;
 mod run;
 mod status;
-mod tell;
-mod tls;
-mod webhook;
+
+use cudabudget_cli_common::{figures, gpu, preload, records, tell};
 
 use std::process::ExitCode;
 use std::sync::LazyLock;
@@ -82,18 +82,20 @@ enum Command {
     /// Show or change a running job's or process's budget.
     #[command(after_help = limit::AFTER_HELP)]
     Limit(limit::LimitArgs),
-    /// Serve the budgeted processes' figures as Prometheus metrics.
-    #[command(after_help = exporter::AFTER_HELP)]
-    Exporter(exporter::ExporterArgs),
+    /// Serve the budgeted processes' figures as Prometheus metrics (runs
+    /// `cudabudget-node exporter`).
+    #[command(after_help = node::AFTER_HELP)]
+    Exporter(node::PassArgs),
     /// Check why a budget would not apply here: driver, library, configuration, ...
     #[command(after_help = doctor::AFTER_HELP)]
     Doctor(doctor::DoctorArgs),
     /// Write the library (and this CLI) into DIR and print the LD_PRELOAD line to use.
     #[command(after_help = install::AFTER_HELP)]
     Install(install::InstallArgs),
-    /// Serve the Kubernetes admission webhook that budgets annotated pods (/mutate).
-    #[command(after_help = webhook::AFTER_HELP)]
-    Webhook(webhook::WebhookArgs),
+    /// Serve the Kubernetes admission webhook that budgets annotated pods (/mutate;
+    /// runs `cudabudget-node webhook`).
+    #[command(after_help = node::AFTER_HELP)]
+    Webhook(node::PassArgs),
     #[command(name = "__probe-preload", hide = true)]
     ProbePreload(probe::PreloadArgs),
     #[command(name = "__probe-alloc", hide = true)]
@@ -107,29 +109,26 @@ fn main() -> ExitCode {
     };
     // A command whose reader went away (`cudabudget doctor | head -c1`) ends quietly,
     // as `cat` does, instead of panicking at its next print: the default SIGPIPE. The
-    // servers keep it ignored (a client that hangs up is their everyday business).
+    // servers keep it ignored (a client that hangs up is their everyday business): the
+    // disposition goes through `exec` to `cudabudget-node`.
     if !matches!(cli.command, Command::Exporter(_) | Command::Webhook(_)) {
         // SAFETY: sets this process's disposition of one signal to the default.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     if matches!(
         cli.command,
-        Command::Status(_)
-            | Command::Limit(_)
-            | Command::Exporter(_)
-            | Command::Doctor(_)
-            | Command::Install(_)
+        Command::Status(_) | Command::Limit(_) | Command::Doctor(_) | Command::Install(_)
     ) {
-        without_own_preload();
+        preload::without_own_preload();
     }
     let outcome = match cli.command {
         Command::Run(args) => Err(run::run(args)),
         Command::Status(args) => status::status(args),
         Command::Limit(args) => limit::limit(args),
-        Command::Exporter(args) => exporter::exporter(args),
+        Command::Exporter(args) => node::pass("exporter", args),
         Command::Doctor(args) => doctor::doctor(args),
         Command::Install(args) => install::install(args),
-        Command::Webhook(args) => webhook::webhook(args),
+        Command::Webhook(args) => node::pass("webhook", args),
         Command::ProbePreload(args) => probe::preload(args),
         Command::ProbeAlloc(args) => probe::alloc(args),
     };
@@ -142,68 +141,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// `status`, `exporter`, `doctor` and `install` ask the driver and NVML for themselves:
-/// with the library preloaded into this process (an image that sets `LD_PRELOAD` for
-/// everything) they would see budgets instead of devices, and be budgeted themselves. Such
-/// a process starts itself again without it (the old value is kept in
-/// `_CUDABUDGET_PRELOAD_BEFORE` for `doctor`).
-fn without_own_preload() {
-    use std::os::unix::process::CommandExt;
-    let Some(preload) = std::env::var_os("LD_PRELOAD") else {
-        return;
-    };
-    if std::env::var_os(doctor::PRELOAD_BEFORE).is_some() {
-        return; // started again already
-    }
-    let text = preload.to_string_lossy().into_owned();
-    let entries: Vec<&str> = text.split([':', ' ']).filter(|e| !e.is_empty()).collect();
-    let kept: Vec<&str> = entries
-        .iter()
-        .copied()
-        .filter(|e| {
-            !std::path::Path::new(e)
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("libcudabudget"))
-        })
-        .collect();
-    if kept.len() == entries.len() {
-        return;
-    }
-    let Ok(exe) = std::env::current_exe() else {
-        return;
-    };
-    let mut command = std::process::Command::new(exe);
-    command
-        .args(std::env::args_os().skip(1))
-        .env(doctor::PRELOAD_BEFORE, &preload);
-    if kept.is_empty() {
-        command.env_remove("LD_PRELOAD");
-    } else {
-        command.env("LD_PRELOAD", kept.join(":"));
-    }
-    // Only returns if the exec failed: go on as we are.
-    let _ = command.exec();
-}
-
-/// clap's own messages, in this tool's style: "cudabudget: unexpected argument …" with
-/// clap's tip (the option that was probably meant) and usage below; exit 2 (`run`: 125,
+/// clap's own messages, in this tool's style ([`tell::clap_error`]); exit 2 (`run`: 125,
 /// its own failures' status).
 fn clap_error(error: clap::Error) -> ExitCode {
-    use clap::error::ErrorKind;
-    if matches!(
-        error.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        let _ = error.print();
-        return ExitCode::from(error.exit_code() as u8);
-    }
-    let text = error.render().to_string();
-    let text = text.strip_prefix("error: ").unwrap_or(&text);
-    eprint!("cudabudget: {text}");
-    if run::asked_for(std::env::args_os()) {
-        return ExitCode::from(run::EXIT_RUN_FAILED);
-    }
-    ExitCode::from(EXIT_USAGE)
+    let status = if run::asked_for(std::env::args_os()) {
+        run::EXIT_RUN_FAILED
+    } else {
+        EXIT_USAGE
+    };
+    tell::clap_error(&error, status)
 }

@@ -1,4 +1,4 @@
-//! What the exporter serves on the command line's HTTP server ([`crate::http`]): the
+//! What the exporter serves on the node services' HTTP server ([`crate::http`]): the
 //! figures at `/metrics`, gathered by one thread of their own, one gathering shared by
 //! the scrapes that wait for it; a panic there is a 500, never the end of the server.
 //!

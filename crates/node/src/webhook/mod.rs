@@ -1,9 +1,9 @@
-//! `cudabudget webhook`: the Kubernetes mutating admission webhook. It serves
+//! `cudabudget-node webhook`: the Kubernetes mutating admission webhook. It serves
 //! AdmissionReview v1 at `/mutate` over HTTPS and answers each pod with the JSONPatch of
 //! [`mutate`] (its rules are there), a denial, or nothing. `/healthz` answers 200 for
 //! probes.
 //!
-//! It runs on the command line's HTTP server ([`crate::http`]: its limits, per-client
+//! It runs on the node services' HTTP server ([`crate::http`]: its limits, per-client
 //! connection caps, TLS and `/healthz`), which reads a request's body within the read
 //! timeout and at most [`MAX_BODY`] bytes. The serving certificate is read again when
 //! its files change (a renewed Secret), without a restart.
@@ -50,7 +50,7 @@ a hostPath over the node's cudabudget directories. Pods without a
 cudabudget.io/ annotation are admitted untouched.
 
 Examples:
-  cudabudget webhook --listen 0.0.0.0:8443 --tls-cert /etc/tls/tls.crt \\
+  cudabudget-node webhook --listen 0.0.0.0:8443 --tls-cert /etc/tls/tls.crt \\
     --tls-key /etc/tls/tls.key --max-limit ml=40Gi --max-limit-default 80Gi";
 
 /// The largest request body read (a pod's AdmissionReview is a few KiB; the API server

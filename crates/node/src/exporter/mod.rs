@@ -1,4 +1,4 @@
-//! `cudabudget exporter`: the figures `status` shows, as Prometheus metrics at
+//! `cudabudget-node exporter`: the figures `status` shows, as Prometheus metrics at
 //! `/metrics` (text exposition format 0.0.4), read afresh at every scrape.
 //!
 //! # Series
@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
+use crate::figures::{self, ProcessJson, StatusJson};
 use crate::gpu::Nvml;
-use crate::status::{self, ProcessJson, StatusJson};
 use crate::tell::{Refusal, say, usage};
 
 pub const AFTER_HELP: &str = "Metrics (one series per container, job and device; with \
@@ -89,10 +89,10 @@ client_ca_file, min_version, max_version; basic_auth_users: NAME: BCRYPT-HASH;
 http_server_config: headers). A key it does not know refuses the start.
 
 Examples:
-  cudabudget exporter --listen 127.0.0.1:9464
-  cudabudget exporter --listen 0.0.0.0:9464 --hami-names
-  cudabudget exporter --listen 127.0.0.1:9464 --per-process
-  cudabudget exporter --listen 0.0.0.0:9464 --web-config-file /etc/cudabudget/web.yml";
+  cudabudget-node exporter --listen 127.0.0.1:9464
+  cudabudget-node exporter --listen 0.0.0.0:9464 --hami-names
+  cudabudget-node exporter --listen 127.0.0.1:9464 --per-process
+  cudabudget-node exporter --listen 0.0.0.0:9464 --web-config-file /etc/cudabudget/web.yml";
 
 #[derive(Args)]
 pub struct ExporterArgs {
@@ -186,7 +186,7 @@ pub fn exporter(args: ExporterArgs) -> Result<ExitCode, Refusal> {
         let counters = RefCell::new(Counters::default());
         move |viewers: &[serve::Viewer]| {
             views(
-                &status::collect(nvml.as_ref()),
+                &figures::collect(nvml.as_ref()),
                 shape,
                 &mut counters.borrow_mut(),
                 Instant::now(),
@@ -250,7 +250,7 @@ struct Series {
 }
 
 impl Series {
-    fn of(p: &ProcessJson, d: &status::DeviceJson, per_process: bool) -> Series {
+    fn of(p: &ProcessJson, d: &figures::DeviceJson, per_process: bool) -> Series {
         let text = |v: &Option<String>| v.clone().unwrap_or_default();
         Series {
             namespace: text(&p.namespace),
@@ -300,7 +300,7 @@ impl Figures {
         self.own_budgets.saturating_add(self.job_budget)
     }
 
-    fn add(&mut self, job: bool, d: &status::DeviceJson) {
+    fn add(&mut self, job: bool, d: &figures::DeviceJson) {
         self.used = self.used.saturating_add(d.used_bytes);
         self.peak = self.peak.saturating_add(d.peak_bytes);
         if job {
@@ -653,7 +653,7 @@ fn hami(registry: &Registry, status: &StatusJson, viewer: Option<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::DeviceJson;
+    use crate::figures::DeviceJson;
 
     fn process(pid: u32, job: Option<&str>, container: &str, figures: [u64; 4]) -> ProcessJson {
         let [used, limit, peak, denials] = figures;
@@ -708,9 +708,9 @@ mod tests {
             process(11, Some("train"), "main", [0, 60, 0, 0]),
             process(12, None, "main", [0, 30, 0, 0]),
         ]);
-        let budgets = crate::status::budgets_by_gpu(&status.processes)["GPU-1"];
+        let budgets = crate::figures::budgets_by_gpu(&status.processes)["GPU-1"];
         assert_eq!(budgets, 90, "the job's 60 once, the process's 30");
-        status.gpus = Some(vec![crate::status::GpuJson {
+        status.gpus = Some(vec![crate::figures::GpuJson {
             index: 0,
             uuid: Some("GPU-1".into()),
             name: None,

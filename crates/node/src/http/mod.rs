@@ -1,4 +1,4 @@
-//! The command line's HTTP server, used by the exporter and the webhook: hyper (HTTP/1.1)
+//! The node services' HTTP server, used by the exporter and the webhook: hyper (HTTP/1.1)
 //! on a single-threaded tokio runtime, made to hold under abuse from anyone who can reach
 //! the port. Each server brings only what it answers ([`Site`]); this module owns:
 //!

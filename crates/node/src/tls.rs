@@ -1,4 +1,4 @@
-//! TLS for the command line's servers (the exporter and the webhook): the serving
+//! TLS for the node services' servers (the exporter and the webhook): the serving
 //! certificate and key read into rustls (on ring, TLS 1.2 and 1.3, HTTP/1.1 by ALPN), and
 //! the accepting of one connection, which answers plain HTTP on the TLS port with a 400
 //! that says why, as Go's servers do.
