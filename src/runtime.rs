@@ -16,7 +16,7 @@ use crate::books::ledger::{
     AddrTable, Budget, Denial, DeviceLedger, InForce, Ledger, PointerMap, Reservation,
 };
 use crate::config::Config;
-use crate::sys::driver::real;
+use crate::sys::driver::{Stream, real};
 
 /// What the hooks do in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -359,12 +359,11 @@ pub fn current_device() -> Option<usize> {
 /// The device of `stream`, where its stream-ordered memory lives: the stream's own
 /// device, or the calling context's for the NULL, legacy and per-thread streams (and
 /// for a driver that cannot say). A process that sees one device needs no driver call.
-pub fn stream_device(stream: crate::sys::driver::Handle) -> Option<usize> {
+pub fn stream_device(stream: Stream) -> Option<usize> {
     if single_device() {
         return Some(0);
     }
-    // NULL, CU_STREAM_LEGACY (0x1), CU_STREAM_PER_THREAD (0x2).
-    if stream as usize > 2 {
+    if !stream.is_default() {
         let mut device = 0;
         // SAFETY: the caller's stream handle and a valid out-pointer.
         let rc = unsafe { real::cuStreamGetDevice(stream, &mut device) };

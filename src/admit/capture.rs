@@ -19,7 +19,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::sys::driver::{
-    CuResult, Handle, STREAM_CAPTURE_MODE_RELAXED, STREAM_CAPTURE_STATUS_NONE, real,
+    CuResult, STREAM_CAPTURE_MODE_RELAXED, STREAM_CAPTURE_STATUS_NONE, Stream, real,
 };
 
 /// Captures begun and not yet ended, in this process (low 16 bits), and the other
@@ -49,7 +49,7 @@ impl Drop for Recording {
 
 /// When `stream` is being captured: a guard under which no capture ends, so that a call
 /// made while it is held is recorded into the graph, not run. `None`: not capturing.
-pub fn recording(stream: Handle) -> Option<Recording> {
+pub fn recording(stream: Stream) -> Option<Recording> {
     if !any() {
         return None;
     }
@@ -134,7 +134,7 @@ pub fn after_fork() {
 /// Whether `stream` is being captured (a call on it is recorded, not run). Asked only
 /// while [`any`] capture is active; asked in relaxed mode, so the question itself is
 /// never the unsafe call that breaks another thread's capture.
-pub fn capturing(stream: Handle) -> bool {
+pub fn capturing(stream: Stream) -> bool {
     if !any() {
         return false;
     }

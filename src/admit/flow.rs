@@ -14,7 +14,9 @@ use crate::admit::{capture, footprint, gate, graphs, pools};
 use crate::books::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Table};
 use crate::books::vmm;
 use crate::runtime::{self, Cx, DeviceCx};
-use crate::sys::driver::{CuResult, DevicePtr, Handle, MemAllocationProp};
+use crate::sys::driver::{
+    CuResult, DevicePtr, GraphExec, MemAllocationProp, MemPool, Opaque, Stream,
+};
 use crate::tell::report;
 
 /// The budgeted device for a call (`device`, or the calling context's), resolved once;
@@ -37,8 +39,8 @@ pub fn launch_graph(
     cx: Cx,
     call: &str,
     launch: bool,
-    exec: Handle,
-    stream: Handle,
+    exec: GraphExec,
+    stream: Stream,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     let Some(graphs::ExecMemory { footprint, frees }) = graphs::memory(exec) else {
@@ -109,7 +111,7 @@ pub fn launch_graph(
 fn alloc_from_created(
     call: &str,
     dev: &DeviceCx,
-    pool: Handle,
+    pool: MemPool,
     bytes: u64,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
@@ -139,7 +141,7 @@ fn alloc_from_created(
 /// (blocks not yet freed keep its reserve with the driver) stays charged; a pool with
 /// nothing in use gives it all back. Under [`super::GROWTH`], so that no allocation from the
 /// pool comes between the look at what it uses and its end.
-pub fn created_pool_destroyed(cx: Cx, pool: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+pub fn created_pool_destroyed(cx: Cx, pool: MemPool, real: impl FnOnce() -> CuResult) -> CuResult {
     with_growth(|| {
         let live = pools::figures(pool).map(|(_, used)| used);
         let rc = real();
@@ -191,12 +193,15 @@ pub fn alloc_direct(
     alloc_into(&dev, runtime::pointers(), call, bytes, out, real)
 }
 
-/// As [`alloc_direct`], for array handles.
+/// As [`alloc_direct`], for array handles ([`Array`], [`MipmappedArray`]).
+///
+/// [`Array`]: crate::sys::driver::Array
+/// [`MipmappedArray`]: crate::sys::driver::MipmappedArray
 pub fn alloc_array(
     cx: Cx,
     call: &str,
     bytes: u64,
-    out: *mut Handle,
+    out: *mut impl Opaque,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     let Some(dev) = cx.current_device() else {
@@ -326,7 +331,7 @@ pub fn free(cx: Cx, ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult
 pub fn free_async(
     cx: Cx,
     ptr: DevicePtr,
-    stream: Handle,
+    stream: Stream,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     free_async_fast(ptr, real).unwrap_or_else(|real| free_async_slow(cx, ptr, stream, real))
@@ -369,7 +374,7 @@ fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<C
 fn free_async_slow(
     cx: Cx,
     ptr: DevicePtr,
-    stream: Handle,
+    stream: Stream,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     // No capture of the stream starts (crate::admit::capture::begin) nor ends
@@ -422,8 +427,8 @@ fn restore(table: &impl Table, key: u64, entry: Entry) {
 }
 
 /// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
-pub fn free_array(cx: Cx, array: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
-    free_from(cx, runtime::arrays(), array as u64, real)
+pub fn free_array(cx: Cx, array: impl Opaque, real: impl FnOnce() -> CuResult) -> CuResult {
+    free_from(cx, runtime::arrays(), array.key() as u64, real)
 }
 
 fn free_from(_cx: Cx, table: &impl Table, key: u64, real: impl FnOnce() -> CuResult) -> CuResult {
@@ -476,7 +481,7 @@ fn release(entry: Entry) {
 pub fn alloc_async(
     cx: Cx,
     bytes: u64,
-    stream: Handle,
+    stream: Stream,
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
@@ -490,7 +495,7 @@ pub fn alloc_async(
 fn alloc_async_slow(
     cx: Cx,
     bytes: u64,
-    stream: Handle,
+    stream: Stream,
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
@@ -562,8 +567,8 @@ pub fn alloc_pooled(
     cx: Cx,
     call: &str,
     bytes: u64,
-    pool: Option<Handle>,
-    stream: Handle,
+    pool: Option<MemPool>,
+    stream: Stream,
     dptr: *mut DevicePtr,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
@@ -748,7 +753,7 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) {
 
 /// The program trimmed `pool`, one of the device's pools (`cuMemPoolTrimTo`): its
 /// charge becomes the driver's figure.
-pub fn pool_trimmed(cx: Cx, device: usize, pool: Handle) {
+pub fn pool_trimmed(cx: Cx, device: usize, pool: MemPool) {
     let Some(d) = cx.device(device).map(|dev| dev.ledger) else {
         return;
     };

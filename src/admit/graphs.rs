@@ -24,8 +24,8 @@ use crate::admit::capture;
 use crate::books::ledger::{DeviceLedger, MAX_DEVICES};
 use crate::sys::driver::{
     DevicePtr, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, GRAPH_MEM_ATTR_USED_MEM_CURRENT,
-    GRAPH_NODE_TYPE_GRAPH, GRAPH_NODE_TYPE_MEM_ALLOC, GRAPH_NODE_TYPE_MEM_FREE, Handle,
-    MemAllocNodeParams, real,
+    GRAPH_NODE_TYPE_GRAPH, GRAPH_NODE_TYPE_MEM_ALLOC, GRAPH_NODE_TYPE_MEM_FREE, Graph, GraphExec,
+    GraphNode, MemAllocNodeParams, Opaque, real,
 };
 use crate::sys::lock::Lock;
 
@@ -66,7 +66,7 @@ static SETTLING: Lock<()> = Lock::new(());
 
 /// Adds up the memory nodes of `graph` (and of its child graphs), per device, and lists
 /// what its free nodes free that its memory nodes did not allocate.
-pub fn memory_of(graph: Handle) -> ExecMemory {
+pub fn memory_of(graph: Graph) -> ExecMemory {
     let mut memory = ExecMemory::default();
     let mut own = Vec::new();
     capture::relaxed(|| add_nodes(graph, 0, &mut memory, &mut own));
@@ -76,7 +76,7 @@ pub fn memory_of(graph: Handle) -> ExecMemory {
     memory
 }
 
-fn add_nodes(graph: Handle, depth: u32, memory: &mut ExecMemory, own: &mut Vec<DevicePtr>) {
+fn add_nodes(graph: Graph, depth: u32, memory: &mut ExecMemory, own: &mut Vec<DevicePtr>) {
     let mut count = 0usize;
     // SAFETY: a graph handle from the driver; NULL nodes asks for the count.
     if !unsafe { real::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.is_ok()
@@ -84,7 +84,7 @@ fn add_nodes(graph: Handle, depth: u32, memory: &mut ExecMemory, own: &mut Vec<D
     {
         return;
     }
-    let mut nodes: Vec<Handle> = vec![std::ptr::null_mut(); count];
+    let mut nodes = vec![GraphNode::NULL; count];
     // SAFETY: room for `count` nodes; the driver writes at most that many.
     if !unsafe { real::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.is_ok() {
         return;
@@ -118,7 +118,7 @@ fn add_nodes(graph: Handle, depth: u32, memory: &mut ExecMemory, own: &mut Vec<D
                 memory.frees.push(ptr);
             }
         } else if kind == GRAPH_NODE_TYPE_GRAPH && depth < MAX_DEPTH {
-            let mut child: Handle = std::ptr::null_mut();
+            let mut child = Graph::NULL;
             // SAFETY: a child-graph node; the driver writes the graph it embeds.
             if unsafe { real::cuGraphChildGraphNodeGetGraph(node, &mut child) }.is_ok() {
                 add_nodes(child, depth + 1, memory, own);
@@ -135,34 +135,34 @@ fn add(footprint: &mut Footprint, device: usize, bytes: u64) {
 }
 
 /// `exec` was instantiated with this memory.
-pub fn instantiated(exec: Handle, memory: ExecMemory) {
+pub fn instantiated(exec: GraphExec, memory: ExecMemory) {
     if memory.is_empty() || exec.is_null() {
         return;
     }
     let mut execs = EXECS.lock();
-    if execs.insert(exec as usize, memory).is_none() {
+    if execs.insert(exec.key(), memory).is_none() {
         WITH_MEMORY.store(execs.len(), Ordering::Release);
     }
 }
 
 /// `exec` was destroyed.
-pub fn destroyed(exec: Handle) {
+pub fn destroyed(exec: GraphExec) {
     if WITH_MEMORY.load(Ordering::Acquire) == 0 {
         return;
     }
     let mut execs = EXECS.lock();
-    if execs.remove(&(exec as usize)).is_some() {
+    if execs.remove(&exec.key()).is_some() {
         WITH_MEMORY.store(execs.len(), Ordering::Release);
     }
 }
 
 /// What `exec` does with memory, if it has memory or free nodes.
 #[inline]
-pub fn memory(exec: Handle) -> Option<ExecMemory> {
+pub fn memory(exec: GraphExec) -> Option<ExecMemory> {
     if WITH_MEMORY.load(Ordering::Acquire) == 0 {
         return None;
     }
-    EXECS.lock().get(&(exec as usize)).cloned()
+    EXECS.lock().get(&exec.key()).cloned()
 }
 
 /// The device's graph memory, by the driver: `(used, reserved)`.

@@ -65,7 +65,7 @@ use crate::admit::{Fixed, admit};
 use crate::books::ledger::{DeviceLedger, MAX_DEVICES, Reservation, clamp_i64};
 use crate::config::LogLevel;
 use crate::runtime::{Cx, DeviceCx};
-use crate::sys::driver::{CuResult, Handle, real};
+use crate::sys::driver::{Context, CuResult, Library, Opaque, real};
 use crate::sys::lock::Lock;
 use crate::tell::report::Bytes;
 
@@ -94,13 +94,13 @@ struct Load {
 static LOADS: Lock<Vec<Load>> = Lock::new(Vec::new());
 
 /// Keeps what `handle` holds on `device` (charged in `d`'s current books) until it goes.
-fn remember(handle: Handle, device: usize, d: &DeviceLedger, bytes: u64, resident: bool) {
+fn remember(handle: impl Opaque, device: usize, d: &DeviceLedger, bytes: u64, resident: bool) {
     remember_pending(handle, device, d, bytes, resident, (0, 0));
 }
 
 /// As [`remember`], with what the first look-up brings: `(bytes, later)` (see [`Load`]).
 fn remember_pending(
-    handle: Handle,
+    handle: impl Opaque,
     device: usize,
     d: &DeviceLedger,
     bytes: u64,
@@ -110,20 +110,20 @@ fn remember_pending(
     if !resident {
         LAZY.fetch_add(1, Ordering::AcqRel);
     }
-    let mut context = std::ptr::null_mut();
+    let mut context = Context::NULL;
     // SAFETY: a valid out-pointer.
     if !unsafe { real::cuCtxGetCurrent(&mut context) }.is_ok() {
-        context = std::ptr::null_mut();
+        context = Context::NULL;
     }
     LOADS.lock().push(Load {
-        handle: handle as usize,
+        handle: handle.key(),
         device,
         bytes,
         books: d.books_epoch(),
         resident,
         pending,
         later,
-        context: context as usize,
+        context: context.key(),
     });
 }
 
@@ -371,14 +371,14 @@ fn admit_held(call: &str, dev: &DeviceCx, bytes: u64) -> Result<(), CuResult> {
 /// A module or library load (`real`), whose handle the driver writes to `out`. `lazy`:
 /// a library, whose globals may come at its first look-up instead. A load whose growth
 /// does not fit is undone with `unload` and refused.
-pub fn load(
+pub fn load<H: Opaque>(
     cx: Cx,
     call: &'static str,
-    out: *mut Handle,
+    out: *mut H,
     lazy: bool,
     image: Image,
     real: impl FnOnce() -> CuResult,
-    unload: impl FnOnce(Handle) -> CuResult,
+    unload: impl FnOnce(H) -> CuResult,
 ) -> CuResult {
     let Some(dev) = cx.current_device() else {
         return real();
@@ -440,7 +440,7 @@ pub fn load(
 pub fn lookup(
     cx: Cx,
     call: &'static str,
-    library: Handle,
+    library: Library,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     if LAZY.load(Ordering::Acquire) == 0 || crate::admit::capture::any() {
@@ -449,7 +449,7 @@ pub fn lookup(
     let pending = LOADS
         .lock()
         .iter()
-        .find(|l| l.handle == library as usize && !l.resident)
+        .find(|l| l.handle == library.key() && !l.resident)
         .map(|l| (l.device, l.pending, l.later));
     let Some((device, predicted, later)) = pending else {
         return real();
@@ -496,7 +496,7 @@ pub fn lookup(
     let mut loads = LOADS.lock();
     if let Some(l) = loads
         .iter_mut()
-        .find(|l| l.handle == library as usize && !l.resident)
+        .find(|l| l.handle == library.key() && !l.resident)
     {
         l.resident = true;
         LAZY.fetch_sub(1, Ordering::AcqRel);
@@ -514,12 +514,12 @@ pub fn lookup(
 
 /// A module's or library's unload, or a context's destruction: what it held is given
 /// back, and a context's modules and libraries go with it.
-pub fn unload(handle: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
+pub fn unload(handle: impl Opaque, real: impl FnOnce() -> CuResult) -> CuResult {
     let rc = real();
     if !rc.is_ok() {
         return rc;
     }
-    let key = handle as usize;
+    let key = handle.key();
     let gone: Vec<Load> = {
         let mut loads = LOADS.lock();
         let mut gone = Vec::new();
@@ -552,9 +552,9 @@ pub fn unload(handle: Handle, real: impl FnOnce() -> CuResult) -> CuResult {
 /// destroyed again with `destroy` if it does not fit.
 pub fn another_context(
     dev: &DeviceCx,
-    out: *mut Handle,
+    out: *mut Context,
     create: impl FnOnce() -> CuResult,
-    destroy: impl FnOnce(Handle) -> CuResult,
+    destroy: impl FnOnce(Context) -> CuResult,
 ) -> CuResult {
     let (device, d) = (dev.ordinal, dev.ledger);
     if !crate::admit::footprint::has_context(device)
@@ -679,7 +679,7 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
         return real(value);
     }
     let _setting = SETTING.lock();
-    let mut context = std::ptr::null_mut();
+    let mut context = Context::NULL;
     // SAFETY: a valid out-pointer.
     let current = unsafe { real::cuCtxGetCurrent(&mut context) }.is_ok() && !context.is_null();
     let (Some(old), Some(unit), true) = (limit_now(limit), unit_bytes(slot, device), current)
@@ -688,7 +688,7 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
         // does not say: the footprint re-read charges what it holds.
         return real(value);
     };
-    let context = context as usize;
+    let context = context.key();
     let books = d.books_epoch();
     let (base, charged) = held(context, device, slot, old, books);
     let cost = |v: u64| v.saturating_sub(base).saturating_mul(unit);
@@ -737,11 +737,11 @@ pub fn set_limit(cx: Cx, limit: i32, value: usize, real: impl Fn(usize) -> CuRes
 
 /// `context` was destroyed: what its limits were charged is given back (the driver
 /// freed their memory with it).
-pub fn context_destroyed(context: Handle) {
+pub fn context_destroyed(context: Context) {
     // Not while a limit of it is being set: that change settles its own charge first
     // (a destroy between its driver call and its settling would give back twice).
     let _setting = SETTING.lock();
-    let key = context as usize;
+    let key = context.key();
     let gone: Vec<LimitHeld> = {
         let mut limits = LIMITS.lock();
         let (gone, kept) = std::mem::take(&mut *limits)

@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::books::ledger::{DeviceLedger, MAX_DEVICES};
-use crate::sys::driver::{Handle, MEMPOOL_ATTR_RESERVED_MEM_CURRENT, real};
+use crate::sys::driver::{MEMPOOL_ATTR_RESERVED_MEM_CURRENT, MemPool, Opaque, real};
 
 const SLOTS: usize = 64;
 
@@ -75,24 +75,24 @@ pub enum Place {
 }
 
 /// Remembers that `pool` (a device's default or current pool) lives on `device`.
-pub fn register(pool: Handle, device: usize) {
+pub fn register(pool: MemPool, device: usize) {
     remember(pool, device as u64 + 1);
 }
 
 /// Remembers a pool the program created on `device`.
-pub fn register_created(pool: Handle, device: usize) {
+pub fn register_created(pool: MemPool, device: usize) {
     remember(pool, (device as u64 + 1) | CREATED);
 }
 
 /// Remembers that `pool` holds host memory.
-pub fn register_host(pool: Handle) {
+pub fn register_host(pool: MemPool) {
     if remember(pool, HOST) {
         HOST_POOLS.fetch_add(1, Ordering::AcqRel);
     }
 }
 
-fn remember(pool: Handle, place: u64) -> bool {
-    let key = pool as u64;
+fn remember(pool: MemPool, place: u64) -> bool {
+    let key = key(pool);
     if key == 0 || find(key).is_some() {
         return false;
     }
@@ -112,8 +112,8 @@ fn remember(pool: Handle, place: u64) -> bool {
 
 /// Forgets a destroyed pool; for a pool the program created, returns its device and
 /// what it was charged.
-pub fn unregister(pool: Handle) -> Option<(usize, u64)> {
-    let slot = slot_of(pool as u64)?;
+pub fn unregister(pool: MemPool) -> Option<(usize, u64)> {
+    let slot = slot_of(key(pool))?;
     let place = slot.place.swap(0, Ordering::AcqRel);
     let charged = slot.charged.swap(0, Ordering::AcqRel);
     slot.pool.store(0, Ordering::Release);
@@ -123,7 +123,7 @@ pub fn unregister(pool: Handle) -> Option<(usize, u64)> {
     }
     for current in &CURRENT_CREATED {
         if current
-            .compare_exchange(pool as u64, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(key(pool), 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
             // It was a device's current pool: the detour `made_current` began ends.
@@ -131,6 +131,17 @@ pub fn unregister(pool: Handle) -> Option<(usize, u64)> {
         }
     }
     (place & CREATED != 0).then(|| (((place & !CREATED) - 1) as usize, charged))
+}
+
+/// The table's key of `pool`: its address.
+#[inline(always)]
+fn key(pool: MemPool) -> u64 {
+    pool.key() as u64
+}
+
+/// The pool whose key is `key`.
+fn pool_at(key: u64) -> MemPool {
+    MemPool::from_raw(key as usize as *mut std::ffi::c_void)
 }
 
 fn slot_of(key: u64) -> Option<&'static Slot> {
@@ -148,7 +159,7 @@ fn find(key: u64) -> Option<u64> {
 
 /// Where `pool` allocates.
 #[inline]
-pub fn place_of(pool: Handle) -> Place {
+pub fn place_of(pool: MemPool) -> Place {
     let single = crate::runtime::single_device();
     if single && HOST_POOLS.load(Ordering::Acquire) == 0 {
         return Place::Device(0);
@@ -157,7 +168,7 @@ pub fn place_of(pool: Handle) -> Place {
         HOST => Place::Host,
         place => Place::Device(((place & !CREATED) - 1) as usize),
     };
-    if let Some(place) = find(pool as u64) {
+    if let Some(place) = find(key(pool)) {
         return placed(place);
     }
     if single {
@@ -167,23 +178,23 @@ pub fn place_of(pool: Handle) -> Place {
     for device in 0..crate::runtime::visible_devices().min(MAX_DEVICES) {
         let _ = credit_pools_of(device);
     }
-    find(pool as u64).map_or(Place::Unknown, placed)
+    find(key(pool)).map_or(Place::Unknown, placed)
 }
 
 /// The device of `pool` when the program created it.
-pub fn created(pool: Handle) -> Option<usize> {
-    find(pool as u64)
+pub fn created(pool: MemPool) -> Option<usize> {
+    find(key(pool))
         .filter(|&place| place != HOST && place & CREATED != 0)
         .map(|place| ((place & !CREATED) - 1) as usize)
 }
 
 /// The program made `pool` the current pool of `device`.
-pub fn made_current(device: usize, pool: Handle) {
+pub fn made_current(device: usize, pool: MemPool) {
     let Some(current) = CURRENT_CREATED.get(device) else {
         return;
     };
     let mine = created(pool).is_some_and(|d| d == device);
-    let was = current.swap(if mine { pool as u64 } else { 0 }, Ordering::AcqRel);
+    let was = current.swap(if mine { key(pool) } else { 0 }, Ordering::AcqRel);
     // While any device's current pool is one the program created, stream-ordered calls
     // take the full path (which looks at it).
     match (was != 0, mine) {
@@ -195,28 +206,28 @@ pub fn made_current(device: usize, pool: Handle) {
 
 /// The pool `cuMemAllocAsync` allocates from on `device` when it is one the program
 /// created.
-pub fn current_created(device: usize) -> Option<Handle> {
+pub fn current_created(device: usize) -> Option<MemPool> {
     let pool = CURRENT_CREATED.get(device)?.load(Ordering::Acquire);
-    (pool != 0).then_some(pool as Handle)
+    (pool != 0).then_some(pool_at(pool))
 }
 
 /// The pools the program created on `device`.
-pub fn created_of(device: usize) -> Vec<Handle> {
+pub fn created_of(device: usize) -> Vec<MemPool> {
     POOLS
         .iter()
         .filter(|s| s.place.load(Ordering::Acquire) == (device as u64 + 1) | CREATED)
-        .map(|s| s.pool.load(Ordering::Acquire) as Handle)
+        .map(|s| pool_at(s.pool.load(Ordering::Acquire)))
         .filter(|p| !p.is_null())
         .collect()
 }
 
 /// Sets what a created pool is charged; returns what it was.
-pub fn set_charged(pool: Handle, bytes: u64) -> u64 {
-    slot_of(pool as u64).map_or(0, |s| s.charged.swap(bytes, Ordering::AcqRel))
+pub fn set_charged(pool: MemPool, bytes: u64) -> u64 {
+    slot_of(key(pool)).map_or(0, |s| s.charged.swap(bytes, Ordering::AcqRel))
 }
 
 /// Charges a pool the program created what it holds now, by the driver's figure.
-pub fn settle_created(pool: Handle, d: &DeviceLedger) {
+pub fn settle_created(pool: MemPool, d: &DeviceLedger) {
     if let Some((reserved, _)) = figures(pool) {
         let before = set_charged(pool, reserved);
         super::after::charge_after(d, before, reserved);
@@ -224,7 +235,7 @@ pub fn settle_created(pool: Handle, d: &DeviceLedger) {
 }
 
 /// A pool's reserve and the part of it in use, by the driver: `(reserved, used)`.
-pub fn figures(pool: Handle) -> Option<(u64, u64)> {
+pub fn figures(pool: MemPool) -> Option<(u64, u64)> {
     let attribute = |attr| {
         let mut bytes = 0u64;
         // SAFETY: both attributes are a cuuint64_t written to `bytes`.
@@ -245,15 +256,15 @@ const MEMPOOL_ATTR_USED_MEM_CURRENT: std::ffi::c_int = 7;
 
 /// The pools of `device` paid for through the pool credit: the default pool, and the
 /// current pool when it is not one the program created.
-fn credit_pools_of(device: usize) -> Vec<Handle> {
+fn credit_pools_of(device: usize) -> Vec<MemPool> {
     let mut pools = Vec::new();
-    let mut pool: Handle = std::ptr::null_mut();
+    let mut pool = MemPool::NULL;
     // SAFETY: a valid out-pointer; the device ordinal is the device handle.
     if unsafe { real::cuDeviceGetDefaultMemPool(&mut pool, device as i32) }.is_ok() {
         register(pool, device);
         pools.push(pool);
     }
-    let mut current: Handle = std::ptr::null_mut();
+    let mut current = MemPool::NULL;
     // SAFETY: as above.
     if unsafe { real::cuDeviceGetMemPool(&mut current, device as i32) }.is_ok()
         && !pools.contains(&current)
@@ -299,7 +310,7 @@ pub fn trim_created(device: usize) {
     crate::admit::capture::relaxed(|| trim_each(created_of(device)));
 }
 
-fn trim_each(pools: Vec<Handle>) {
+fn trim_each(pools: Vec<MemPool>) {
     for pool in pools {
         // SAFETY: a pool handle the driver gave out.
         let _ = unsafe { real::cuMemPoolTrimTo(pool, 0) };
@@ -330,8 +341,8 @@ mod tests {
     // only test that makes pools current (which moves the capture detour) is
     // `a_created_pool_made_current_is_the_one_async_allocations_use`.
 
-    fn handle(n: u64) -> Handle {
-        n as Handle
+    fn handle(n: u64) -> MemPool {
+        pool_at(n)
     }
 
     /// The tests take turns: one of them forgets every pool, as a forked child does.
@@ -347,8 +358,8 @@ mod tests {
         let (default, created_pool) = (handle(0x1_0001), handle(0x1_0002));
         register(default, 3);
         register_created(created_pool, 4);
-        assert_eq!(find(default as u64), Some(4), "device 3 is stored as 4");
-        assert_eq!(find(created_pool as u64), Some(5 | CREATED));
+        assert_eq!(find(key(default)), Some(4), "device 3 is stored as 4");
+        assert_eq!(find(key(created_pool)), Some(5 | CREATED));
         assert_eq!(
             created(default),
             None,
@@ -361,7 +372,7 @@ mod tests {
             None,
             "a default pool owes nothing back"
         );
-        assert_eq!(find(default as u64), None, "forgotten");
+        assert_eq!(find(key(default)), None, "forgotten");
         assert_eq!(unregister(created_pool).map(|(d, _)| d), Some(4));
         assert_eq!(unregister(created_pool), None, "only once");
     }
@@ -384,7 +395,7 @@ mod tests {
         let pool = handle(0x3_0001);
         assert!(remember(pool, 9), "a new pool");
         assert!(!remember(pool, 10), "already known");
-        assert_eq!(find(pool as u64), Some(9), "the first place stands");
+        assert_eq!(find(key(pool)), Some(9), "the first place stands");
         assert!(!remember(handle(0), 9), "the null handle is no pool");
         assert_eq!(find(0), None);
         assert_eq!(unregister(handle(0)), None);
@@ -399,13 +410,13 @@ mod tests {
             register(p, 20 + i);
         }
         for (i, &p) in pools.iter().enumerate() {
-            assert_eq!(find(p as u64), Some(21 + i as u64), "pool #{i}");
+            assert_eq!(find(key(p)), Some(21 + i as u64), "pool #{i}");
         }
         for p in pools {
             unregister(p);
         }
         for p in pools {
-            assert_eq!(find(p as u64), None);
+            assert_eq!(find(key(p)), None);
         }
     }
 
@@ -433,7 +444,7 @@ mod tests {
             before + 1,
             "known already"
         );
-        assert_eq!(find(pool as u64), Some(HOST));
+        assert_eq!(find(key(pool)), Some(HOST));
         assert_eq!(
             created(pool),
             None,
@@ -454,11 +465,11 @@ mod tests {
         register(default, 31);
         assert_eq!(created_of(31), vec![mine]);
         assert_eq!(created_of(30), vec![other_device]);
-        assert_eq!(created_of(32), Vec::<Handle>::new());
+        assert_eq!(created_of(32), Vec::<MemPool>::new());
         for p in [mine, other_device, default] {
             unregister(p);
         }
-        assert_eq!(created_of(31), Vec::<Handle>::new());
+        assert_eq!(created_of(31), Vec::<MemPool>::new());
     }
 
     #[test]
@@ -514,13 +525,13 @@ mod tests {
         register_host(host);
         made_current(50, created_pool);
         after_fork();
-        assert_eq!(find(created_pool as u64), None);
+        assert_eq!(find(key(created_pool)), None);
         assert_eq!(created(created_pool), None);
         assert_eq!(set_charged(created_pool, 1), 0, "no charge carried over");
-        assert_eq!(find(host as u64), None);
+        assert_eq!(find(key(host)), None);
         assert_eq!(HOST_POOLS.load(Ordering::Acquire), 0);
         assert_eq!(current_created(50), None);
-        assert_eq!(created_of(50), Vec::<Handle>::new());
+        assert_eq!(created_of(50), Vec::<MemPool>::new());
         // The detour the parent's current pool turned on is the capture module's to
         // reset in a child; this test's share is taken back here.
         crate::admit::capture::detour(false);

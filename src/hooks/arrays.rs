@@ -2,13 +2,15 @@
 
 use super::guard;
 use crate::admit::flow::{self, array_bytes};
-use crate::sys::driver::{Array3dDescriptor, ArrayDescriptor, CuResult, Handle, real};
+use crate::sys::driver::{
+    Array, Array3dDescriptor, ArrayDescriptor, CuResult, MipmappedArray, real,
+};
 
 /// # Safety
 /// As the driver's `cuArrayCreate_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuArrayCreate_v2(
-    array: *mut Handle,
+    array: *mut Array,
     desc: *const ArrayDescriptor,
 ) -> CuResult {
     guard("cuArrayCreate", || {
@@ -29,7 +31,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
 /// As the driver's `cuArray3DCreate_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuArray3DCreate_v2(
-    array: *mut Handle,
+    array: *mut Array,
     desc: *const Array3dDescriptor,
 ) -> CuResult {
     guard("cuArray3DCreate", || {
@@ -50,7 +52,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 /// As the driver's `cuMipmappedArrayCreate`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMipmappedArrayCreate(
-    array: *mut Handle,
+    array: *mut MipmappedArray,
     desc: *const Array3dDescriptor,
     levels: u32,
 ) -> CuResult {
@@ -71,7 +73,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 /// # Safety
 /// As the driver's `cuArrayDestroy`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
+pub unsafe extern "C" fn cuArrayDestroy(array: Array) -> CuResult {
     guard("cuArrayDestroy", || {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuArrayDestroy(array) };
@@ -83,7 +85,7 @@ pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
 /// # Safety
 /// As the driver's `cuMipmappedArrayDestroy`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CuResult {
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: MipmappedArray) -> CuResult {
     guard("cuMipmappedArrayDestroy", || {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuMipmappedArrayDestroy(array) };

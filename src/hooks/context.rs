@@ -7,7 +7,7 @@ use std::ffi::{c_int, c_void};
 use super::guard;
 use crate::admit::{footprint, loads};
 use crate::runtime::{Cx, DeviceCx};
-use crate::sys::driver::{CuResult, Device, Handle, real};
+use crate::sys::driver::{Context, CuResult, Device, Opaque, real};
 
 /// Runs a context creation on `device` and charges the context when it succeeds. The
 /// device is resolved here, once, and `create` gets it when it has a budget.
@@ -31,7 +31,7 @@ fn creating_context(
 /// ([`loads::another_context`]) when the device has a budget.
 fn another_context(
     dev: Option<&DeviceCx>,
-    ctx: *mut Handle,
+    ctx: *mut Context,
     create: impl FnOnce() -> CuResult,
 ) -> CuResult {
     // SAFETY: the context the driver just created, destroyed when it does not fit.
@@ -69,7 +69,7 @@ fn primary_active(device: Device) -> bool {
 /// # Safety
 /// As the driver's `cuDevicePrimaryCtxRetain`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Device) -> CuResult {
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Context, device: Device) -> CuResult {
     guard("cuDevicePrimaryCtxRetain", || {
         // SAFETY: the caller's arguments.
         let retain = || unsafe { real::cuDevicePrimaryCtxRetain(ctx, device) };
@@ -117,10 +117,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: Device) -> CuResult 
 }
 
 /// Remembers a context from `cuCtxCreate` and its device, so its destruction can be told.
-fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult {
+fn remember_created(ctx: *mut Context, device: Device, rc: CuResult) -> CuResult {
     if rc.is_ok() && !ctx.is_null() {
         // SAFETY: the driver wrote the new context.
-        let handle = unsafe { *ctx } as usize;
+        let handle = unsafe { *ctx }.key();
         footprint::context_books()
             .created
             .push((handle, device.max(0) as usize));
@@ -131,7 +131,7 @@ fn remember_created(ctx: *mut Handle, device: Device, rc: CuResult) -> CuResult 
 /// # Safety
 /// As the driver's `cuCtxCreate_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: Device) -> CuResult {
+pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Context, flags: u32, device: Device) -> CuResult {
     guard("cuCtxCreate", || {
         // SAFETY: the caller's arguments.
         let create = || unsafe { real::cuCtxCreate_v2(ctx, flags, device) };
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: De
 /// As the driver's `cuCtxCreate_v3`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuCtxCreate_v3(
-    ctx: *mut Handle,
+    ctx: *mut Context,
     params: *mut c_void,
     num: c_int,
     flags: u32,
@@ -164,7 +164,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
 /// As the driver's `cuCtxCreate_v4`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuCtxCreate_v4(
-    ctx: *mut Handle,
+    ctx: *mut Context,
     params: *mut c_void,
     flags: u32,
     device: Device,
@@ -181,7 +181,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 /// # Safety
 /// As the driver's `cuCtxDestroy_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Context) -> CuResult {
     guard("cuCtxDestroy", || {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuCtxDestroy_v2(ctx) };
@@ -193,7 +193,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CuResult {
                 let created = &mut footprint::context_books().created;
                 created
                     .iter()
-                    .position(|&(c, _)| c == ctx as usize)
+                    .position(|&(c, _)| c == ctx.key())
                     .map(|i| created.swap_remove(i).1)
             };
             if let Some(device) = device {

@@ -5,10 +5,10 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::guard;
 use crate::admit::{capture, flow, graphs};
-use crate::sys::driver::{CuResult, Device, Handle, real};
+use crate::sys::driver::{CuResult, Device, Graph, GraphExec, GraphNode, Stream, real};
 
 with_ptsz! {
-    cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, driver, fn(stream: Handle, mode: c_int) {
+    cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, driver, fn(stream: Stream, mode: c_int) {
         guard("cuStreamBeginCapture", || {
             // SAFETY: the caller's arguments.
             let real = || unsafe { driver(stream, mode) };
@@ -21,9 +21,9 @@ with_ptsz! {
 with_ptsz! {
     cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz, driver,
     fn(
-        stream: Handle,
-        graph: Handle,
-        deps: *const Handle,
+        stream: Stream,
+        graph: Graph,
+        deps: *const GraphNode,
         data: *const c_void,
         n: usize,
         mode: c_int,
@@ -39,7 +39,7 @@ with_ptsz! {
 }
 
 with_ptsz! {
-    cuStreamEndCapture, cuStreamEndCapture_ptsz, driver, fn(stream: Handle, graph: *mut Handle) {
+    cuStreamEndCapture, cuStreamEndCapture_ptsz, driver, fn(stream: Stream, graph: *mut Graph) {
         guard("cuStreamEndCapture", || {
             // SAFETY: the caller's arguments.
             let real = || unsafe { driver(stream, graph) };
@@ -50,7 +50,7 @@ with_ptsz! {
 }
 
 /// Remembers the memory and free nodes of a graph just instantiated into `exec`.
-fn instantiated(exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
+fn instantiated(exec: *mut GraphExec, graph: Graph, rc: CuResult) -> CuResult {
     if rc.is_ok() && !exec.is_null() {
         // SAFETY: the driver wrote the new executable graph.
         graphs::instantiated(unsafe { *exec }, graphs::memory_of(graph));
@@ -62,8 +62,8 @@ fn instantiated(exec: *mut Handle, graph: Handle, rc: CuResult) -> CuResult {
 /// As the driver's `cuGraphInstantiateWithFlags`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
-    exec: *mut Handle,
-    graph: Handle,
+    exec: *mut GraphExec,
+    graph: Graph,
     flags: u64,
 ) -> CuResult {
     guard("cuGraphInstantiate", || {
@@ -77,8 +77,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
 with_ptsz! {
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, driver,
     fn(
-        exec: *mut Handle,
-        graph: Handle,
+        exec: *mut GraphExec,
+        graph: Graph,
         params: *mut c_void,
     ) {
         guard("cuGraphInstantiate", || {
@@ -94,9 +94,9 @@ with_ptsz! {
 /// As the driver's `cuGraphInstantiate_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuGraphInstantiate_v2(
-    exec: *mut Handle,
-    graph: Handle,
-    error_node: *mut Handle,
+    exec: *mut GraphExec,
+    graph: Graph,
+    error_node: *mut GraphNode,
     log: *mut c_char,
     log_size: usize,
 ) -> CuResult {
@@ -112,7 +112,7 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
 /// # Safety
 /// As the driver's `cuGraphExecDestroy`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CuResult {
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: GraphExec) -> CuResult {
     guard("cuGraphExecDestroy", || {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuGraphExecDestroy(exec) };
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CuResult {
 }
 
 with_ptsz! {
-    cuGraphUpload, cuGraphUpload_ptsz, driver, fn(exec: Handle, stream: Handle) {
+    cuGraphUpload, cuGraphUpload_ptsz, driver, fn(exec: GraphExec, stream: Stream) {
         guard("cuGraphUpload", || {
             // SAFETY: the caller's arguments.
             let launch = || unsafe { driver(exec, stream) };
@@ -137,7 +137,7 @@ with_ptsz! {
 }
 
 with_ptsz! {
-    cuGraphLaunch, cuGraphLaunch_ptsz, driver, fn(exec: Handle, stream: Handle) {
+    cuGraphLaunch, cuGraphLaunch_ptsz, driver, fn(exec: GraphExec, stream: Stream) {
         guard("cuGraphLaunch", || {
             // SAFETY: the caller's arguments.
             let launch = || unsafe { driver(exec, stream) };

@@ -4,7 +4,7 @@
 
 use super::guard;
 use crate::admit::flow;
-use crate::sys::driver::{CuResult, DevicePtr, Handle, real};
+use crate::sys::driver::{CuResult, DevicePtr, MemPool, Stream, real};
 
 /// # Safety
 /// As the driver's `cuMemAlloc_v2`.
@@ -71,7 +71,7 @@ with_ptsz! {
     fn(
         dptr: *mut DevicePtr,
         bytes: usize,
-        stream: Handle,
+        stream: Stream,
     ) {
         guard("cuMemAllocAsync", || {
             // SAFETY: the caller's arguments (here and in the driver's call below).
@@ -94,8 +94,8 @@ with_ptsz! {
     fn(
         dptr: *mut DevicePtr,
         bytes: usize,
-        pool: Handle,
-        stream: Handle,
+        pool: MemPool,
+        stream: Stream,
     ) {
         guard("cuMemAllocFromPoolAsync", || {
             // SAFETY: the caller's arguments.
@@ -116,7 +116,7 @@ with_ptsz! {
 }
 
 with_ptsz! {
-    cuMemFreeAsync, cuMemFreeAsync_ptsz, driver, fn(dptr: DevicePtr, stream: Handle) {
+    cuMemFreeAsync, cuMemFreeAsync_ptsz, driver, fn(dptr: DevicePtr, stream: Stream) {
         guard("cuMemFreeAsync", || {
             // SAFETY: the caller's arguments (here and in the driver's call below).
             let cx = enter!(|| unsafe { driver(dptr, stream) });

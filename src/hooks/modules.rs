@@ -5,13 +5,13 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::guard;
 use crate::admit::loads::{self, Image};
-use crate::sys::driver::{CuResult, DevicePtr, Handle, real};
+use crate::sys::driver::{CuResult, DevicePtr, Kernel, Library, Module, real};
 
 /// A module load (`real`): admitted for what its image says, then charged by what it
 /// costs, unloaded again if that does not fit.
 fn module_load(
     call: &'static str,
-    module: *mut Handle,
+    module: *mut Module,
     image: Image,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
@@ -27,7 +27,7 @@ fn module_load(
 /// A library load (`real`): with lazy loading its globals come at its first look-up.
 fn library_load(
     call: &'static str,
-    library: *mut Handle,
+    library: *mut Library,
     image: Image,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
@@ -43,7 +43,7 @@ fn library_load(
 /// # Safety
 /// As the driver's `cuModuleLoad`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char) -> CuResult {
+pub unsafe extern "C" fn cuModuleLoad(module: *mut Module, fname: *const c_char) -> CuResult {
     // SAFETY: the caller's arguments.
     module_load("cuModuleLoad", module, Image::File(fname), || unsafe {
         real::cuModuleLoad(module, fname)
@@ -53,7 +53,7 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char)
 /// # Safety
 /// As the driver's `cuModuleLoadData`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CuResult {
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut Module, image: *const c_void) -> CuResult {
     // SAFETY: the caller's arguments.
     module_load(
         "cuModuleLoadData",
@@ -67,7 +67,7 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_v
 /// As the driver's `cuModuleLoadDataEx`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuModuleLoadDataEx(
-    module: *mut Handle,
+    module: *mut Module,
     image: *const c_void,
     n: u32,
     options: *mut c_int,
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 /// As the driver's `cuModuleLoadFatBinary`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuModuleLoadFatBinary(
-    module: *mut Handle,
+    module: *mut Module,
     fatbin: *const c_void,
 ) -> CuResult {
     // SAFETY: the caller's arguments.
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
 /// # Safety
 /// As the driver's `cuModuleUnload`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CuResult {
+pub unsafe extern "C" fn cuModuleUnload(module: Module) -> CuResult {
     guard("cuModuleUnload", || {
         // SAFETY: the caller's argument.
         let unload = || unsafe { real::cuModuleUnload(module) };
@@ -115,7 +115,7 @@ pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CuResult {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn cuLibraryLoadData(
-    library: *mut Handle,
+    library: *mut Library,
     code: *const c_void,
     jit_options: *mut c_int,
     jit_values: *mut *mut c_void,
@@ -149,7 +149,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn cuLibraryLoadFromFile(
-    library: *mut Handle,
+    library: *mut Library,
     file: *const c_char,
     jit_options: *mut c_int,
     jit_values: *mut *mut c_void,
@@ -181,7 +181,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 /// # Safety
 /// As the driver's `cuLibraryUnload`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuLibraryUnload(library: Handle) -> CuResult {
+pub unsafe extern "C" fn cuLibraryUnload(library: Library) -> CuResult {
     guard("cuLibraryUnload", || {
         // SAFETY: the caller's argument.
         let unload = || unsafe { real::cuLibraryUnload(library) };
@@ -196,7 +196,7 @@ pub unsafe extern "C" fn cuLibraryUnload(library: Handle) -> CuResult {
 pub unsafe extern "C" fn cuLibraryGetGlobal(
     dptr: *mut DevicePtr,
     bytes: *mut usize,
-    library: Handle,
+    library: Library,
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetGlobal", || {
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 pub unsafe extern "C" fn cuLibraryGetManaged(
     dptr: *mut DevicePtr,
     bytes: *mut usize,
-    library: Handle,
+    library: Library,
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetManaged", || {
@@ -227,7 +227,7 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
 /// # Safety
 /// As the driver's `cuLibraryGetModule`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CuResult {
+pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Module, library: Library) -> CuResult {
     guard("cuLibraryGetModule", || {
         // SAFETY: the caller's arguments.
         let look_up = || unsafe { real::cuLibraryGetModule(module, library) };
@@ -240,8 +240,8 @@ pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle
 /// As the driver's `cuLibraryGetKernel`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuLibraryGetKernel(
-    kernel: *mut Handle,
-    library: Handle,
+    kernel: *mut Kernel,
+    library: Library,
     name: *const c_char,
 ) -> CuResult {
     guard("cuLibraryGetKernel", || {

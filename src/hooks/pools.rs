@@ -5,7 +5,7 @@ use super::guard;
 use crate::admit::{flow, gate, pools};
 use crate::runtime;
 use crate::sys::driver::{
-    CuResult, Handle, MEM_ALLOCATION_TYPE_PINNED, MEM_LOCATION_TYPE_DEVICE, MemLocation,
+    CuResult, MEM_ALLOCATION_TYPE_PINNED, MEM_LOCATION_TYPE_DEVICE, MemLocation, MemPool,
     MemPoolProps, real,
 };
 
@@ -15,7 +15,7 @@ use crate::sys::driver::{
 /// As the driver's `cuMemPoolCreate`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemPoolCreate(
-    pool: *mut Handle,
+    pool: *mut MemPool,
     props: *const MemPoolProps,
 ) -> CuResult {
     guard("cuMemPoolCreate", || {
@@ -41,7 +41,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 /// # Safety
 /// As the driver's `cuMemPoolTrimTo`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult {
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult {
     guard("cuMemPoolTrimTo", || {
         // SAFETY: the caller's arguments.
         let trim = || unsafe { real::cuMemPoolTrimTo(pool, keep) };
@@ -69,7 +69,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult 
 /// # Safety
 /// As the driver's `cuMemPoolDestroy`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: MemPool) -> CuResult {
     guard("cuMemPoolDestroy", || {
         // SAFETY: the caller's argument.
         let destroy = || unsafe { real::cuMemPoolDestroy(pool) };
@@ -95,7 +95,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuDeviceSetMemPool(
     device: crate::sys::driver::Device,
-    pool: Handle,
+    pool: MemPool,
 ) -> CuResult {
     guard("cuDeviceSetMemPool", || {
         // SAFETY: the caller's arguments.
@@ -114,7 +114,7 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(
 pub unsafe extern "C" fn cuMemSetMemPool(
     location: *mut MemLocation,
     kind: std::ffi::c_int,
-    pool: Handle,
+    pool: MemPool,
 ) -> CuResult {
     guard("cuMemSetMemPool", || {
         // SAFETY: the caller's arguments.
@@ -135,7 +135,7 @@ pub unsafe extern "C" fn cuMemSetMemPool(
 /// Makes `pool` the device's current pool (`real`).
 fn set_device_pool(
     device: crate::sys::driver::Device,
-    pool: Handle,
+    pool: MemPool,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
     // No stream-ordered allocation is between its look at the current pool and its

@@ -114,7 +114,95 @@ pub const STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 
 pub type DevicePtr = u64;
 pub type Device = c_int;
-pub type Handle = *mut c_void;
+
+/// What every opaque handle of the driver is to the books: an address they key it by.
+/// Only code that keeps any kind of handle alike names it (the loads' table: modules,
+/// libraries and the contexts they go with; the array table: arrays and mipmapped
+/// arrays); everything else names the handle's own type, so that a pool cannot be passed
+/// where a stream is expected.
+pub trait Opaque: Copy {
+    /// The handle's address, by which the books key it.
+    fn key(self) -> usize;
+}
+
+/// A `#[repr(transparent)]` newtype over the driver's pointer for each kind of handle:
+/// ABI-identical to the C handle, in the hooks' exported signatures and the driver table.
+macro_rules! opaque_handles {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub struct $name(*mut c_void);
+
+        // Not every kind of handle needs every helper.
+        #[allow(dead_code)]
+        impl $name {
+            /// No handle (what an out-pointer holds before the driver writes it).
+            pub const NULL: Self = Self(std::ptr::null_mut());
+
+            #[inline(always)]
+            pub const fn from_raw(raw: *mut c_void) -> Self {
+                Self(raw)
+            }
+
+            #[inline(always)]
+            pub const fn as_raw(self) -> *mut c_void {
+                self.0
+            }
+
+            #[inline(always)]
+            pub fn is_null(self) -> bool {
+                self.0.is_null()
+            }
+        }
+
+        impl Opaque for $name {
+            #[inline(always)]
+            fn key(self) -> usize {
+                self.0 as usize
+            }
+        }
+    )*};
+}
+
+opaque_handles! {
+    /// `CUcontext`.
+    Context;
+    /// `CUstream`; see [`Stream::LEGACY`] and [`Stream::PER_THREAD`] for its special values.
+    Stream;
+    /// `CUmemoryPool`.
+    MemPool;
+    /// `CUmodule`.
+    Module;
+    /// `CUlibrary`.
+    Library;
+    /// `CUkernel`.
+    Kernel;
+    /// `CUgraph`.
+    Graph;
+    /// `CUgraphNode`.
+    GraphNode;
+    /// `CUgraphExec`.
+    GraphExec;
+    /// `CUarray`.
+    Array;
+    /// `CUmipmappedArray`.
+    MipmappedArray;
+}
+
+impl Stream {
+    /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the compilation.
+    pub const LEGACY: Self = Self(std::ptr::without_provenance_mut(0x1));
+    /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+    pub const PER_THREAD: Self = Self(std::ptr::without_provenance_mut(0x2));
+
+    /// NULL, [`Self::LEGACY`] or [`Self::PER_THREAD`]: a default stream of the calling
+    /// context, not a stream the driver created.
+    #[inline(always)]
+    pub fn is_default(self) -> bool {
+        self == Self::NULL || self == Self::LEGACY || self == Self::PER_THREAD
+    }
+}
 
 /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
 pub const MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
@@ -183,15 +271,15 @@ driver_table! {
     cuDeviceGetUuid(uuid: *mut [u8; 16], device: Device);
     cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: Device);
     cuCtxGetDevice(device: *mut Device);
-    cuCtxGetCurrent(ctx: *mut Handle);
-    cuDevicePrimaryCtxRetain(ctx: *mut Handle, device: Device);
+    cuCtxGetCurrent(ctx: *mut Context);
+    cuDevicePrimaryCtxRetain(ctx: *mut Context, device: Device);
     cuDevicePrimaryCtxRelease_v2(device: Device);
     cuDevicePrimaryCtxReset_v2(device: Device);
     cuDevicePrimaryCtxGetState(device: Device, flags: *mut u32, active: *mut c_int);
-    cuCtxCreate_v2(ctx: *mut Handle, flags: u32, device: Device);
-    cuCtxCreate_v3(ctx: *mut Handle, params: *mut c_void, num: c_int, flags: u32, device: Device);
-    cuCtxCreate_v4(ctx: *mut Handle, params: *mut c_void, flags: u32, device: Device);
-    cuCtxDestroy_v2(ctx: Handle);
+    cuCtxCreate_v2(ctx: *mut Context, flags: u32, device: Device);
+    cuCtxCreate_v3(ctx: *mut Context, params: *mut c_void, num: c_int, flags: u32, device: Device);
+    cuCtxCreate_v4(ctx: *mut Context, params: *mut c_void, flags: u32, device: Device);
+    cuCtxDestroy_v2(ctx: Context);
     cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize);
     cuMemAllocPitch_v2(dptr: *mut DevicePtr, pitch: *mut usize, width: usize, height: usize, elem: u32);
     cuMemAllocManaged(dptr: *mut DevicePtr, bytes: usize, flags: u32);
@@ -203,65 +291,65 @@ driver_table! {
     cuMemUnmap(ptr: DevicePtr, size: usize);
     cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void);
     cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const MemAllocationProp, option: c_int);
-    cuMemAllocAsync(dptr: *mut DevicePtr, bytes: usize, stream: Handle);
-    cuMemAllocAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Handle);
-    cuMemAllocFromPoolAsync(dptr: *mut DevicePtr, bytes: usize, pool: Handle, stream: Handle);
-    cuMemAllocFromPoolAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, pool: Handle, stream: Handle);
-    cuMemFreeAsync(dptr: DevicePtr, stream: Handle);
-    cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Handle);
-    cuMemPoolCreate(pool: *mut Handle, props: *const MemPoolProps);
-    cuMemPoolDestroy(pool: Handle);
-    cuMemPoolTrimTo(pool: Handle, keep: usize);
-    cuMemPoolGetAttribute(pool: Handle, attr: c_int, value: *mut c_void);
-    cuDeviceGetDefaultMemPool(pool: *mut Handle, device: Device);
-    cuDeviceGetMemPool(pool: *mut Handle, device: Device);
-    cuDeviceSetMemPool(device: Device, pool: Handle);
-    cuStreamGetDevice(stream: Handle, device: *mut Device);
-    cuStreamIsCapturing(stream: Handle, status: *mut c_int);
+    cuMemAllocAsync(dptr: *mut DevicePtr, bytes: usize, stream: Stream);
+    cuMemAllocAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Stream);
+    cuMemAllocFromPoolAsync(dptr: *mut DevicePtr, bytes: usize, pool: MemPool, stream: Stream);
+    cuMemAllocFromPoolAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, pool: MemPool, stream: Stream);
+    cuMemFreeAsync(dptr: DevicePtr, stream: Stream);
+    cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Stream);
+    cuMemPoolCreate(pool: *mut MemPool, props: *const MemPoolProps);
+    cuMemPoolDestroy(pool: MemPool);
+    cuMemPoolTrimTo(pool: MemPool, keep: usize);
+    cuMemPoolGetAttribute(pool: MemPool, attr: c_int, value: *mut c_void);
+    cuDeviceGetDefaultMemPool(pool: *mut MemPool, device: Device);
+    cuDeviceGetMemPool(pool: *mut MemPool, device: Device);
+    cuDeviceSetMemPool(device: Device, pool: MemPool);
+    cuStreamGetDevice(stream: Stream, device: *mut Device);
+    cuStreamIsCapturing(stream: Stream, status: *mut c_int);
     cuThreadExchangeStreamCaptureMode(mode: *mut c_int);
-    cuStreamBeginCapture_v2(stream: Handle, mode: c_int);
-    cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int);
-    cuStreamBeginCaptureToGraph(stream: Handle, graph: Handle, deps: *const Handle, data: *const c_void, n: usize, mode: c_int);
-    cuStreamBeginCaptureToGraph_ptsz(stream: Handle, graph: Handle, deps: *const Handle, data: *const c_void, n: usize, mode: c_int);
-    cuStreamEndCapture(stream: Handle, graph: *mut Handle);
-    cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle);
-    cuGraphGetNodes(graph: Handle, nodes: *mut Handle, count: *mut usize);
-    cuGraphNodeGetType(node: Handle, kind: *mut c_int);
-    cuGraphMemAllocNodeGetParams(node: Handle, params: *mut MemAllocNodeParams);
-    cuGraphMemFreeNodeGetParams(node: Handle, dptr: *mut DevicePtr);
-    cuGraphChildGraphNodeGetGraph(node: Handle, graph: *mut Handle);
-    cuGraphInstantiateWithFlags(exec: *mut Handle, graph: Handle, flags: u64);
-    cuGraphInstantiateWithParams(exec: *mut Handle, graph: Handle, params: *mut c_void);
-    cuGraphInstantiateWithParams_ptsz(exec: *mut Handle, graph: Handle, params: *mut c_void);
-    cuGraphInstantiate_v2(exec: *mut Handle, graph: Handle, error_node: *mut Handle, log: *mut c_char, log_size: usize);
-    cuGraphExecDestroy(exec: Handle);
-    cuGraphUpload(exec: Handle, stream: Handle);
-    cuGraphUpload_ptsz(exec: Handle, stream: Handle);
-    cuGraphLaunch(exec: Handle, stream: Handle);
-    cuGraphLaunch_ptsz(exec: Handle, stream: Handle);
+    cuStreamBeginCapture_v2(stream: Stream, mode: c_int);
+    cuStreamBeginCapture_v2_ptsz(stream: Stream, mode: c_int);
+    cuStreamBeginCaptureToGraph(stream: Stream, graph: Graph, deps: *const GraphNode, data: *const c_void, n: usize, mode: c_int);
+    cuStreamBeginCaptureToGraph_ptsz(stream: Stream, graph: Graph, deps: *const GraphNode, data: *const c_void, n: usize, mode: c_int);
+    cuStreamEndCapture(stream: Stream, graph: *mut Graph);
+    cuStreamEndCapture_ptsz(stream: Stream, graph: *mut Graph);
+    cuGraphGetNodes(graph: Graph, nodes: *mut GraphNode, count: *mut usize);
+    cuGraphNodeGetType(node: GraphNode, kind: *mut c_int);
+    cuGraphMemAllocNodeGetParams(node: GraphNode, params: *mut MemAllocNodeParams);
+    cuGraphMemFreeNodeGetParams(node: GraphNode, dptr: *mut DevicePtr);
+    cuGraphChildGraphNodeGetGraph(node: GraphNode, graph: *mut Graph);
+    cuGraphInstantiateWithFlags(exec: *mut GraphExec, graph: Graph, flags: u64);
+    cuGraphInstantiateWithParams(exec: *mut GraphExec, graph: Graph, params: *mut c_void);
+    cuGraphInstantiateWithParams_ptsz(exec: *mut GraphExec, graph: Graph, params: *mut c_void);
+    cuGraphInstantiate_v2(exec: *mut GraphExec, graph: Graph, error_node: *mut GraphNode, log: *mut c_char, log_size: usize);
+    cuGraphExecDestroy(exec: GraphExec);
+    cuGraphUpload(exec: GraphExec, stream: Stream);
+    cuGraphUpload_ptsz(exec: GraphExec, stream: Stream);
+    cuGraphLaunch(exec: GraphExec, stream: Stream);
+    cuGraphLaunch_ptsz(exec: GraphExec, stream: Stream);
     cuDeviceGetGraphMemAttribute(device: Device, attr: c_int, value: *mut c_void);
     cuDeviceGraphMemTrim(device: Device);
-    cuArrayCreate_v2(array: *mut Handle, desc: *const ArrayDescriptor);
-    cuArray3DCreate_v2(array: *mut Handle, desc: *const Array3dDescriptor);
-    cuMipmappedArrayCreate(array: *mut Handle, desc: *const Array3dDescriptor, levels: u32);
-    cuArrayDestroy(array: Handle);
-    cuMipmappedArrayDestroy(array: Handle);
+    cuArrayCreate_v2(array: *mut Array, desc: *const ArrayDescriptor);
+    cuArray3DCreate_v2(array: *mut Array, desc: *const Array3dDescriptor);
+    cuMipmappedArrayCreate(array: *mut MipmappedArray, desc: *const Array3dDescriptor, levels: u32);
+    cuArrayDestroy(array: Array);
+    cuMipmappedArrayDestroy(array: MipmappedArray);
     cuModuleGetLoadingMode(mode: *mut c_int);
-    cuModuleLoad(module: *mut Handle, fname: *const c_char);
-    cuModuleLoadData(module: *mut Handle, image: *const c_void);
-    cuModuleLoadDataEx(module: *mut Handle, image: *const c_void, n: u32, options: *mut c_int, values: *mut *mut c_void);
-    cuModuleLoadFatBinary(module: *mut Handle, fatbin: *const c_void);
-    cuModuleUnload(module: Handle);
-    cuLibraryLoadData(library: *mut Handle, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, n_jit: u32, lib_options: *mut c_int, lib_values: *mut *mut c_void, n_lib: u32);
-    cuLibraryLoadFromFile(library: *mut Handle, file: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, n_jit: u32, lib_options: *mut c_int, lib_values: *mut *mut c_void, n_lib: u32);
-    cuLibraryUnload(library: Handle);
-    cuLibraryGetGlobal(dptr: *mut DevicePtr, bytes: *mut usize, library: Handle, name: *const c_char);
-    cuLibraryGetManaged(dptr: *mut DevicePtr, bytes: *mut usize, library: Handle, name: *const c_char);
-    cuLibraryGetModule(module: *mut Handle, library: Handle);
-    cuLibraryGetKernel(kernel: *mut Handle, library: Handle, name: *const c_char);
+    cuModuleLoad(module: *mut Module, fname: *const c_char);
+    cuModuleLoadData(module: *mut Module, image: *const c_void);
+    cuModuleLoadDataEx(module: *mut Module, image: *const c_void, n: u32, options: *mut c_int, values: *mut *mut c_void);
+    cuModuleLoadFatBinary(module: *mut Module, fatbin: *const c_void);
+    cuModuleUnload(module: Module);
+    cuLibraryLoadData(library: *mut Library, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, n_jit: u32, lib_options: *mut c_int, lib_values: *mut *mut c_void, n_lib: u32);
+    cuLibraryLoadFromFile(library: *mut Library, file: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, n_jit: u32, lib_options: *mut c_int, lib_values: *mut *mut c_void, n_lib: u32);
+    cuLibraryUnload(library: Library);
+    cuLibraryGetGlobal(dptr: *mut DevicePtr, bytes: *mut usize, library: Library, name: *const c_char);
+    cuLibraryGetManaged(dptr: *mut DevicePtr, bytes: *mut usize, library: Library, name: *const c_char);
+    cuLibraryGetModule(module: *mut Module, library: Library);
+    cuLibraryGetKernel(kernel: *mut Kernel, library: Library, name: *const c_char);
     cuCtxSetLimit(limit: c_int, value: usize);
     cuCtxGetLimit(value: *mut usize, limit: c_int);
-    cuMemSetMemPool(location: *mut MemLocation, kind: c_int, pool: Handle);
+    cuMemSetMemPool(location: *mut MemLocation, kind: c_int, pool: MemPool);
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -383,6 +471,31 @@ fn load_now() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_null_legacy_and_per_thread_streams_are_default_streams_and_others_are_not() {
+        for default in [Stream::NULL, Stream::LEGACY, Stream::PER_THREAD] {
+            assert!(default.is_default(), "{default:?}");
+        }
+        assert_eq!(Stream::LEGACY.as_raw() as usize, 0x1);
+        assert_eq!(Stream::PER_THREAD.as_raw() as usize, 0x2);
+        let created = Stream::from_raw(0x3 as *mut c_void);
+        assert!(!created.is_default());
+        assert!(!Stream::from_raw(usize::MAX as *mut c_void).is_default());
+    }
+
+    #[test]
+    fn a_handle_is_the_driver_pointer_itself() {
+        assert_eq!(size_of::<Stream>(), size_of::<*mut c_void>());
+        assert_eq!(
+            size_of::<Option<MemPool>>(),
+            size_of::<Option<*mut c_void>>()
+        );
+        let raw = 0x7f00_1234_5000usize as *mut c_void;
+        assert_eq!(GraphExec::from_raw(raw).as_raw(), raw);
+        assert_eq!(Module::from_raw(raw).key(), 0x7f00_1234_5000);
+        assert!(Context::NULL.is_null());
+    }
 
     #[test]
     fn base_names_of_our_variants_are_recognised_and_others_are_not() {
