@@ -140,6 +140,36 @@ fn set_mode(path: &str, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+/// Where device 0's queue of waiters keeps its next ticket in a job's ledger: the second
+/// word of the device's words (`crates/spec/src/job_file.rs`'s layout).
+const NEXT_TICKET_AT: u64 = cudabudget_spec::job_file::DEVICE_WORDS_AT as u64 + 8;
+
+/// How many waits for room on device 0 have begun in job `name`'s ledger in `dir` (its
+/// queue's next ticket, never taken back).
+fn waits_begun(dir: &str, name: &str) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let Ok(file) = std::fs::File::open(ledger_file(dir, name)) else {
+        return 0;
+    };
+    let mut word = [0u8; 8];
+    file.read_exact_at(&mut word, NEXT_TICKET_AT).unwrap();
+    u64::from_le_bytes(word)
+}
+
+/// Until `n` waits have begun in job `name`'s ledger: a handshake with a member that
+/// asked for more than there is room for, which is then waiting (a minute at most, so
+/// that one that never waits fails the test rather than hanging it).
+fn until_waits_begun(dir: &str, name: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while waits_begun(dir, name) < n {
+        assert!(
+            Instant::now() < deadline,
+            "{n} waits never began in job {name}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// The job's ledger file in `dir`, wherever this build keeps it: in the user's own
 /// directory there (`cudabudget-<uid>/job-<name>`), or, in builds before that, at
 /// `cudabudget-<uid>-job-<name>`.

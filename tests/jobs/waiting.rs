@@ -169,8 +169,9 @@ fn a_waiting_allocation_goes_through_soon_after_its_holder_is_killed() {
     util::wait_for_line(&mut holder, "alloc");
     let mut waiting = e.clone();
     waiting.push(("CUDABUDGET_ON_EXCEED", "wait:20s"));
+    assert_eq!(waits_begun(&dir, "kw"), 0, "the holder did not wait");
     let waiter = spawn(&["alloc:800Mi"], &waiting);
-    std::thread::sleep(Duration::from_millis(500));
+    until_waits_begun(&dir, "kw", 1);
     holder.kill().unwrap();
     holder.wait().unwrap();
     let run = finish(waiter);
@@ -232,13 +233,17 @@ fn a_free_hands_the_block_to_the_thread_waiting_for_it() {
 #[test]
 fn waiting_members_of_a_job_are_served_in_arrival_order() {
     // As for threads, across the processes of a job: this process holds 900 MiB; one
-    // member waits for 700 MiB, then another for 200 MiB. 300 MiB back: the small one
+    // member waits for 700 MiB, then another for 200 MiB (each asks once the one before
+    // waits: the queue's ticket in the ledger, a handshake). 300 MiB back: the small one
     // still waits behind the large one; the rest back: both go, at once.
     let dir = job_dir("order");
+    let ledger = format!("{dir}/cudabudget-{}/job-order", unsafe_uid());
     let out = python_job(
         &dir,
         "order",
-        r#"
+        &format!(
+            "LEDGER = {ledger:?}\nNEXT_TICKET_AT = {NEXT_TICKET_AT}\n{}",
+            r#"
 rc, a = alloc(300 * MI); assert rc == 0
 rc, b = alloc(600 * MI); assert rc == 0
 want = """
@@ -246,14 +251,21 @@ print("asking", flush=True)
 rc, p = alloc(int(sys.argv[2]) * MI)
 print(rc, time.time(), flush=True)
 """
-def ask(n):
+def waits_begun():
+    with open(LEDGER, "rb") as f:
+        f.seek(NEXT_TICKET_AT)
+        return int.from_bytes(f.read(8), "little")
+def ask(n, waits):
     m = subprocess.Popen([sys.executable, "-c", CHILD, want, str(n)], stdout=subprocess.PIPE,
                          text=True, bufsize=1)
     assert m.stdout.readline().strip() == "asking"
-    time.sleep(0.3)
+    deadline = time.time() + 60
+    while waits_begun() < waits:
+        assert time.time() < deadline, f"the request for {n} MiB never waited"
+        time.sleep(0.002)
     return m
-big = ask(700)
-small = ask(200)
+big = ask(700, 1)
+small = ask(200, 2)
 free(a)
 time.sleep(0.7)
 freed_all = time.time()
@@ -261,7 +273,8 @@ free(b)
 (big_rc, big_at), (small_rc, small_at) = [tuple(m.stdout.readline().split()) for m in (big, small)]
 big.wait(); small.wait()
 print(big_rc, small_rc, float(big_at) - freed_all, float(small_at) - freed_all)
-"#,
+"#
+        ),
         "wait:10s",
     );
     let fields: Vec<&str> = out.split_whitespace().collect();
