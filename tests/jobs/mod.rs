@@ -14,7 +14,7 @@ mod waiting;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use util::handoff::{THREADS_PRELUDE, python_job, python_threads};
+use util::handoff::{NEXT_TICKET_AT, THREADS_PRELUDE, python_job, python_threads};
 use util::{GI, MI, Run};
 
 /// A fresh directory for a test's ledgers.
@@ -139,10 +139,6 @@ fn set_mode(path: &str, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
-
-/// Where device 0's queue of waiters keeps its next ticket in a job's ledger: the second
-/// word of the device's words (`crates/spec/src/job_file.rs`'s layout).
-const NEXT_TICKET_AT: u64 = cudabudget_spec::job_file::DEVICE_WORDS_AT as u64 + 8;
 
 /// How many waits for room on device 0 have begun in job `name`'s ledger in `dir` (its
 /// queue's next ticket, never taken back).

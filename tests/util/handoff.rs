@@ -106,10 +106,17 @@ pub fn python_threads(script: &str, patience: &str) -> String {
     out
 }
 
+/// Where device 0's queue of waiters keeps its next ticket in a job's ledger (never
+/// taken back: how many waits have begun): the second word of the device's words
+/// (`crates/spec/src/job_file.rs`'s layout).
+pub const NEXT_TICKET_AT: u64 = cudabudget_spec::job_file::DEVICE_WORDS_AT as u64 + 8;
+
 /// Runs `script` (after [`THREADS_PRELUDE`]) as a member of job `name`, in `dir`, with a
 /// 1 GiB budget and `patience`; `CHILD` in the script is a program that runs the
 /// prelude then `exec(sys.argv[1])`, for other members of the job started with
-/// `member(code)` (a `subprocess.Popen` with pipes).
+/// `member(code)` (a `subprocess.Popen` with pipes), and `until_waits_begun(n)` waits
+/// until `n` waits for room have begun in the job (the ledger's queue ticket), a
+/// handshake with a member or thread that asked for more than there is room for.
 pub fn python_job(dir: &str, name: &str, script: &str, patience: &str) -> String {
     let members = r#"
 import subprocess, sys
@@ -117,8 +124,23 @@ CHILD = "import sys\n" + PRELUDE + "\nexec(sys.argv[1])\n"
 def member(code):
     return subprocess.Popen([sys.executable, "-c", CHILD, code], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, bufsize=1)
+def until_waits_begun(n):
+    deadline = time.time() + 60
+    while True:
+        with open(LEDGER, "rb") as f:
+            f.seek(NEXT_TICKET_AT)
+            if int.from_bytes(f.read(8), "little") >= n:
+                return
+        assert time.time() < deadline, f"{n} waits never began"
+        time.sleep(0.002)
 "#;
-    let script = format!("PRELUDE = {THREADS_PRELUDE:?}\n{THREADS_PRELUDE}{members}{script}");
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let ledger = format!("{dir}/cudabudget-{uid}/job-{name}");
+    let script = format!(
+        "PRELUDE = {THREADS_PRELUDE:?}\nLEDGER = {ledger:?}\nNEXT_TICKET_AT = {NEXT_TICKET_AT}\n\
+         {THREADS_PRELUDE}{members}{script}"
+    );
     let scope = format!("job:{name}");
     let (ok, out, err) = super::python_under_library(
         &script,
