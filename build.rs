@@ -75,8 +75,8 @@ fn walk(dir: &Path, skip: &Path, files: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    // The directory too: a file added to it (a new module) reruns this script.
-    files.push(dir.to_path_buf());
+    // Files only: a directory would be scanned whole (`src/` holds the CLI's `src/bin/`).
+    // A new module is named in a file already watched, whose change reruns this script.
     for entry in entries.flatten() {
         let path = entry.path();
         if path == skip {
