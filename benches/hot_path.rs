@@ -11,6 +11,7 @@
 //! microseconds), so the deltas here are the library's own cost; the H200 figures come
 //! from `scripts/gpu/bench/run_bench.sh`.
 
+mod common;
 #[path = "../tests/util/mod.rs"]
 mod util;
 
@@ -58,16 +59,8 @@ fn run(threads: u32, preload: bool) -> String {
     json
 }
 
-fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
 fn main() {
-    let reps: usize = std::env::var("BENCH_REPS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(5);
+    let reps = common::reps();
     println!("cudabudget hot path against the fake driver: {reps} interleaved runs each way");
     println!("| threads | metric | native median (min..max) | budget median (min..max) | delta |");
     println!("|---|---|---|---|---|");
@@ -101,8 +94,8 @@ fn main() {
                     .filter_map(|j| field(j, key)?.parse().ok())
                     .collect()
             };
-            let (nm, nlo, nhi) = median_spread(values(&native));
-            let (bm, blo, bhi) = median_spread(values(&budget));
+            let (nm, nlo, nhi) = common::median_spread(values(&native));
+            let (bm, blo, bhi) = common::median_spread(values(&budget));
             println!(
                 "| {threads} | {label} | {nm:.1} ({nlo:.1}..{nhi:.1}) | {bm:.1} ({blo:.1}..{bhi:.1}) | {:+.1} |",
                 bm - nm
@@ -136,8 +129,8 @@ fn main() {
                 .filter_map(|j| field(j, key)?.parse().ok())
                 .collect()
         };
-        let (hm, hlo, hhi) = median_spread(values(hook));
-        let (nm, nlo, nhi) = median_spread(values(native));
+        let (hm, hlo, hhi) = common::median_spread(values(hook));
+        let (nm, nlo, nhi) = common::median_spread(values(native));
         println!(
             "| {label} | {hm:.1} ({hlo:.1}..{hhi:.1}) | {nm:.1} ({nlo:.1}..{nhi:.1}) | {:+.1} ns |",
             hm - nm

@@ -179,15 +179,22 @@ fn a_capture_starting_during_a_free_by_another_thread_keeps_the_block_charged() 
     a_capture_starting_during_a_free(false);
 }
 
-/// A child forked 100 ms after `cuInit` (the library starts NVML on a thread of its own
-/// then, whose `nvmlInit` holds NVML's lock `locked_ms`), which calls `cuMemAlloc`,
-/// `cuMemGetInfo` and, when `own_nvml`, NVML itself: the child's exit code (or
-/// `signal_N`, `hang`) and how long `os.fork()` took, in ms.
-fn fork_during_nvml_start(locked_ms: &str, own_nvml: bool) -> (String, u64) {
+/// A child forked while the library's own thread is inside `nvmlInit` (which it calls
+/// on a thread of its own after `cuInit`; the fake's holds NVML's lock `locked_ms`): the
+/// script waits until that call has taken the lock (the fake's counter, a handshake),
+/// forks, and notes whether the call had ended when `os.fork()` returned. The child calls
+/// `cuMemAlloc`, `cuMemGetInfo` and, when `own_nvml`, NVML itself. Returns the child's
+/// exit code (or `signal_N`, `hang`), whether NVML's initialisation had ended when the
+/// fork returned, and how long `os.fork()` took, in ms (for the messages).
+fn fork_during_nvml_start(locked_ms: &str, own_nvml: bool) -> (String, bool, u64) {
     let script = r#"
 import ctypes, os, signal, time
 {PRIMARY}
-time.sleep(0.1)
+fake_nvml = ctypes.CDLL("libnvidia-ml.so.1")
+deadline = time.monotonic() + 30
+while fake_nvml.fake_nvml_inits_entered() == 0:
+    assert time.monotonic() < deadline, "the library's thread never called nvmlInit"
+    time.sleep(0.001)
 t0 = time.monotonic()
 pid = os.fork()
 if pid == 0:
@@ -202,6 +209,7 @@ if pid == 0:
         os._exit(0 if nvml.nvmlInit_v2() == 0 else 3)
     os._exit(0)
 waited = time.monotonic() - t0
+ended = fake_nvml.fake_nvml_inits_done() > 0
 deadline = time.monotonic() + 8
 status = "hang"
 while time.monotonic() < deadline:
@@ -213,7 +221,7 @@ while time.monotonic() < deadline:
 if status == "hang":
     os.kill(pid, 9)
     os.waitpid(pid, 0)
-print("status", status.replace(" ", "_"), "waited_ms", int(waited * 1000))
+print("status", status.replace(" ", "_"), "ended", int(ended), "waited_ms", int(waited * 1000))
 "#
     .replace("{OWN}", if own_nvml { "True" } else { "False" });
     let envs = [
@@ -224,8 +232,12 @@ print("status", status.replace(" ", "_"), "waited_ms", int(waited * 1000))
     let (ok, stdout, stderr) = python_script(&script, &envs);
     assert!(ok, "{stdout}\n{stderr}");
     let fields: Vec<&str> = stdout.split_whitespace().collect();
-    assert_eq!(fields.len(), 4, "{stdout}\n{stderr}");
-    (fields[1].to_string(), fields[3].parse().unwrap())
+    assert_eq!(fields.len(), 6, "{stdout}\n{stderr}");
+    (
+        fields[1].to_string(),
+        fields[3] == "1",
+        fields[5].parse().unwrap(),
+    )
 }
 
 /// `fork()` while the library's own thread is inside NVML's initialisation, which holds
@@ -235,23 +247,28 @@ print("status", status.replace(" ", "_"), "waited_ms", int(waited * 1000))
 /// thread to leave NVML, and the child's NVML works as it would without the library.
 #[test]
 fn a_fork_while_the_library_starts_nvml_leaves_the_child_a_working_nvml() {
-    let (status, waited) = fork_during_nvml_start("400", true);
+    let (status, ended, waited) = fork_during_nvml_start("200", true);
     // A fork that waited on past NVML's initialisation would hang the script, which
     // `python_script` reports: no bound on the time is needed.
+    assert!(
+        ended,
+        "the fork returned while NVML's initialisation held its lock (waited {waited} ms)"
+    );
     assert_eq!(status, "0", "the child's own nvmlInit (waited {waited} ms)");
 }
 
 /// Where NVML stays inside a call longer than a fork waits (500 ms), the fork goes on
 /// and the child does without NVML: the library makes no NVML call there (one would
-/// hang on the lock the parent's thread held). NVML holds its lock 30 s here, so a fork
-/// that waited for it would take 60 times its own limit, not a busy machine's delay.
+/// hang on the lock the parent's thread held). NVML holds its lock 30 s here: the fork
+/// must return before that call ends (an order, not a time bound).
 #[test]
 fn a_fork_that_cannot_wait_for_nvml_leaves_the_child_without_it_and_never_hangs() {
-    let (status, waited) = fork_during_nvml_start("30000", false);
+    let (status, ended, waited) = fork_during_nvml_start("30000", false);
     assert_eq!(status, "0", "the child (the fork waited {waited} ms)");
     assert!(
-        waited < 15_000,
-        "the fork waited for NVML instead of at most about 500 ms: {waited} ms"
+        !ended,
+        "the fork waited for NVML's initialisation to end instead of at most about 500 ms: \
+         {waited} ms"
     );
 }
 

@@ -1246,6 +1246,13 @@ static void run_op(const char *text) {
         struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
         out("sleep rc=0");
+    } else if (!strcmp(name, "clock")) {
+        /* clock: the library's clock (CLOCK_MONOTONIC_COARSE) in ms, to know how far apart
+         * two calls came as the library saw them. */
+        need_fields(op, 1);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        out("clock rc=0 ms=%llu", (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL);
     } else if (!strcmp(name, "pagesize")) {
         need_fields(op, 1);
         int v = getpagesize();
@@ -1261,7 +1268,7 @@ static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "queries", "race",
-    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "waitfile", "pagesize", "stream", "streaminfo", "streamsync",
+    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "clock", "waitfile", "pagesize", "stream", "streaminfo", "streamsync",
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",

@@ -51,6 +51,7 @@ _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_init_count;
+static int g_inits_entered, g_inits_done;
 static int g_loaded;
 static unsigned g_count;
 static unsigned long long g_mem;
@@ -149,13 +150,22 @@ EXPORT nvmlReturn_t nvmlInit_v2(void) {
     if (absent && *absent == '1') return NVML_ERROR_LIBRARY_NOT_FOUND;
     delay_ms("FAKE_NVML_INIT_DELAY_MS");
     pthread_mutex_lock(&g_mu);
+    __atomic_add_fetch(&g_inits_entered, 1, __ATOMIC_SEQ_CST);
     /* FAKE_NVML_INIT_LOCKED_MS: an initialisation that holds NVML's own lock that long. */
     delay_ms("FAKE_NVML_INIT_LOCKED_MS");
     load_locked();
     g_init_count++;
+    __atomic_add_fetch(&g_inits_done, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&g_mu);
     return NVML_SUCCESS;
 }
+
+/* The fake's own (no lock taken, so a test can ask while an initialisation holds NVML's):
+ * how many nvmlInit calls of this process have taken NVML's lock, and how many have
+ * finished. A test waits for the first to be inside (a handshake), then orders its own
+ * events against the end. */
+EXPORT int fake_nvml_inits_entered(void) { return __atomic_load_n(&g_inits_entered, __ATOMIC_SEQ_CST); }
+EXPORT int fake_nvml_inits_done(void) { return __atomic_load_n(&g_inits_done, __ATOMIC_SEQ_CST); }
 
 EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
 

@@ -14,6 +14,12 @@ fn same_bytes(a: &Path, b: &Path) -> bool {
     std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
 }
 
+/// The library the CLI carries: the one its build script built (`build.rs`).
+#[cfg(cudabudget_embed)]
+fn carried_library() -> &'static Path {
+    Path::new(env!("CB_BUILD_EMBED_LIBRARY"))
+}
+
 #[test]
 fn install_writes_the_library_and_the_cli_and_prints_the_preload_line() {
     let dir = closed_scratch("install").join("opt/cudabudget");
@@ -193,7 +199,7 @@ fn a_cli_alone_writes_the_library_it_carries_once_and_runs_under_it() {
         let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
         let cache = home.join(".cache/cudabudget");
         assert!(preloaded.starts_with(&cache), "{preloaded:?}");
-        assert!(same_bytes(&preloaded, &fresh_library()));
+        assert!(same_bytes(&preloaded, carried_library()));
         let meta = std::fs::metadata(&preloaded).unwrap();
 
         // Once per version: the second run uses the same file.
@@ -213,7 +219,7 @@ fn a_cli_alone_writes_the_library_it_carries_once_and_runs_under_it() {
             &["run", "--limit", "1Gi", "--", "true"],
         ));
         assert!(out.status.success(), "{}", stderr(&out));
-        assert!(same_bytes(&preloaded, &fresh_library()));
+        assert!(same_bytes(&preloaded, carried_library()));
 
         // And the command is budgeted by it.
         let out = output(&mut bare(
@@ -257,7 +263,7 @@ fn a_cli_alone_installs_the_library_it_carries() {
         assert!(out.status.success(), "{}", stderr(&out));
         assert!(same_bytes(
             &target.join("libcudabudget.so"),
-            &fresh_library()
+            carried_library()
         ));
         assert!(!dir.join("home/.cache").exists(), "install writes no cache");
         let _ = std::fs::remove_dir_all(&dir);

@@ -14,6 +14,7 @@ mod waiting;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use util::handoff::{NEXT_TICKET_AT, THREADS_PRELUDE, python_job, python_threads};
 use util::{GI, MI, Run};
 
 /// A fresh directory for a test's ledgers.
@@ -139,65 +140,30 @@ fn set_mode(path: &str, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// A process's threads: device 0's primary context current in each, `alloc(n)` and
-/// `free(p)` through the driver API.
-const THREADS_PRELUDE: &str = r#"
-import ctypes, threading, time
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-ctx = ctypes.c_void_p()
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-MI = 1 << 20
-def alloc(n):
-    assert cuda.cuCtxSetCurrent(ctx) == 0
-    p = ctypes.c_uint64()
-    rc = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n))
-    return rc, p.value
-def free(p):
-    assert cuda.cuCtxSetCurrent(ctx) == 0
-    assert cuda.cuMemFree_v2(ctypes.c_uint64(p)) == 0
-"#;
-
-fn python_threads(script: &str, patience: &str) -> String {
-    let (ok, out, err) = util::python_under_library(
-        &format!("{THREADS_PRELUDE}{script}"),
-        &[
-            ("CUDABUDGET_LIMIT", "1Gi"),
-            ("CUDABUDGET_ON_EXCEED", patience),
-            ("FAKE_NVML_PID_OFFSET", "100000"),
-        ],
-    );
-    assert!(ok, "{out}\n{err}");
-    out
+/// How many waits for room on device 0 have begun in job `name`'s ledger in `dir` (its
+/// queue's next ticket, never taken back).
+fn waits_begun(dir: &str, name: &str) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let Ok(file) = std::fs::File::open(ledger_file(dir, name)) else {
+        return 0;
+    };
+    let mut word = [0u8; 8];
+    file.read_exact_at(&mut word, NEXT_TICKET_AT).unwrap();
+    u64::from_le_bytes(word)
 }
 
-/// Runs `script` (after [`THREADS_PRELUDE`]) as a member of job `name`, in `dir`, with a
-/// 1 GiB budget and `patience`; `CHILD` in the script is a program that runs the
-/// prelude then `exec(sys.argv[1])`, for other members of the job started with
-/// `member(code)` (a `subprocess.Popen` with pipes).
-fn python_job(dir: &str, name: &str, script: &str, patience: &str) -> String {
-    let members = r#"
-import subprocess, sys
-CHILD = "import sys\n" + PRELUDE + "\nexec(sys.argv[1])\n"
-def member(code):
-    return subprocess.Popen([sys.executable, "-c", CHILD, code], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, bufsize=1)
-"#;
-    let script = format!("PRELUDE = {THREADS_PRELUDE:?}\n{THREADS_PRELUDE}{members}{script}");
-    let scope = format!("job:{name}");
-    let (ok, out, err) = util::python_under_library(
-        &script,
-        &[
-            ("CUDABUDGET_JOB_DIR", dir),
-            ("CUDABUDGET_SCOPE", scope.as_str()),
-            ("CUDABUDGET_LIMIT", "1Gi"),
-            ("CUDABUDGET_ON_EXCEED", patience),
-            ("FAKE_NVML_PID_OFFSET", "100000"),
-        ],
-    );
-    assert!(ok, "{out}\n{err}");
-    out
+/// Until `n` waits have begun in job `name`'s ledger: a handshake with a member that
+/// asked for more than there is room for, which is then waiting (a minute at most, so
+/// that one that never waits fails the test rather than hanging it).
+fn until_waits_begun(dir: &str, name: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while waits_begun(dir, name) < n {
+        assert!(
+            Instant::now() < deadline,
+            "{n} waits never began in job {name}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// The job's ledger file in `dir`, wherever this build keeps it: in the user's own

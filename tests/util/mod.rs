@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod handoff;
 pub mod scripts;
 pub mod servers;
 pub mod tenants;

@@ -27,9 +27,9 @@ use cudabudget_spec::{config, record};
 
 pub const LIBRARY_NAME: &str = "libcudabudget.so";
 
-/// The library built into this binary: the cdylib cargo built beside it, when the build
-/// script asked for it (`cfg(cudabudget_embed)`); empty otherwise, and in `cargo check`
-/// builds, where the build script leaves an empty stand-in.
+/// The library built into this binary: the cdylib the build script built under its
+/// `OUT_DIR` (`cfg(cudabudget_embed)`); empty where it built none (clippy,
+/// `CUDABUDGET_NO_EMBED=1`).
 #[cfg(cudabudget_embed)]
 static EMBEDDED: &[u8] = include_bytes!(env!("CB_BUILD_EMBED_LIBRARY"));
 #[cfg(not(cudabudget_embed))]
