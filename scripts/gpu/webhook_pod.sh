@@ -39,7 +39,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -su
   >"$WORK/webhook.log" 2>&1 &
 PIDS+=($!)
 "$PY" - "$WORK" <<'EOF' || { cat "$WORK/webhook.log"; exit 1; }
-import base64, json, ssl, sys, time, urllib.request
+import base64, json, os, re, ssl, sys, time, urllib.request
 work = sys.argv[1]
 pod = {"apiVersion": "v1", "kind": "Pod",
        "metadata": {"name": "trainer-0", "namespace": "ml",
@@ -80,11 +80,21 @@ for op in patch:
     apply(pod, op)
 container = pod["spec"]["containers"][0]
 volumes = {v["name"]: v["hostPath"]["path"] for v in pod["spec"].get("volumes", [])}
-fields = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"]}
+# What the kubelet fills in: the downward API's fields (the pod's uid is the API server's,
+# given after admission), and each mount's subPath or subPathExpr under its volume
+# (made when missing, as the kubelet makes it).
+fields = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
+          "metadata.uid": "5f0c7a3e-2222-4d3b-8b4f-000000000002"}
 env = {}
 for e in container["env"]:
     env[e["name"]] = e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
-mounts = [(volumes[m["name"]], m["mountPath"]) for m in container.get("volumeMounts", [])]
+def host_path(m):
+    sub = m.get("subPath") or re.sub(r"\$\((\w+)\)", lambda v: env[v.group(1)], m.get("subPathExpr", ""))
+    path = os.path.join(volumes[m["name"]], sub) if sub else volumes[m["name"]]
+    if sub:
+        os.makedirs(path, exist_ok=True)
+    return path
+mounts = [(host_path(m), m["mountPath"]) for m in container.get("volumeMounts", [])]
 json.dump({"env": env, "mounts": mounts, "patch": patch}, open(f"{work}/container.json", "w"), indent=1)
 with open(f"{work}/env.sh", "w") as out:
     for k, v in env.items():

@@ -455,9 +455,13 @@ static ROUTINE_DUE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) 
 /// a denial.
 pub fn routine_tick() {
     static RAISED_MS: AtomicU64 = AtomicU64::new(0);
-    let now = report::monotonic_ms();
+    let now = report::monotonic_ms().max(1);
     let raised = RAISED_MS.load(Ordering::Relaxed);
-    if now.saturating_sub(raised) >= ROUTINE_MS {
+    if raised == 0 {
+        // The first look: the routine interval starts now (the first context's charge
+        // was just measured), as it did when each admission read the clock.
+        RAISED_MS.store(now, Ordering::Relaxed);
+    } else if now.saturating_sub(raised) >= ROUTINE_MS {
         RAISED_MS.store(now, Ordering::Relaxed);
         for flag in &ROUTINE_DUE {
             flag.store(true, Ordering::Release);
