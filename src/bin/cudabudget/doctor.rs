@@ -11,12 +11,12 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::gpu::{Cuda, CudaDevice, Nvml, cuda_error};
 use crate::library::{self, Library};
-use crate::preload::PRELOAD_BEFORE;
-use crate::records;
 use crate::status::bytes;
-use crate::tell::Refusal;
+use cudabudget_cli_common::gpu::{Cuda, CudaDevice, Nvml, cuda_error};
+use cudabudget_cli_common::preload::PRELOAD_BEFORE;
+use cudabudget_cli_common::records;
+use cudabudget_cli_common::tell::Refusal;
 use cudabudget_spec::config;
 
 pub const AFTER_HELP: &str = "Checks, in order: driver (libcuda.so.1 and its version), \
@@ -648,7 +648,7 @@ fn budgets(nvml: Option<&Nvml>) -> Check {
             "no NVML: the GPUs' sizes are unknown",
         );
     };
-    let status = crate::figures::collect(Some(nvml));
+    let status = cudabudget_cli_common::figures::collect(Some(nvml));
     let gpus = status.gpus.unwrap_or_default();
     let over: Vec<String> = gpus
         .iter()

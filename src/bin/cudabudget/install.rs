@@ -12,7 +12,7 @@ use clap::Args;
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 
 use crate::library::{self, EXIT_UNSAFE_LIBRARY, LIBRARY_NAME};
-use crate::tell::{Refusal, say, usage};
+use cudabudget_cli_common::tell::{Refusal, say, usage};
 use cudabudget_spec::config;
 
 pub const AFTER_HELP: &str = "Writes DIR/libcudabudget.so (and DIR/cudabudget, unless \

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 
-use crate::tell::{Refusal, usage};
+use cudabudget_cli_common::tell::{Refusal, usage};
 use cudabudget_spec::{config, record};
 
 pub const LIBRARY_NAME: &str = "libcudabudget.so";

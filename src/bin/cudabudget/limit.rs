@@ -34,8 +34,8 @@ use cudabudget_spec::job_file::{self, Words};
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 use cudabudget_spec::quantity::{Limit, format_bytes, parse_limit};
 
-use crate::records;
-use crate::tell::{Refusal, usage};
+use cudabudget_cli_common::records;
+use cudabudget_cli_common::tell::{Refusal, usage};
 
 pub const AFTER_HELP: &str = "Without SIZE, prints the budget in force; with it, changes \
 it while the job or process runs. A job's budget is its ledger's (the first member's \

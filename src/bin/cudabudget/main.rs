@@ -22,7 +22,7 @@ mod probe;
 mod run;
 mod status;
 
-use cudabudget_cli_common::{figures, gpu, preload, records, tell};
+use cudabudget_cli_common::{preload, tell};
 
 use std::process::ExitCode;
 use std::sync::LazyLock;

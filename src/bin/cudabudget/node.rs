@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::tell::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal};
+use cudabudget_cli_common::tell::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal};
 
 /// The node services' binary.
 pub const NODE: &str = "cudabudget-node";

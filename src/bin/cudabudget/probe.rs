@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::gpu::Cuda;
 use crate::library;
-use crate::tell::Refusal;
+use cudabudget_cli_common::gpu::Cuda;
+use cudabudget_cli_common::tell::Refusal;
 
 #[derive(Args)]
 pub struct PreloadArgs {

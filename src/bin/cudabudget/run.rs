@@ -15,7 +15,7 @@ use std::process::Command;
 use clap::Args;
 
 use crate::library;
-use crate::tell::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, say, usage};
+use cudabudget_cli_common::tell::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, say, usage};
 use cudabudget_spec::{config, quantity};
 
 /// `run`'s own failures, bad options and usage included: the command did not run.

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::figures::{JobJson, StatusJson, collect};
-use crate::gpu::Nvml;
-use crate::tell::{Refusal, usage};
+use cudabudget_cli_common::figures::{JobJson, StatusJson, collect};
+use cudabudget_cli_common::gpu::Nvml;
+use cudabudget_cli_common::tell::{Refusal, usage};
 
 pub const AFTER_HELP: &str = "Shows the processes that run under a budget and publish \
 their figures (every budgeted process does, within 0.2 s), for this user, or for every \
