@@ -6,22 +6,28 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 /// A library opened with `dlopen`, never closed (the drivers do not like being unloaded).
 struct Handle(*mut c_void);
 
+/// `dlopen(name, RTLD_NOW | RTLD_LOCAL)`, never closed; `Err` says why it failed
+/// (dlerror's words, or "not found").
+pub fn dlopen_local(name: &CStr) -> Result<*mut c_void, String> {
+    // SAFETY: dlopen with a NUL-terminated name; dlerror's answer is copied at once.
+    unsafe {
+        let handle = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if handle.is_null() {
+            let error = libc::dlerror();
+            let reason = if error.is_null() {
+                "not found".to_string()
+            } else {
+                CStr::from_ptr(error).to_string_lossy().into_owned()
+            };
+            return Err(reason);
+        }
+        Ok(handle)
+    }
+}
+
 impl Handle {
     fn open(name: &CStr) -> Result<Handle, String> {
-        // SAFETY: dlopen with a NUL-terminated name; dlerror's answer is copied at once.
-        unsafe {
-            let handle = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-            if handle.is_null() {
-                let error = libc::dlerror();
-                let reason = if error.is_null() {
-                    "not found".to_string()
-                } else {
-                    CStr::from_ptr(error).to_string_lossy().into_owned()
-                };
-                return Err(reason);
-            }
-            Ok(Handle(handle))
-        }
+        dlopen_local(name).map(Handle)
     }
 
     /// The address of `name`, or null.

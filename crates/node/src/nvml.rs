@@ -73,23 +73,8 @@ fn symbol(handle: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
 impl Nvml {
     /// Opens and initialises NVML.
     pub fn open() -> Result<Nvml, String> {
-        // SAFETY: dlopen with a NUL-terminated name; dlerror's answer is copied at once.
-        let handle = unsafe {
-            let handle = libc::dlopen(
-                c"libnvidia-ml.so.1".as_ptr(),
-                libc::RTLD_NOW | libc::RTLD_LOCAL,
-            );
-            if handle.is_null() {
-                let error = libc::dlerror();
-                let reason = if error.is_null() {
-                    "not found".to_string()
-                } else {
-                    CStr::from_ptr(error).to_string_lossy().into_owned()
-                };
-                return Err(format!("cannot load libnvidia-ml.so.1 ({reason})"));
-            }
-            handle
-        };
+        let handle = cudabudget_cli_common::gpu::dlopen_local(c"libnvidia-ml.so.1")
+            .map_err(|reason| format!("cannot load libnvidia-ml.so.1 ({reason})"))?;
         // SAFETY: (each transmute) the symbol has the documented C signature of NVML's
         // entry point of that name, which the field's type declares.
         let functions = unsafe {
