@@ -4,7 +4,7 @@
 //! another user can change, and `install --system` budgets a process that dropped
 //! `LD_PRELOAD`. As root (CI); skipped otherwise.
 
-use crate::util::cli::{BIN, fresh_library, output, stderr, stdout};
+use crate::util::cli::{BIN, carried_library, fresh_library, output, stderr, stdout};
 use crate::util::tenants::{Tenants, User, as_user};
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -61,7 +61,7 @@ fn cache_parent(tmp: &Path, _user: &User) -> PathBuf {
 
 /// The version directory name the CLI uses under it.
 fn version_name() -> String {
-    let bytes = std::fs::read(fresh_library()).unwrap();
+    let bytes = std::fs::read(carried_library()).unwrap();
     format!(
         "{}-{:016x}",
         env!("CARGO_PKG_VERSION"),
@@ -101,7 +101,7 @@ fn assert_budgeted_by_her_own_library(t: &Tenants, out: &Output) -> PathBuf {
     assert_eq!(meta.mode() & 0o022, 0, "{preload} may be written by others");
     assert_eq!(
         std::fs::read(&path).unwrap(),
-        std::fs::read(fresh_library()).unwrap(),
+        std::fs::read(carried_library()).unwrap(),
         "{preload} is not the library the CLI carries"
     );
     for dir in path.ancestors().skip(1) {

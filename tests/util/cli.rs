@@ -67,6 +67,16 @@ pub fn fresh_library() -> PathBuf {
     closed_copy(&path)
 }
 
+/// The library the CLI carries and writes where it runs without one beside it: the build
+/// script's own build (`build.rs`, `CB_BUILD_EMBED_LIBRARY`), not byte for byte the one
+/// in `target/`; the build's own where this build carries none (a check or clippy build).
+pub fn carried_library() -> PathBuf {
+    #[cfg(cudabudget_embed)]
+    return PathBuf::from(env!("CB_BUILD_EMBED_LIBRARY"));
+    #[cfg(not(cudabudget_embed))]
+    fresh_library()
+}
+
 /// `path` itself, or where it lies under a directory other users may write, a copy of it
 /// with the same file name in [`super::closed_binary_dir`] (made once per test binary):
 /// `run`, `install` and `doctor` refuse a library in such a place.
