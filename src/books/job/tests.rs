@@ -678,6 +678,7 @@ impl Drop for Child {
 
 #[test]
 fn a_member_whose_command_name_is_not_utf8_is_alive_and_its_share_counts() {
+    let _forks = forks_apart();
     let job = fresh_job("comm-utf8");
     // `a训练脚本模型` cut to 15 bytes by the kernel: the last character is cut in two.
     let name = "a训练脚本模型".as_bytes();
@@ -853,6 +854,7 @@ fn a_stray_share_in_a_free_slot_is_cleaned_after_a_while_and_counts_until_then()
 
 #[test]
 fn a_sigbus_sent_by_kill_still_kills_when_nothing_handled_it_before() {
+    let _forks = forks_apart();
     // SAFETY: the child only makes system calls and _exits.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
@@ -1078,6 +1080,16 @@ fn who_changed_the_budget_reads_back_as_the_command_line_writes_it() {
     assert_eq!(job.budget_changed_by(), (1234, 5678));
 }
 
+/// Held by the tests that fork a child of this process and by those that close an open
+/// and then expect its lock gone: a child forked meanwhile (by another test, on another
+/// thread) would keep a copy of that open, and its lock, for as long as it lives.
+fn forks_apart() -> std::sync::MutexGuard<'static, ()> {
+    static FORKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    FORKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// An open of `dir`'s ledger, as a member of another pod keeps it, holding slot `slot`'s
 /// liveness lock until it is dropped.
 fn another_pod_holding(dir: &Path, slot: usize) -> std::fs::File {
@@ -1092,6 +1104,7 @@ fn another_pod_holding(dir: &Path, slot: usize) -> std::fs::File {
 
 #[test]
 fn a_member_whose_pid_names_nobody_here_lives_while_it_holds_its_slots_lock() {
+    let _forks = forks_apart();
     // A member of another PID namespace: its pid means nothing here, its lock does.
     let dir = scratch("pod");
     let job = member_of(&dir);
@@ -1111,6 +1124,7 @@ fn a_member_whose_pid_names_nobody_here_lives_while_it_holds_its_slots_lock() {
 
 #[test]
 fn a_joining_process_holds_its_slots_lock_and_gives_it_back_when_it_leaves() {
+    let _forks = forks_apart();
     let dir = scratch("own-lock");
     let job = member_of(&dir);
     let reader = std::fs::File::open(dir.join("ledger")).unwrap();
@@ -1122,6 +1136,7 @@ fn a_joining_process_holds_its_slots_lock_and_gives_it_back_when_it_leaves() {
 
 #[test]
 fn a_member_whose_program_reused_its_descriptor_still_asks_the_kernel_through_its_lock() {
+    let _forks = forks_apart();
     // The program closed our main descriptor and reused the number: the other members'
     // locks are asked through our own lock's open, never judged by pid (another pod's
     // pid names nothing here).
