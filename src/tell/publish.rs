@@ -176,12 +176,7 @@ fn non_empty(value: Option<&str>) -> Option<String> {
 impl Identity {
     fn read(config: &Config) -> Identity {
         let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
-        let command = cmdline
-            .split(|&b| b == 0)
-            .filter(|arg| !arg.is_empty())
-            .map(String::from_utf8_lossy)
-            .collect::<Vec<_>>()
-            .join(" ");
+        let command = record::command_line(&cmdline);
         let start_time = std::fs::read("/proc/self/stat")
             .ok()
             .and_then(|stat| record::start_time_from_stat(&stat))

@@ -554,12 +554,7 @@ fn now_ms() -> u64 {
 /// `exec`ed something unbudgeted stops publishing but keeps its pid and start time).
 fn same_program(record: &Record) -> bool {
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", record.pid)).unwrap_or_default();
-    let command = cmdline
-        .split(|&b| b == 0)
-        .filter(|arg| !arg.is_empty())
-        .map(String::from_utf8_lossy)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let command = record::command_line(&cmdline);
     let capacity = record::FIELDS[1].1;
     record::truncate(&command, capacity) == record.command
 }
@@ -601,12 +596,7 @@ mod tests {
     fn own() -> Record {
         let stat = std::fs::read("/proc/self/stat").unwrap();
         let cmdline = std::fs::read("/proc/self/cmdline").unwrap();
-        let command = cmdline
-            .split(|&b| b == 0)
-            .filter(|arg| !arg.is_empty())
-            .map(String::from_utf8_lossy)
-            .collect::<Vec<_>>()
-            .join(" ");
+        let command = record::command_line(&cmdline);
         Record {
             pid: std::process::id(),
             start_time: record::start_time_from_stat(&stat).unwrap(),

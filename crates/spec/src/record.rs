@@ -361,6 +361,17 @@ pub fn parse_file_name(name: &str) -> Option<(u32, u64)> {
     Some((pid, namespace.parse().ok()?))
 }
 
+/// A process's command line as records show it: `/proc/<pid>/cmdline`'s arguments joined
+/// by spaces (empty ones dropped, bytes that are not UTF-8 replaced).
+pub fn command_line(cmdline: &[u8]) -> String {
+    cmdline
+        .split(|&b| b == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The start time (field 22, clock ticks since boot) in the bytes of `/proc/<pid>/stat`.
 /// The command name (field 2) may hold spaces, parentheses and bytes that are not UTF-8
 /// (a name cut to 15 bytes in the middle of a character, `prctl(PR_SET_NAME)`), so the
@@ -576,7 +587,7 @@ mod tests {
                         let sum = checksum(buf);
                         put_u64(buf, 16, sum);
                     }
-                    if next(&mut state) % 8 == 0 {
+                    if next(&mut state).is_multiple_of(8) {
                         bytes.push(0);
                     }
                 }
