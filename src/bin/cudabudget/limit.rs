@@ -255,9 +255,14 @@ impl Ledger {
 /// fault in it is repaired in place: the handler maps private zero pages over the whole
 /// mapping (the faulting store then lands where nobody reads it) and records that the
 /// ledger was cut, which the command reports. A SIGBUS anywhere else keeps its default
-/// action. The command is single-threaded while a guard lives.
+/// action. One guard lives at a time in the process (a second waits for the first to
+/// go), since the handler and its range are the process's.
 mod cut_guard {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Mutex, MutexGuard};
+
+    /// Held for a guard's life: the disposition and the range are one per process.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
     static BASE: AtomicUsize = AtomicUsize::new(0);
     static LEN: AtomicUsize = AtomicUsize::new(0);
@@ -267,10 +272,12 @@ mod cut_guard {
     /// private zero pages and is remembered ([`Guard::cut`]).
     pub struct Guard {
         previous: libc::sigaction,
+        _alone: MutexGuard<'static, ()>,
     }
 
     impl Guard {
         pub fn new(base: *mut u8, len: usize) -> Guard {
+            let alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
             CUT.store(false, Ordering::SeqCst);
             LEN.store(len, Ordering::SeqCst);
             BASE.store(base as usize, Ordering::SeqCst);
@@ -285,7 +292,10 @@ mod cut_guard {
                 libc::sigaction(libc::SIGBUS, &action, &mut previous);
                 previous
             };
-            Guard { previous }
+            Guard {
+                previous,
+                _alone: alone,
+            }
         }
 
         /// Whether the mapping faulted (its file was cut) since the guard was made.
