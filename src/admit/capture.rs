@@ -18,18 +18,17 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::admit::gate;
 use crate::sys::driver::{
     CuResult, STREAM_CAPTURE_MODE_RELAXED, STREAM_CAPTURE_STATUS_NONE, Stream, real,
 };
 
-/// Captures begun and not yet ended, in this process (low 16 bits), and the other
-/// reasons for the full path ([`detour`], from bit 16).
-static ACTIVE: AtomicU32 = AtomicU32::new(0);
-
-/// Whether any capture may be active: one relaxed load.
+/// Whether any capture may be active, or another reason for the full path ([`detour`])
+/// under way: one relaxed load. The count lives in the gate's word of reasons
+/// ([`crate::admit::gate`]), which the fast paths read once they are inside.
 #[inline(always)]
 pub fn any() -> bool {
-    ACTIVE.load(Ordering::Relaxed) != 0
+    gate::capture_or_detour()
 }
 
 /// Calls on a capturing stream between the check that it is capturing and the driver's
@@ -90,12 +89,10 @@ pub fn end(real: impl FnOnce() -> CuResult) -> CuResult {
 /// the stream just as its capture started, would become a node of the graph (nothing
 /// freed) with the block's charge given back.
 pub fn begin(real: impl FnOnce() -> CuResult) -> CuResult {
-    ACTIVE.fetch_add(1, Ordering::AcqRel);
-    let rc = crate::admit::gate::closed(real);
+    gate::capture(true);
+    let rc = gate::closed(real);
     if !rc.is_ok() {
-        let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-            Some(n.saturating_sub(1))
-        });
+        gate::capture(false);
     }
     rc
 }
@@ -104,9 +101,7 @@ pub fn begin(real: impl FnOnce() -> CuResult) -> CuResult {
 /// reports the capture invalidated (which ends it too).
 fn ended(rc: CuResult) -> CuResult {
     if rc.is_ok() || rc == CuResult::STREAM_CAPTURE_INVALIDATED {
-        let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-            Some(n.saturating_sub(1))
-        });
+        gate::capture(false);
     }
     rc
 }
@@ -114,19 +109,12 @@ fn ended(rc: CuResult) -> CuResult {
 /// Something else that must send stream-ordered calls down the full path began
 /// (`true`) or ended: a pool the program created was made a device's current pool.
 pub fn detour(on: bool) {
-    const DETOUR: u32 = 1 << 16;
-    if on {
-        ACTIVE.fetch_add(DETOUR, Ordering::AcqRel);
-    } else {
-        let _ = ACTIVE.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-            Some(n.saturating_sub(DETOUR))
-        });
-    }
+    gate::detour(on);
 }
 
 /// In the child of `fork()`: no capture came along.
 pub fn after_fork() {
-    ACTIVE.store(0, Ordering::Release);
+    gate::captures_after_fork();
     RECORDING.store(0, Ordering::Release);
     ENDING.store(0, Ordering::Release);
 }

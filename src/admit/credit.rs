@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::books::ledger::{self, DeviceLedger, Entry, Kind};
+use crate::books::ledger::{self, DeviceLedger, Packed};
 use crate::runtime;
 
 /// Most of what a thread has freed to the pools, kept for its own next stream-ordered
@@ -18,6 +18,7 @@ use crate::runtime;
 /// It has no destructor, so that reaching it is one thread-local address and nothing
 /// else (a destructor would add a state check to every access); [`thread_exit`], set up
 /// when the thread first claims a lane, gives everything back at the thread's end.
+#[repr(C)]
 pub(super) struct PrivateCredit {
     /// The thread's lane in the address table ([`ledger::claim_lane`]): [`NO_LANE_YET`]
     /// before the first claim, 0 when none was free, [`EXITED`] once [`thread_exit`] ran.
@@ -88,13 +89,13 @@ impl PrivateCredit {
     /// The fast path's credit for a freed block: the thread's own device and epoch, and
     /// room below [`PRIVATE_MAX`]; false leaves everything as it was.
     #[inline(always)]
-    pub(super) fn give_fast(&self, entry: &Entry) -> bool {
-        let held = self.bytes.get().saturating_add(entry.bytes);
-        let ok = entry.kind == Kind::Pooled
-            && entry.device == self.device.get()
+    pub(super) fn give_fast(&self, entry: Packed) -> bool {
+        let held = self.bytes.get().saturating_add(entry.bytes());
+        let device = self.device.get();
+        let ok = entry.is_pooled_on(device)
             && held <= PRIVATE_MAX
             && runtime::ledger()
-                .device(entry.device)
+                .device(device)
                 .is_some_and(|d| d.epoch() == self.epoch.get());
         if ok {
             self.bytes.set(held);
@@ -143,18 +144,79 @@ impl PrivateCredit {
     }
 }
 
+/// What a thread's credit is before its first use (the `.tdata` image below spells the
+/// same words: lane, device, epoch, bytes).
+#[cfg_attr(
+    all(target_arch = "x86_64", target_os = "linux", not(test)),
+    expect(dead_code, reason = "the TLS image's twin, compared in a test")
+)]
+const fn private_init() -> PrivateCredit {
+    PrivateCredit {
+        lane: Cell::new(NO_LANE_YET),
+        device: Cell::new(usize::MAX),
+        epoch: Cell::new(0),
+        bytes: Cell::new(0),
+    }
+}
+
+// The thread's credit in the static TLS block, reached with the initial-exec model: two
+// instructions (the thread pointer plus an offset the loader wrote once), where Rust's
+// `thread_local!` in a shared object calls `__tls_get_addr` on every access. A library
+// with initial-exec TLS must be loaded at start-up (LD_PRELOAD, as ours is) or fit the
+// static TLS surplus glibc keeps for `dlopen` (these 32 bytes do).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+std::arch::global_asm!(
+    ".pushsection .tdata.cudabudget_private,\"awT\",@progbits",
+    ".p2align 5",
+    ".globl cudabudget_private_credit",
+    ".hidden cudabudget_private_credit",
+    ".type cudabudget_private_credit, @object",
+    ".size cudabudget_private_credit, 32",
+    "cudabudget_private_credit:",
+    ".quad -1, -1, 0, 0",
+    ".popsection",
+);
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+const _: () = {
+    // The image above is private_init()'s words, in PrivateCredit's order.
+    assert!(std::mem::size_of::<PrivateCredit>() == 32);
+    assert!(std::mem::offset_of!(PrivateCredit, lane) == 0);
+    assert!(std::mem::offset_of!(PrivateCredit, device) == 8);
+    assert!(std::mem::offset_of!(PrivateCredit, epoch) == 16);
+    assert!(std::mem::offset_of!(PrivateCredit, bytes) == 24);
+    assert!(NO_LANE_YET == usize::MAX);
+};
+
+/// This thread's [`PrivateCredit`].
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+pub(super) fn private() -> Option<&'static PrivateCredit> {
+    let p: *const PrivateCredit;
+    // SAFETY: reads the thread pointer (%fs:0, the TCB's pointer to itself) and the GOT
+    // word the loader filled with our block's offset from it; the sum is this thread's
+    // copy of `cudabudget_private_credit`, 32 bytes of the static TLS block.
+    unsafe {
+        std::arch::asm!(
+            "mov {p}, qword ptr fs:[0]",
+            "add {p}, qword ptr [rip + cudabudget_private_credit@GOTTPOFF]",
+            p = out(reg) p,
+            options(pure, readonly, nostack),
+        );
+    }
+    // SAFETY: the block lives as long as the thread and is initialised from the image
+    // (private_init()'s words); PrivateCredit holds Cells, so the reference is neither Send
+    // nor Sync and every use of it is on this thread.
+    Some(unsafe { &*p })
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 thread_local! {
-    static PRIVATE: PrivateCredit = const {
-        PrivateCredit {
-            lane: Cell::new(NO_LANE_YET),
-            device: Cell::new(usize::MAX),
-            epoch: Cell::new(0),
-            bytes: Cell::new(0),
-        }
-    };
+    static PRIVATE: PrivateCredit = const { private_init() };
 }
 
 /// This thread's [`PrivateCredit`].
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 #[inline(always)]
 pub(super) fn private() -> Option<&'static PrivateCredit> {
     // SAFETY: PRIVATE has no destructor, so its storage lives as long as the thread,
@@ -233,6 +295,7 @@ pub(super) fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::books::ledger::{Entry, Kind};
 
     // The thread's own credit (`PrivateCredit`) is what keeps the stream-ordered fast path
     // off shared cache lines (BENCHMARKS.md: the async pair, 16 threads). Its contract:
@@ -319,22 +382,28 @@ mod tests {
         let (device, d) = (54, runtime::ledger().device(54).unwrap());
         let p = fresh(5);
         p.give(device, d, MIB);
-        assert!(p.give_fast(&pooled(device, 2 * MIB)));
+        assert!(p.give_fast(pooled(device, 2 * MIB).packed()));
         assert_eq!(p.bytes.get(), 3 * MIB);
-        assert!(!p.give_fast(&pooled(device + 1, MIB)), "another device");
+        assert!(
+            !p.give_fast(pooled(device + 1, MIB).packed()),
+            "another device"
+        );
         let direct = Entry {
             kind: Kind::Direct,
             ..pooled(device, MIB)
         };
-        assert!(!p.give_fast(&direct), "not stream-ordered");
-        assert!(!p.give_fast(&pooled(device, PRIVATE_MAX)), "past the bound");
+        assert!(!p.give_fast(direct.packed()), "not stream-ordered");
+        assert!(
+            !p.give_fast(pooled(device, PRIVATE_MAX).packed()),
+            "past the bound"
+        );
         assert_eq!(
             p.bytes.get(),
             3 * MIB,
             "a refused fast free changes nothing"
         );
         d.retire_credit();
-        assert!(!p.give_fast(&pooled(device, MIB)), "an older epoch");
+        assert!(!p.give_fast(pooled(device, MIB).packed()), "an older epoch");
     }
 
     #[test]
@@ -356,6 +425,34 @@ mod tests {
         let p = fresh(EXITED);
         assert_eq!(p.lane(), 0);
         assert_eq!(p.lane.get(), EXITED);
+    }
+
+    #[test]
+    fn a_new_threads_credit_starts_as_its_image_says_and_is_its_own() {
+        let here = private().map(std::ptr::from_ref);
+        let seen = std::thread::spawn(|| {
+            let p = private().expect("every thread has one");
+            let words = (p.lane.get(), p.device.get(), p.epoch.get(), p.bytes.get());
+            p.bytes.set(12345);
+            (words, std::ptr::from_ref(p) as usize, p.bytes.get())
+        })
+        .join()
+        .unwrap();
+        let init = private_init();
+        let init = (
+            init.lane.get(),
+            init.device.get(),
+            init.epoch.get(),
+            init.bytes.get(),
+        );
+        assert_eq!(seen.0, init);
+        assert_eq!(seen.2, 12345, "the thread writes its own copy");
+        assert_ne!(
+            here.map(|p| p as usize),
+            Some(seen.1),
+            "another thread's copy"
+        );
+        assert_ne!(private().map(|p| p.bytes.get()), Some(12345));
     }
 
     #[test]

@@ -324,49 +324,104 @@ pub fn free(cx: Cx, ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult
     free_from(cx, runtime::pointers(), ptr, real)
 }
 
-/// As [`free`], for `cuMemFreeAsync`: the block is most likely a stream-ordered one,
-/// freed by the thread that allocated it, found in that thread's lane and credited to
-/// that thread ([`free_async_fast`]); anything else takes [`free_async_slow`].
-#[inline(always)]
+/// What the stream-ordered fast paths ([`alloc_async_fast`], [`free_async_fast`]) did
+/// with a call. They index nothing and unwrap nothing, so that the hook can run them
+/// before its panic guard; what follows them runs inside it.
+pub enum Fast<F> {
+    /// The driver answered and the books are kept.
+    Done(CuResult),
+    /// The driver answered; the books of its answer are still to be kept
+    /// ([`Settle::settle`]).
+    Settle(Settle),
+    /// Not for the fast path: `real` untouched, for the full path.
+    Declined(F),
+}
+
+/// The books of a driver's answer that the fast path left: a refused allocation (or one
+/// whose bucket was full), a refused free, credit past what a thread keeps.
+pub enum Settle {
+    Alloc {
+        rc: CuResult,
+        dptr: *mut DevicePtr,
+        bytes: u64,
+        lane: usize,
+    },
+    Free {
+        ptr: DevicePtr,
+        entry: Entry,
+        rc: CuResult,
+        mark: u64,
+    },
+}
+
+impl Settle {
+    /// Keeps the books of the driver's answer and returns that answer.
+    #[cold]
+    #[inline(never)]
+    pub fn settle(self) -> CuResult {
+        match self {
+            Settle::Alloc {
+                rc,
+                dptr,
+                bytes,
+                lane,
+            } => alloc_async_rest(rc, dptr, bytes, lane),
+            Settle::Free {
+                ptr,
+                entry,
+                rc,
+                mark,
+            } => free_async_rest(ptr, entry, rc, mark),
+        }
+    }
+}
+
+/// `cuMemFreeAsync` where [`free_async_fast`] declined it: the block is most likely a
+/// stream-ordered one of another thread, or of no lane ([`free_async_slow`]).
 pub fn free_async(
     cx: Cx,
     ptr: DevicePtr,
     stream: Stream,
     real: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    free_async_fast(ptr, real).unwrap_or_else(|real| free_async_slow(cx, ptr, stream, real))
+    free_async_slow(cx, ptr, stream, real)
 }
 
-/// The common free: a few loads and stores and the driver's call. `Err` hands `real`
-/// back untouched.
+/// The common free: a block freed by the thread that allocated it, found in that
+/// thread's lane and credited to that thread — a few loads and stores and the driver's
+/// call. Declines whatever else, `real` untouched.
 #[inline(always)]
-fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Result<CuResult, F> {
+pub fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Fast<F> {
+    // No mode is asked: a thread claims a lane only in a budgeted process (on the full
+    // path, after the hook's entry), and without one this path declines.
     let Some(p) = private() else {
-        return Err(real);
+        return Fast::Declined(real);
     };
     let lane = p.lane.get();
-    // Inside the gate from before the look at the captures until the driver's answer:
-    // a capture of the stream starts before the look or after the free (crate::admit::capture).
-    if !gate::enter_own(lane) {
-        return Err(real);
-    }
-    if capture::any() {
-        gate::leave_own(lane);
-        return Err(real);
+    // Inside the gate from before the look at the captures (the gate's word of reasons,
+    // read as it is entered) until the driver's answer: a capture of the stream starts
+    // before the look or after the free (crate::admit::capture).
+    if !gate::enter_own(lane, gate::FOR_FREE) {
+        return Fast::Declined(real);
     }
     let mark = ledger::clears();
     let Some(entry) = runtime::pointers().remove_own(ptr, lane) else {
         gate::leave_own(lane);
-        return Err(real);
+        return Fast::Declined(real);
     };
     let rc = real();
     gate::leave_own(lane);
     // A clear that starts after this check moves the device's epoch when it ends, which
     // voids credit given under the old one.
-    if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(&entry) {
-        return Ok(rc);
+    if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(entry) {
+        return Fast::Done(rc);
     }
-    Ok(free_async_rest(p, ptr, entry, rc, mark))
+    Fast::Settle(Settle::Free {
+        ptr,
+        entry: entry.entry(),
+        rc,
+        mark,
+    })
 }
 
 /// A stream-ordered free that is not [`free_async_fast`]'s: a block of another thread or
@@ -396,22 +451,21 @@ fn free_async_slow(
         return real();
     };
     let rc = real();
-    free_async_rest(p, ptr, entry, rc, mark)
+    free_async_rest(ptr, entry, rc, mark)
 }
 
 /// The books after the driver's answer to a stream-ordered free whose entry was removed
 /// after `mark` (see [`settle_free`]).
+/// Credit goes to the freeing thread.
 #[inline(never)]
-fn free_async_rest(
-    p: &PrivateCredit,
-    ptr: DevicePtr,
-    entry: Entry,
-    rc: CuResult,
-    mark: u64,
-) -> CuResult {
+fn free_async_rest(ptr: DevicePtr, entry: Entry, rc: CuResult, mark: u64) -> CuResult {
     settle_free(runtime::pointers(), ptr, entry, rc, mark, |entry| {
-        match (entry.kind, runtime::ledger().device(entry.device)) {
-            (Kind::Pooled, Some(d)) => p.give(entry.device, d, entry.bytes),
+        match (
+            entry.kind,
+            runtime::ledger().device(entry.device),
+            private(),
+        ) {
+            (Kind::Pooled, Some(d), Some(p)) => p.give(entry.device, d, entry.bytes),
             _ => release(entry),
         }
     });
@@ -476,23 +530,8 @@ fn release(entry: Entry) {
     }
 }
 
-/// `cuMemAllocAsync`: [`alloc_async_fast`] when it can, else [`alloc_pooled`].
-#[inline(always)]
+/// `cuMemAllocAsync` where [`alloc_async_fast`] declined it: [`alloc_pooled`].
 pub fn alloc_async(
-    cx: Cx,
-    bytes: u64,
-    stream: Stream,
-    dptr: *mut DevicePtr,
-    real: impl FnOnce() -> CuResult,
-) -> CuResult {
-    alloc_async_fast(bytes, dptr, real)
-        .unwrap_or_else(|real| alloc_async_slow(cx, bytes, stream, dptr, real))
-}
-
-/// The stream-ordered allocation the fast path declined, out of line: inlined, the full
-/// path made the hook too large for the driver's call in the fast path to be inlined.
-#[inline(never)]
-fn alloc_async_slow(
     cx: Cx,
     bytes: u64,
     stream: Stream,
@@ -504,31 +543,30 @@ fn alloc_async_slow(
 
 /// A stream-ordered allocation in a process that sees one device, from the thread's own
 /// credit, into the thread's own lane: a few loads and stores and the driver's call.
-/// `Err` hands `real` back untouched.
+/// Declines whatever else, `real` untouched.
 #[inline(always)]
-fn alloc_async_fast<F: FnOnce() -> CuResult>(
+pub fn alloc_async_fast<F: FnOnce() -> CuResult>(
     bytes: u64,
     dptr: *mut DevicePtr,
     real: F,
-) -> Result<CuResult, F> {
+) -> Fast<F> {
     // Credit for a device is only ever given in a budgeted process, for a budgeted
-    // device, so holding some answers both questions.
+    // device, and a lane claimed only there, so holding both answers both questions
+    // (no mode is asked).
     let Some(p) = private() else {
-        return Err(real);
+        return Fast::Declined(real);
     };
     let lane = p.lane.get();
-    // Inside the gate before the detour is looked at: a switch of the device's current
-    // pool waits for this call to reach the driver, or turns the detour on first.
-    if !gate::enter_own(lane) {
-        return Err(real);
+    // Inside the gate before the reasons for the full path are looked at (one word: a
+    // capture, a detour, more than one device): a switch of the device's current pool
+    // waits for this call to reach the driver, or turns the detour on first.
+    if !gate::enter_own(lane, gate::FOR_ALLOC) {
+        return Fast::Declined(real);
     }
     let d0 = runtime::ledger().device(0);
-    if !(runtime::known_single_device()
-        && !capture::any()
-        && d0.is_some_and(|d| prepaid_by_thread(p, 0, d, bytes)))
-    {
+    if !d0.is_some_and(|d| prepaid_by_thread(p, 0, d, bytes)) {
         gate::leave_own(lane);
-        return Err(real);
+        return Fast::Declined(real);
     }
     let rc = real();
     gate::leave_own(lane);
@@ -542,14 +580,17 @@ fn alloc_async_fast<F: FnOnce() -> CuResult>(
         // SAFETY: the driver succeeded, so it wrote the new address through `dptr`.
         && runtime::pointers().insert_own(unsafe { *dptr }, entry, lane)
     {
-        return Ok(rc);
+        return Fast::Done(rc);
     }
-    Ok(alloc_async_rest(rc, dptr, bytes, lane))
+    Fast::Settle(Settle::Alloc {
+        rc,
+        dptr,
+        bytes,
+        lane,
+    })
 }
 
 /// The fast path's allocation when the driver refused it or its bucket was full.
-#[cold]
-#[inline(never)]
 fn alloc_async_rest(rc: CuResult, dptr: *mut DevicePtr, bytes: u64, lane: usize) -> CuResult {
     if let Some(d) = runtime::ledger().device(0) {
         record_pooled(rc, dptr, bytes, 0, d, lane, Paid::Thread);
@@ -583,6 +624,10 @@ pub fn alloc_pooled(
         return real();
     };
     let (device, d) = (dev.ordinal, dev.ledger);
+    if runtime::known_single_device() {
+        // The stream-ordered fast path charges device 0: it may run (said once).
+        gate::one_device();
+    }
     // The device's current pool is looked at, and allocated from, with no switch of it
     // in between, and no capture of the stream starts between the look at it and the
     // driver's answer (crate::admit::gate).

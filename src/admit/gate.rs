@@ -19,7 +19,7 @@
 //! seccomp profile refuses `membarrier`, entering is a locked add (sequentially
 //! consistent on both sides).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, compiler_fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, compiler_fence};
 
 use crate::books::ledger::LANES;
 
@@ -30,22 +30,111 @@ struct Inside(AtomicU32);
 
 static INSIDE: [Inside; LANES] = [const { Inside(AtomicU32::new(0)) }; LANES];
 
-/// What every allocation reads, on a cache line that nothing written often shares.
+/// What every stream-ordered call reads once it is inside: each reason for the full
+/// path, counted in one word, on a cache line that nothing written often shares. The
+/// fast paths enter and then read this one word; zero (or zero but for
+/// [`DEVICES_UNKNOWN`], for a free) lets them through.
 #[repr(align(128))]
-struct Shared {
-    /// Switches under way.
-    closed: AtomicU32,
-    /// Whether `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` is registered for the
-    /// process: the fence is then the switch's, not the allocation's.
-    asymmetric: AtomicBool,
+struct Reasons(AtomicU64);
+
+static REASONS: Reasons = Reasons(AtomicU64::new(NOT_ASYMMETRIC | DEVICES_UNKNOWN));
+
+/// Switches under way (the gate is closed while any is).
+const CLOSED: Field = Field {
+    one: 1,
+    mask: 0xFFFF,
+};
+/// Stream captures begun and not yet ended ([`crate::admit::capture`]).
+const CAPTURES: Field = Field {
+    one: 1 << 16,
+    mask: 0xFFFF << 16,
+};
+/// Other reasons for the full path: a pool the program created made a device's current one.
+const DETOURS: Field = Field {
+    one: 1 << 32,
+    mask: 0xFFFF << 32,
+};
+/// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` is not registered for the process (yet,
+/// or refused): entering fences on the allocation's side.
+const NOT_ASYMMETRIC: u64 = 1 << 62;
+/// Not known to see one device: the allocation's fast path (which charges device 0)
+/// stays off.
+const DEVICES_UNKNOWN: u64 = 1 << 63;
+
+/// A count in [`REASONS`].
+#[derive(Clone, Copy)]
+struct Field {
+    one: u64,
+    mask: u64,
 }
 
-static SHARED: Shared = Shared {
-    closed: AtomicU32::new(0),
-    asymmetric: AtomicBool::new(false),
-};
-static CLOSED: &AtomicU32 = &SHARED.closed;
-static ASYMMETRIC: &AtomicBool = &SHARED.asymmetric;
+impl Field {
+    fn raise(self) {
+        REASONS.0.fetch_add(self.one, Ordering::SeqCst);
+    }
+
+    /// One fewer, never below zero (nor into the field beside it).
+    fn lower(self) {
+        let _ = REASONS
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |n| {
+                (n & self.mask != 0).then(|| n - self.one)
+            });
+    }
+
+    fn any(self, reasons: u64) -> bool {
+        reasons & self.mask != 0
+    }
+}
+
+/// What the fast paths ask of [`REASONS`]: an allocation everything, a free all but the
+/// devices (it charges the device its block was charged to).
+pub const FOR_ALLOC: u64 = u64::MAX;
+pub const FOR_FREE: u64 = !DEVICES_UNKNOWN;
+
+/// A capture began (`true`) or ended.
+pub fn capture(on: bool) {
+    if on {
+        CAPTURES.raise()
+    } else {
+        CAPTURES.lower()
+    }
+}
+
+/// A detour began (`true`) or ended.
+pub fn detour(on: bool) {
+    if on { DETOURS.raise() } else { DETOURS.lower() }
+}
+
+/// Whether any capture or detour may be under way: one relaxed load.
+#[inline(always)]
+pub fn capture_or_detour() -> bool {
+    let reasons = REASONS.0.load(Ordering::Relaxed);
+    CAPTURES.any(reasons) || DETOURS.any(reasons)
+}
+
+/// The process is known to see one device: the allocation's fast path may charge device
+/// 0. Writes the shared word only the first time.
+pub fn one_device() {
+    if REASONS.0.load(Ordering::Relaxed) & DEVICES_UNKNOWN != 0 {
+        REASONS.0.fetch_and(!DEVICES_UNKNOWN, Ordering::SeqCst);
+    }
+}
+
+/// In the child of `fork()`: no capture came along.
+pub fn captures_after_fork() {
+    REASONS
+        .0
+        .fetch_and(!(CAPTURES.mask | DETOURS.mask), Ordering::SeqCst);
+}
+
+fn asymmetric() -> bool {
+    REASONS.0.load(Ordering::Acquire) & NOT_ASYMMETRIC == 0
+}
+
+fn closed_now(ordering: Ordering) -> bool {
+    CLOSED.any(REASONS.0.load(ordering))
+}
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
@@ -65,7 +154,7 @@ pub fn prepare() {
         )
     };
     if rc == 0 {
-        ASYMMETRIC.store(true, Ordering::SeqCst);
+        REASONS.0.fetch_and(!NOT_ASYMMETRIC, Ordering::SeqCst);
     }
     crate::sys::log::line(
         crate::config::LogLevel::Debug,
@@ -118,30 +207,40 @@ fn slot(lane: usize) -> usize {
     if lane < LANES { lane } else { 0 }
 }
 
-/// The fast path's way in: [`enter`] for the thread's own lane, with no guard; the
-/// caller [`leave_own`]s once the driver has answered, whatever it did. False, and
-/// nothing entered, when the gate is closed or `lane` is not a lane of its own
-/// (1..[`LANES`]: lane 0 is shared, and a thread without one has none).
+/// The fast path's way in: [`enter`] for the thread's own lane, with no guard, and with
+/// no reason for the full path among `asked` ([`FOR_ALLOC`], [`FOR_FREE`]); the caller
+/// [`leave_own`]s once the driver has answered, whatever it did. False, and nothing
+/// entered, when the gate is closed, another reason asked about is raised, or `lane` is
+/// not a lane of its own (1..[`LANES`]: lane 0 is shared, and a thread without one has
+/// none).
 #[inline(always)]
-pub fn enter_own(lane: usize) -> bool {
+pub fn enter_own(lane: usize, asked: u64) -> bool {
     if !(1..LANES).contains(&lane) {
         return false;
     }
     let inside = &INSIDE[lane].0;
-    // Acquire: the loads below come after the registration that made it true.
-    if ASYMMETRIC.load(Ordering::Acquire) {
-        // Only this thread writes its own lane: a plain store, and the switch's
-        // membarrier orders it before the load below.
-        inside.store(inside.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        compiler_fence(Ordering::SeqCst);
-        if CLOSED.load(Ordering::Relaxed) == 0 {
-            return true;
-        }
-    } else {
-        inside.fetch_add(1, Ordering::SeqCst);
-        if CLOSED.load(Ordering::SeqCst) == 0 {
-            return true;
-        }
+    // Only this thread writes its own lane: a plain store. With membarrier registered,
+    // a switch's barrier orders it before the load below; without, the cold path
+    // fences.
+    inside.store(inside.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    compiler_fence(Ordering::SeqCst);
+    if REASONS.0.load(Ordering::Relaxed) & asked == 0 {
+        return true;
+    }
+    enter_own_otherwise(lane, asked)
+}
+
+/// [`enter_own`] when a reason was raised: in only when the one reason is the missing
+/// membarrier, after the fences it then needs.
+#[cold]
+#[inline(never)]
+fn enter_own_otherwise(lane: usize, asked: u64) -> bool {
+    let inside = &INSIDE[lane % LANES].0;
+    // The increment made sequentially consistent (as entering is without membarrier),
+    // then the reasons read again.
+    inside.fetch_add(0, Ordering::SeqCst);
+    if REASONS.0.load(Ordering::SeqCst) & asked == NOT_ASYMMETRIC & asked {
+        return true;
     }
     leave_own(lane);
     false
@@ -161,17 +260,17 @@ pub fn enter(lane: usize) -> Option<Pass> {
     let lane = slot(lane);
     let inside = &INSIDE[lane].0;
     // Acquire: the loads below come after the registration that made it true.
-    if lane != 0 && ASYMMETRIC.load(Ordering::Acquire) {
+    if lane != 0 && asymmetric() {
         // Only this thread writes its own lane: a plain store, and the switch's
         // membarrier orders it before the load below.
         inside.store(inside.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
-        if CLOSED.load(Ordering::Relaxed) == 0 {
+        if !closed_now(Ordering::Relaxed) {
             return Some(Pass(lane));
         }
     } else {
         inside.fetch_add(1, Ordering::SeqCst);
-        if CLOSED.load(Ordering::SeqCst) == 0 {
+        if !closed_now(Ordering::SeqCst) {
             return Some(Pass(lane));
         }
     }
@@ -185,7 +284,7 @@ pub fn wait_enter(lane: usize) -> Pass {
         if let Some(pass) = enter(lane) {
             return pass;
         }
-        while CLOSED.load(Ordering::SeqCst) != 0 {
+        while closed_now(Ordering::SeqCst) {
             std::thread::yield_now();
         }
     }
@@ -198,14 +297,14 @@ pub fn closed<R>(switch: impl FnOnce() -> R) -> R {
     struct Open;
     impl Drop for Open {
         fn drop(&mut self) {
-            CLOSED.fetch_sub(1, Ordering::SeqCst);
+            CLOSED.lower();
         }
     }
-    CLOSED.fetch_add(1, Ordering::SeqCst);
+    CLOSED.raise();
     let _open = Open;
     // Whether or not this thread has seen the registration yet: an allocation that
     // entered the cheap way saw it complete, so the barrier is not refused then.
-    if !barrier_everywhere() && ASYMMETRIC.load(Ordering::SeqCst) {
+    if !barrier_everywhere() && asymmetric() {
         // Registered, yet refused: not a case Linux has; wait out a scheduling quantum,
         // after which any store an allocation made is visible.
         std::thread::sleep(std::time::Duration::from_millis(10));
@@ -222,7 +321,7 @@ pub fn after_fork() {
     for i in &INSIDE {
         i.0.store(0, Ordering::Release);
     }
-    CLOSED.store(0, Ordering::Release);
+    REASONS.0.fetch_and(!CLOSED.mask, Ordering::SeqCst);
 }
 
 #[cfg(test)]
@@ -231,6 +330,16 @@ mod tests {
     use std::sync::atomic::AtomicBool;
     use std::sync::{Arc, Barrier};
     use std::time::Duration;
+
+    /// Sets whether membarrier counts as registered; gives what it was.
+    fn set_asymmetric(on: bool) -> bool {
+        let was = if on {
+            REASONS.0.fetch_and(!NOT_ASYMMETRIC, Ordering::SeqCst)
+        } else {
+            REASONS.0.fetch_or(NOT_ASYMMETRIC, Ordering::SeqCst)
+        };
+        was & NOT_ASYMMETRIC == 0
+    }
 
     /// The gate is process-wide: its tests take turns.
     fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -259,7 +368,7 @@ mod tests {
             })
         };
         barrier.wait();
-        while CLOSED.load(Ordering::SeqCst) == 0 {
+        while !closed_now(Ordering::SeqCst) {
             std::thread::yield_now();
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -280,27 +389,27 @@ mod tests {
     #[test]
     fn enter_own_gets_in_while_open_and_is_turned_away_while_closed() {
         let _turn = serial();
-        let was = ASYMMETRIC.load(Ordering::SeqCst);
+        let was = asymmetric();
         for asymmetric in [false, true] {
-            ASYMMETRIC.store(asymmetric, Ordering::SeqCst);
-            assert!(enter_own(4), "open: in (asymmetric {asymmetric})");
+            set_asymmetric(asymmetric);
+            assert!(enter_own(4, FOR_FREE), "open: in (asymmetric {asymmetric})");
             assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 1);
             leave_own(4);
             assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
-            CLOSED.fetch_add(1, Ordering::SeqCst);
-            let got_in = enter_own(4);
+            CLOSED.raise();
+            let got_in = enter_own(4, FOR_FREE);
             let counted = INSIDE[4].0.load(Ordering::SeqCst);
-            CLOSED.fetch_sub(1, Ordering::SeqCst);
+            CLOSED.lower();
             assert!(!got_in, "closed: turned away (asymmetric {asymmetric})");
             assert_eq!(counted, 0, "and not counted");
-            assert!(!enter_own(0), "lane 0 is shared: not a way in");
+            assert!(!enter_own(0, FOR_FREE), "lane 0 is shared: not a way in");
             assert!(
-                !enter_own(usize::MAX),
+                !enter_own(usize::MAX, FOR_FREE),
                 "a thread without a lane has no way in"
             );
-            assert!(!enter_own(LANES), "nor a lane past the table");
+            assert!(!enter_own(LANES, FOR_FREE), "nor a lane past the table");
         }
-        ASYMMETRIC.store(was, Ordering::SeqCst);
+        set_asymmetric(was);
     }
 
     #[test]
@@ -393,19 +502,16 @@ mod tests {
         // Whichever test ran first, this one runs the mode without membarrier (fences on
         // both sides, as a process where it is missing does) and puts the mode back.
         let _turn = serial();
-        let was = ASYMMETRIC.swap(false, Ordering::SeqCst);
+        let was = set_asymmetric(false);
         no_switch_lands_inside();
-        ASYMMETRIC.store(was, Ordering::SeqCst);
+        set_asymmetric(was);
     }
 
     #[test]
     fn no_switch_lands_inside_with_membarrier() {
         let _turn = serial();
         prepare();
-        assert!(
-            ASYMMETRIC.load(Ordering::SeqCst),
-            "membarrier registered (Linux ≥ 4.14)"
-        );
+        assert!(asymmetric(), "membarrier registered (Linux ≥ 4.14)");
         no_switch_lands_inside();
     }
 
@@ -416,7 +522,7 @@ mod tests {
     fn a_switch_with_membarrier_takes_no_nap() {
         let _turn = serial();
         prepare();
-        assert!(ASYMMETRIC.load(Ordering::SeqCst), "membarrier registered");
+        assert!(asymmetric(), "membarrier registered");
         let t = std::time::Instant::now();
         for i in 0..200 {
             assert_eq!(closed(|| i), i);
@@ -433,7 +539,7 @@ mod tests {
     fn threads_sharing_lane_zero_leave_the_gate_empty() {
         let _turn = serial();
         prepare();
-        assert!(ASYMMETRIC.load(Ordering::SeqCst), "membarrier registered");
+        assert!(asymmetric(), "membarrier registered");
         let start = Arc::new(Barrier::new(4));
         let threads: Vec<_> = (0..4)
             .map(|_| {
@@ -483,10 +589,10 @@ mod tests {
     fn a_forked_child_starts_with_the_gate_open_and_nobody_inside() {
         let _turn = serial();
         let pass = enter(4).unwrap();
-        CLOSED.fetch_add(1, Ordering::SeqCst);
+        CLOSED.raise();
         after_fork();
         assert!(INSIDE.iter().all(|i| i.0.load(Ordering::SeqCst) == 0));
-        assert_eq!(CLOSED.load(Ordering::SeqCst), 0);
+        assert!(!closed_now(Ordering::SeqCst));
         std::mem::forget(pass);
         assert_eq!(closed(|| 7), 7, "a switch in the child does not wait");
     }

@@ -31,7 +31,7 @@ mod pointers;
 
 pub use addresses::{AddrTable, Table};
 pub use credit::{BankGuard, POOL_SHARDS, PoolCredit, clamp_i64};
-pub use entries::{Entry, Kind};
+pub use entries::{Entry, Kind, Packed};
 pub use lanes::{LANES, claim_lane, lane_free, lanes_after_fork, release_lane};
 pub use pointers::PointerMap;
 
@@ -360,8 +360,7 @@ impl DeviceLedger {
     /// epoch may have been wiped, so its commit charges it again (at worst twice: never
     /// less than held).
     pub fn clear(&self) {
-        CLEARING.fetch_add(1, Ordering::SeqCst);
-        CLEARS.fetch_add(1, Ordering::SeqCst);
+        CLEARS.fetch_add(CLEAR_STARTED | CLEAR_UNDER_WAY, Ordering::SeqCst);
         self.used.store(0, Ordering::Release);
         self.overhead.store(0, Ordering::Release);
         self.pool.clear();
@@ -369,7 +368,7 @@ impl DeviceLedger {
             job.set_own(index, 0);
         }
         self.epoch.fetch_add(1 << 32, Ordering::AcqRel);
-        CLEARING.fetch_sub(1, Ordering::SeqCst);
+        CLEARS.fetch_sub(CLEAR_UNDER_WAY, Ordering::SeqCst);
     }
 
     /// As [`Self::clear`], in the child of `fork()`: takes no lock and never waits, even
@@ -386,28 +385,27 @@ impl DeviceLedger {
     }
 }
 
-/// How many times any device's books were cleared, and how many clears are under way.
-/// A free that removed an entry before a clear must not release it into the books the
-/// clear left (they never held it): [`clears`] before, [`no_clear_since`] after.
+/// How many times any device's books began to be cleared (high half, a count that may
+/// wrap) and how many clears are under way (low half), in one word so that a fast path
+/// reads both at once. A free that removed an entry before a clear must not release it
+/// into the books the clear left (they never held it): [`clears`] before,
+/// [`no_clear_since`] after.
 static CLEARS: AtomicU64 = AtomicU64::new(0);
-static CLEARING: AtomicU64 = AtomicU64::new(0);
+const CLEAR_STARTED: u64 = 1 << 32;
+const CLEAR_UNDER_WAY: u64 = 1;
 
 /// A mark to pass to [`no_clear_since`].
 #[inline(always)]
 pub fn clears() -> u64 {
-    let done = CLEARS.load(Ordering::SeqCst);
-    // A clear under way is as good as one that happened after the mark.
-    if CLEARING.load(Ordering::SeqCst) != 0 {
-        u64::MAX
-    } else {
-        done
-    }
+    CLEARS.load(Ordering::SeqCst)
 }
 
-/// Whether no device's books were cleared since `mark` (from [`clears`]).
+/// Whether no device's books were cleared since `mark` (from [`clears`]): none was
+/// under way at the mark, and none began since.
 #[inline(always)]
 pub fn no_clear_since(mark: u64) -> bool {
-    mark != u64::MAX && CLEARS.load(Ordering::SeqCst) == mark
+    // A clear under way at the mark is as good as one that began after it.
+    mark as u32 == 0 && CLEARS.load(Ordering::SeqCst) == mark
 }
 
 /// Bytes taken from a device's budget, given back on drop unless committed.

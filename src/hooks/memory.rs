@@ -3,7 +3,7 @@
 //! [`crate::admit::flow`]: resolve → admit → real call → commit or roll back.
 
 use super::guard;
-use crate::admit::flow;
+use crate::admit::flow::{self, Fast};
 use crate::sys::driver::{CuResult, DevicePtr, MemPool, Stream, real};
 
 /// # Safety
@@ -73,19 +73,14 @@ with_ptsz! {
         bytes: usize,
         stream: Stream,
     ) {
-        guard("cuMemAllocAsync", || {
-            // SAFETY: the caller's arguments (here and in the driver's call below).
-            let cx = enter!(|| unsafe { driver(dptr, bytes, stream) });
-            flow::alloc_async(
-                cx,
-                bytes as u64,
-                stream,
-                dptr,
-                #[inline(always)]
-                // SAFETY: the caller's arguments.
-                || unsafe { driver(dptr, bytes, stream) },
-            )
-        })
+        // SAFETY: the caller's arguments.
+        let real = move || unsafe { driver(dptr, bytes, stream) };
+        // The fast path neither indexes nor unwraps: it runs before the guard.
+        match flow::alloc_async_fast(bytes as u64, dptr, real) {
+            Fast::Done(rc) => rc,
+            Fast::Settle(books) => settle("cuMemAllocAsync", books),
+            Fast::Declined(real) => alloc_async_full(dptr, bytes as u64, stream, real),
+        }
     }
 }
 
@@ -117,17 +112,43 @@ with_ptsz! {
 
 with_ptsz! {
     cuMemFreeAsync, cuMemFreeAsync_ptsz, driver, fn(dptr: DevicePtr, stream: Stream) {
-        guard("cuMemFreeAsync", || {
-            // SAFETY: the caller's arguments (here and in the driver's call below).
-            let cx = enter!(|| unsafe { driver(dptr, stream) });
-            flow::free_async(
-                cx,
-                dptr,
-                stream,
-                #[inline(always)]
-                // SAFETY: the caller's arguments.
-                || unsafe { driver(dptr, stream) },
-            )
-        })
+        // SAFETY: the caller's arguments.
+        let real = move || unsafe { driver(dptr, stream) };
+        // The fast path neither indexes nor unwraps: it runs before the guard.
+        match flow::free_async_fast(dptr, real) {
+            Fast::Done(rc) => rc,
+            Fast::Settle(books) => settle("cuMemFreeAsync", books),
+            Fast::Declined(real) => free_async_full(dptr, stream, real),
+        }
     }
+}
+
+/// The books the stream-ordered fast path left, under the guard.
+#[cold]
+#[inline(never)]
+fn settle(call: &'static str, books: flow::Settle) -> CuResult {
+    guard(call, || books.settle())
+}
+
+/// `cuMemAllocAsync` past the fast path, out of its way.
+#[inline(never)]
+fn alloc_async_full(
+    dptr: *mut DevicePtr,
+    bytes: u64,
+    stream: Stream,
+    real: impl FnOnce() -> CuResult,
+) -> CuResult {
+    guard("cuMemAllocAsync", || {
+        let cx = enter!(real);
+        flow::alloc_async(cx, bytes, stream, dptr, real)
+    })
+}
+
+/// `cuMemFreeAsync` past the fast path, out of its way.
+#[inline(never)]
+fn free_async_full(dptr: DevicePtr, stream: Stream, real: impl FnOnce() -> CuResult) -> CuResult {
+    guard("cuMemFreeAsync", || {
+        let cx = enter!(real);
+        flow::free_async(cx, dptr, stream, real)
+    })
 }

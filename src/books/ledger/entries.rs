@@ -24,6 +24,12 @@ pub(super) const SIZE_BITS: u32 = 56;
 pub(super) const SIZE_MASK: u64 = (1 << SIZE_BITS) - 1;
 
 impl Entry {
+    /// The entry as a table's slot holds it.
+    #[cfg(test)]
+    pub fn packed(self) -> Packed {
+        Packed(self.pack())
+    }
+
     pub(super) fn pack(self) -> u64 {
         let kind = self.kind as u64;
         (self.bytes.min(SIZE_MASK)) | ((self.device as u64 & 0x3f) << SIZE_BITS) | (kind << 62)
@@ -39,6 +45,27 @@ impl Entry {
                 Kind::Direct
             },
         }
+    }
+}
+
+/// An entry as the tables hold it, one word: what the stream-ordered fast path reads
+/// without unpacking it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packed(pub(super) u64);
+
+impl Packed {
+    pub fn entry(self) -> Entry {
+        Entry::unpack(self.0)
+    }
+
+    pub fn bytes(self) -> u64 {
+        self.0 & SIZE_MASK
+    }
+
+    /// Whether it is a stream-ordered block of `device`: one comparison of its top byte.
+    #[inline(always)]
+    pub fn is_pooled_on(self, device: usize) -> bool {
+        device < 64 && self.0 >> SIZE_BITS == (Kind::Pooled as u64) << 6 | device as u64
     }
 }
 

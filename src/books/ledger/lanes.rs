@@ -144,12 +144,18 @@ impl<const B: usize> LaneTable<B> {
     /// no lane).
     #[inline]
     pub(super) fn take(&self, lane: usize, key: u64) -> Option<Entry> {
+        self.take_packed(lane, key).map(Packed::entry)
+    }
+
+    /// As [`Self::take`], the entry as the slot held it.
+    #[inline(always)]
+    pub(super) fn take_packed(&self, lane: usize, key: u64) -> Option<Packed> {
         let bucket = self.regions.get(lane)?.get(Self::bucket_index(key))?;
         for slot in &bucket.0 {
             if slot.key.load(Ordering::Acquire) == key {
                 let value = slot.value.load(Ordering::Relaxed);
                 slot.key.store(EMPTY, Ordering::Release);
-                return Some(Entry::unpack(value));
+                return Some(Packed(value));
             }
         }
         None

@@ -40,11 +40,11 @@ impl PointerMap {
     /// Removes `key` if it lies in `lane` (the caller's own); `None` otherwise, when it
     /// may still be elsewhere ([`PointerMap::remove_pooled`]).
     #[inline(always)]
-    pub fn remove_own(&self, key: u64, lane: usize) -> Option<Entry> {
+    pub fn remove_own(&self, key: u64, lane: usize) -> Option<Packed> {
         if key == EMPTY || key == BUSY {
             return None;
         }
-        self.lanes.take(lane, key)
+        self.lanes.take_packed(lane, key)
     }
 
     pub fn purge_device(&self, device: usize) {

@@ -572,10 +572,11 @@ fn a_free_that_straddles_a_clear_is_told_so() {
     let mark = clears();
     d.clear();
     assert!(!no_clear_since(mark));
-    assert!(
-        !no_clear_since(u64::MAX),
-        "a mark taken during a clear never passes"
-    );
+    // A mark taken while a clear is under way never passes, even once it has ended.
+    CLEARS.fetch_add(CLEAR_STARTED | CLEAR_UNDER_WAY, Ordering::SeqCst);
+    let during = clears();
+    CLEARS.fetch_sub(CLEAR_UNDER_WAY, Ordering::SeqCst);
+    assert!(!no_clear_since(during), "a mark taken during a clear");
 }
 
 #[test]
@@ -835,7 +836,7 @@ fn a_block_recorded_in_its_threads_lane_is_found_there() {
     let key = 0x7f00_0000_0000;
     assert!(M.insert_own(key, pooled(5), lane));
     assert_eq!(M.remove_own(key, other), None, "not in another lane");
-    assert_eq!(M.remove_own(key, lane), Some(pooled(5)));
+    assert_eq!(M.remove_own(key, lane), Some(pooled(5).packed()));
     assert_eq!(M.remove_own(key, lane), None);
     assert!(!M.insert_own(key, pooled(5), 0), "lane 0 is no lane");
     // A block left in the lane by its thread is found by another's.
@@ -879,4 +880,27 @@ fn retiring_credit_never_carries_into_the_books_epoch() {
     assert_eq!(d.books_epoch(), 7);
     assert!(d.same_books(before));
     assert_ne!(d.epoch(), before, "the credit given before is retired");
+}
+
+#[test]
+fn a_packed_entry_is_pooled_on_its_own_device_only() {
+    for device in [0usize, 1, 5, 63] {
+        let packed = pooled(7).packed();
+        let entry = Entry {
+            device,
+            ..packed.entry()
+        };
+        let packed = entry.packed();
+        assert!(packed.is_pooled_on(device), "device {device}");
+        assert_eq!(packed.bytes(), 7);
+        assert_eq!(packed.entry(), entry);
+        for other in [device ^ 1, device + 64, usize::MAX] {
+            assert!(!packed.is_pooled_on(other), "{device} on {other}");
+        }
+        let direct = Entry {
+            kind: Kind::Direct,
+            ..entry
+        };
+        assert!(!direct.packed().is_pooled_on(device), "direct on {device}");
+    }
 }
