@@ -12,7 +12,7 @@ use crate::sys::driver::{CuResult, DevicePtr, MemPool, Stream, real};
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize) -> CuResult {
     guard("cuMemAlloc", || {
         // SAFETY: the caller's arguments.
-        let alloc = || unsafe { real::cuMemAlloc_v2(dptr, bytes) };
+        let alloc = move || unsafe { real::cuMemAlloc_v2(dptr, bytes) };
         let cx = enter!(alloc);
         flow::alloc_direct(cx, "cuMemAlloc", bytes as u64, None, dptr, alloc)
     })
@@ -30,7 +30,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 ) -> CuResult {
     guard("cuMemAllocPitch", || {
         // SAFETY: the caller's arguments.
-        let alloc = || unsafe { real::cuMemAllocPitch_v2(dptr, pitch, width, height, elem) };
+        let alloc = move || unsafe { real::cuMemAllocPitch_v2(dptr, pitch, width, height, elem) };
         let cx = enter!(alloc);
         flow::alloc_pitch(cx, width, height, dptr, pitch, alloc)
     })
@@ -48,7 +48,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> CuResult {
     guard("cuMemAllocManaged", || {
         // SAFETY: the caller's arguments.
-        let alloc = || unsafe { real::cuMemAllocManaged(dptr, bytes, flags) };
+        let alloc = move || unsafe { real::cuMemAllocManaged(dptr, bytes, flags) };
         let cx = enter!(alloc);
         flow::alloc_direct(cx, "cuMemAllocManaged", bytes as u64, None, dptr, alloc)
     })
@@ -60,7 +60,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
     guard("cuMemFree", || {
         // SAFETY: the caller's argument.
-        let free = || unsafe { real::cuMemFree_v2(dptr) };
+        let free = move || unsafe { real::cuMemFree_v2(dptr) };
         let cx = enter!(free);
         flow::free(cx, dptr, free)
     })
@@ -94,7 +94,7 @@ with_ptsz! {
     ) {
         guard("cuMemAllocFromPoolAsync", || {
             // SAFETY: the caller's arguments.
-            let alloc = || unsafe { driver(dptr, bytes, pool, stream) };
+            let alloc = move || unsafe { driver(dptr, bytes, pool, stream) };
             let cx = enter!(alloc);
             let bytes = bytes as u64;
             flow::alloc_pooled(
