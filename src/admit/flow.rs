@@ -520,6 +520,7 @@ fn settle_free(
     }
 }
 
+#[inline]
 fn release(entry: Entry) {
     let Some(d) = runtime::ledger().device(entry.device) else {
         return;

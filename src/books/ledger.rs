@@ -427,6 +427,7 @@ impl Reservation<'_> {
     /// The allocation happened: the bytes stay charged. When the device's books were
     /// cleared meanwhile (its last context went away while the driver allocated), they
     /// were wiped with them and are charged again.
+    #[inline]
     pub fn commit(mut self) {
         self.committed = true;
         if !self.device.same_books(self.epoch) {

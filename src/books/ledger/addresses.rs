@@ -42,6 +42,7 @@ impl<const N: usize> AddrTable<N> {
 
     /// Records `key`. The caller guarantees `key` is not in the table (the driver never
     /// hands out a live address twice; frees remove before calling the driver).
+    #[inline]
     pub fn insert(&self, key: u64, entry: Entry) {
         if key == EMPTY || key == BUSY {
             return;
@@ -75,6 +76,7 @@ impl<const N: usize> AddrTable<N> {
     /// with a plain store. Only a program that frees one address on two threads at once
     /// (a double free, which the driver refuses) could see the entry twice; the books
     /// then over-count, never under-count.
+    #[inline]
     pub fn remove(&self, key: u64) -> Option<Entry> {
         if key == EMPTY || key == BUSY {
             return None;

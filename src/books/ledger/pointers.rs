@@ -74,10 +74,12 @@ impl PointerMap {
 }
 
 impl Table for PointerMap {
+    #[inline]
     fn insert(&self, key: u64, entry: Entry) {
         self.shared.insert(key, entry);
     }
 
+    #[inline]
     fn remove(&self, key: u64) -> Option<Entry> {
         self.shared
             .remove(key)
