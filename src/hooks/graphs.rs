@@ -8,7 +8,7 @@ use crate::admit::{capture, flow, graphs};
 use crate::sys::driver::{CuResult, Device, Graph, GraphExec, GraphNode, Stream, real};
 
 with_ptsz! {
-    cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, driver, fn(stream: Stream, mode: c_int) {
+    cuStreamBeginCapture_v2, driver, fn(stream: Stream, mode: c_int) {
         guard("cuStreamBeginCapture", || {
             // SAFETY: the caller's arguments.
             let real = || unsafe { driver(stream, mode) };
@@ -19,7 +19,7 @@ with_ptsz! {
 }
 
 with_ptsz! {
-    cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz, driver,
+    cuStreamBeginCaptureToGraph, driver,
     fn(
         stream: Stream,
         graph: Graph,
@@ -39,7 +39,7 @@ with_ptsz! {
 }
 
 with_ptsz! {
-    cuStreamEndCapture, cuStreamEndCapture_ptsz, driver, fn(stream: Stream, graph: *mut Graph) {
+    cuStreamEndCapture, driver, fn(stream: Stream, graph: *mut Graph) {
         guard("cuStreamEndCapture", || {
             // SAFETY: the caller's arguments.
             let real = || unsafe { driver(stream, graph) };
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
 }
 
 with_ptsz! {
-    cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, driver,
+    cuGraphInstantiateWithParams, driver,
     fn(
         exec: *mut GraphExec,
         graph: Graph,
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: GraphExec) -> CuResult {
 }
 
 with_ptsz! {
-    cuGraphUpload, cuGraphUpload_ptsz, driver, fn(exec: GraphExec, stream: Stream) {
+    cuGraphUpload, driver, fn(exec: GraphExec, stream: Stream) {
         guard("cuGraphUpload", || {
             // SAFETY: the caller's arguments.
             let launch = || unsafe { driver(exec, stream) };
@@ -137,7 +137,7 @@ with_ptsz! {
 }
 
 with_ptsz! {
-    cuGraphLaunch, cuGraphLaunch_ptsz, driver, fn(exec: GraphExec, stream: Stream) {
+    cuGraphLaunch, driver, fn(exec: GraphExec, stream: Stream) {
         guard("cuGraphLaunch", || {
             // SAFETY: the caller's arguments.
             let launch = || unsafe { driver(exec, stream) };

@@ -67,7 +67,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
 }
 
 with_ptsz! {
-    cuMemAllocAsync, cuMemAllocAsync_ptsz, driver,
+    cuMemAllocAsync, driver,
     fn(
         dptr: *mut DevicePtr,
         bytes: usize,
@@ -85,7 +85,7 @@ with_ptsz! {
 }
 
 with_ptsz! {
-    cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, driver,
+    cuMemAllocFromPoolAsync, driver,
     fn(
         dptr: *mut DevicePtr,
         bytes: usize,
@@ -111,7 +111,7 @@ with_ptsz! {
 }
 
 with_ptsz! {
-    cuMemFreeAsync, cuMemFreeAsync_ptsz, driver, fn(dptr: DevicePtr, stream: Stream) {
+    cuMemFreeAsync, driver, fn(dptr: DevicePtr, stream: Stream) {
         // SAFETY: the caller's arguments.
         let real = move || unsafe { driver(dptr, stream) };
         // The fast path neither indexes nor unwraps: it runs before the guard.

@@ -37,12 +37,13 @@ macro_rules! enter {
     };
 }
 
-/// A hook and its twin for the per-thread default stream (`NAME_ptsz`), written from one
-/// body so that they never drift apart: in the body, `$driver` is the driver's function of
-/// the variant being written (`real::NAME`, `real::NAME_ptsz`). Both are exported (outside
-/// unit tests) and resolve alike through `dlsym` and `cuGetProcAddress`.
+/// A hook and its twin for the per-thread default stream (`NAME_ptsz`, the driver
+/// table's `+ ptsz` line), written from one body so that they never drift apart: in the
+/// body, `$driver` is the driver's function of the variant being written (`real::NAME`,
+/// `real::NAME_ptsz`). Both are exported (outside unit tests) and resolve alike through
+/// `dlsym` and `cuGetProcAddress`.
 macro_rules! with_ptsz {
-    ($name:ident, $ptsz:ident, $driver:ident, fn($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+    ($name:ident, $driver:ident, fn($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         #[doc = concat!("# Safety\nAs the driver's `", stringify!($name), "`.")]
         #[cfg_attr(not(test), unsafe(no_mangle))]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
@@ -50,11 +51,13 @@ macro_rules! with_ptsz {
             $body
         }
 
-        #[doc = concat!("# Safety\nAs the driver's `", stringify!($ptsz), "`.")]
-        #[cfg_attr(not(test), unsafe(no_mangle))]
-        pub unsafe extern "C" fn $ptsz($($arg: $ty),*) -> CuResult {
-            use crate::sys::driver::real::$ptsz as $driver;
-            $body
+        pastey::paste! {
+            #[doc = concat!("# Safety\nAs the driver's `", stringify!($name), "_ptsz`.")]
+            #[cfg_attr(not(test), unsafe(no_mangle))]
+            pub unsafe extern "C" fn [<$name _ptsz>]($($arg: $ty),*) -> CuResult {
+                use crate::sys::driver::real::[<$name _ptsz>] as $driver;
+                $body
+            }
         }
     };
 }

@@ -143,6 +143,23 @@ pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
     })
 }
 
+/// The match of [`hook_for`] from two lists that name every [`Sym`] once (the match is
+/// exhaustive): the hooked ones, a `+ ptsz` line standing for a hook and its
+/// per-thread-stream twin (`with_ptsz!`), and the ones the library only calls.
+macro_rules! hook_table {
+    ($sym:expr; hooked: [$($name:ident $(+ $twin:ident)?,)*] called: [$($called:ident,)*]) => {
+        pastey::paste! {
+            match $sym {
+                $(
+                    Sym::$name => $name as *const (),
+                    $(Sym::[<$name _ $twin>] => [<$name _ $twin>] as *const (),)?
+                )*
+                $(Sym::$called)|* => return None,
+            }
+        }
+    };
+}
+
 /// Our hook for the driver variant `sym`, if we wrap it.
 pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
     use super::arrays::*;
@@ -153,100 +170,94 @@ pub fn hook_for(sym: Sym) -> Option<*mut c_void> {
     use super::modules::*;
     use super::pools::*;
     use super::vmm::*;
-    let f: *const () = match sym {
-        Sym::cuInit => cuInit as *const (),
-        Sym::cuGetProcAddress => cuGetProcAddress as *const (),
-        Sym::cuGetProcAddress_v2 => cuGetProcAddress_v2 as *const (),
-        Sym::cuGetProcAddress_v2_ptsz => cuGetProcAddress_v2_ptsz as *const (),
-        Sym::cuDeviceTotalMem_v2 => cuDeviceTotalMem_v2 as *const (),
-        Sym::cuMemGetInfo_v2 => cuMemGetInfo_v2 as *const (),
-        Sym::cuDevicePrimaryCtxRetain => cuDevicePrimaryCtxRetain as *const (),
-        Sym::cuDevicePrimaryCtxRelease_v2 => cuDevicePrimaryCtxRelease_v2 as *const (),
-        Sym::cuDevicePrimaryCtxReset_v2 => cuDevicePrimaryCtxReset_v2 as *const (),
-        Sym::cuCtxCreate_v2 => cuCtxCreate_v2 as *const (),
-        Sym::cuCtxCreate_v3 => cuCtxCreate_v3 as *const (),
-        Sym::cuCtxCreate_v4 => cuCtxCreate_v4 as *const (),
-        Sym::cuCtxDestroy_v2 => cuCtxDestroy_v2 as *const (),
-        Sym::cuMemAlloc_v2 => cuMemAlloc_v2 as *const (),
-        Sym::cuMemAllocPitch_v2 => cuMemAllocPitch_v2 as *const (),
-        Sym::cuMemAllocManaged => cuMemAllocManaged as *const (),
-        Sym::cuMemFree_v2 => cuMemFree_v2 as *const (),
-        Sym::cuMemCreate => cuMemCreate as *const (),
-        Sym::cuMemRelease => cuMemRelease as *const (),
-        Sym::cuMemMap => cuMemMap as *const (),
-        Sym::cuMemUnmap => cuMemUnmap as *const (),
-        Sym::cuMemRetainAllocationHandle => cuMemRetainAllocationHandle as *const (),
-        Sym::cuMemAllocAsync => cuMemAllocAsync as *const (),
-        Sym::cuMemAllocAsync_ptsz => cuMemAllocAsync_ptsz as *const (),
-        Sym::cuMemAllocFromPoolAsync => cuMemAllocFromPoolAsync as *const (),
-        Sym::cuMemAllocFromPoolAsync_ptsz => cuMemAllocFromPoolAsync_ptsz as *const (),
-        Sym::cuMemFreeAsync => cuMemFreeAsync as *const (),
-        Sym::cuMemFreeAsync_ptsz => cuMemFreeAsync_ptsz as *const (),
-        Sym::cuMemPoolCreate => cuMemPoolCreate as *const (),
-        Sym::cuMemPoolDestroy => cuMemPoolDestroy as *const (),
-        Sym::cuMemPoolTrimTo => cuMemPoolTrimTo as *const (),
-        Sym::cuDeviceSetMemPool => cuDeviceSetMemPool as *const (),
-        Sym::cuArrayCreate_v2 => cuArrayCreate_v2 as *const (),
-        Sym::cuArray3DCreate_v2 => cuArray3DCreate_v2 as *const (),
-        Sym::cuMipmappedArrayCreate => cuMipmappedArrayCreate as *const (),
-        Sym::cuArrayDestroy => cuArrayDestroy as *const (),
-        Sym::cuMipmappedArrayDestroy => cuMipmappedArrayDestroy as *const (),
-        Sym::cuStreamBeginCapture_v2 => cuStreamBeginCapture_v2 as *const (),
-        Sym::cuStreamBeginCapture_v2_ptsz => cuStreamBeginCapture_v2_ptsz as *const (),
-        Sym::cuStreamBeginCaptureToGraph => cuStreamBeginCaptureToGraph as *const (),
-        Sym::cuStreamBeginCaptureToGraph_ptsz => cuStreamBeginCaptureToGraph_ptsz as *const (),
-        Sym::cuStreamEndCapture => cuStreamEndCapture as *const (),
-        Sym::cuStreamEndCapture_ptsz => cuStreamEndCapture_ptsz as *const (),
-        Sym::cuGraphInstantiateWithFlags => cuGraphInstantiateWithFlags as *const (),
-        Sym::cuGraphInstantiateWithParams => cuGraphInstantiateWithParams as *const (),
-        Sym::cuGraphInstantiateWithParams_ptsz => cuGraphInstantiateWithParams_ptsz as *const (),
-        Sym::cuGraphInstantiate_v2 => cuGraphInstantiate_v2 as *const (),
-        Sym::cuGraphExecDestroy => cuGraphExecDestroy as *const (),
-        Sym::cuGraphUpload => cuGraphUpload as *const (),
-        Sym::cuGraphUpload_ptsz => cuGraphUpload_ptsz as *const (),
-        Sym::cuGraphLaunch => cuGraphLaunch as *const (),
-        Sym::cuGraphLaunch_ptsz => cuGraphLaunch_ptsz as *const (),
-        Sym::cuDeviceGraphMemTrim => cuDeviceGraphMemTrim as *const (),
-        Sym::cuModuleLoad => cuModuleLoad as *const (),
-        Sym::cuModuleLoadData => cuModuleLoadData as *const (),
-        Sym::cuModuleLoadDataEx => cuModuleLoadDataEx as *const (),
-        Sym::cuModuleLoadFatBinary => cuModuleLoadFatBinary as *const (),
-        Sym::cuModuleUnload => cuModuleUnload as *const (),
-        Sym::cuLibraryLoadData => cuLibraryLoadData as *const (),
-        Sym::cuLibraryLoadFromFile => cuLibraryLoadFromFile as *const (),
-        Sym::cuLibraryUnload => cuLibraryUnload as *const (),
-        Sym::cuLibraryGetGlobal => cuLibraryGetGlobal as *const (),
-        Sym::cuLibraryGetManaged => cuLibraryGetManaged as *const (),
-        Sym::cuLibraryGetModule => cuLibraryGetModule as *const (),
-        Sym::cuLibraryGetKernel => cuLibraryGetKernel as *const (),
-        Sym::cuCtxSetLimit => cuCtxSetLimit as *const (),
-        Sym::cuMemSetMemPool => cuMemSetMemPool as *const (),
+    let f: *const () = hook_table!(sym;
+        hooked: [
+            cuInit,
+            cuGetProcAddress,
+            cuGetProcAddress_v2 + ptsz,
+            cuDeviceTotalMem_v2,
+            cuMemGetInfo_v2,
+            cuDevicePrimaryCtxRetain,
+            cuDevicePrimaryCtxRelease_v2,
+            cuDevicePrimaryCtxReset_v2,
+            cuCtxCreate_v2,
+            cuCtxCreate_v3,
+            cuCtxCreate_v4,
+            cuCtxDestroy_v2,
+            cuMemAlloc_v2,
+            cuMemAllocPitch_v2,
+            cuMemAllocManaged,
+            cuMemFree_v2,
+            cuMemCreate,
+            cuMemRelease,
+            cuMemMap,
+            cuMemUnmap,
+            cuMemRetainAllocationHandle,
+            cuMemAllocAsync + ptsz,
+            cuMemAllocFromPoolAsync + ptsz,
+            cuMemFreeAsync + ptsz,
+            cuMemPoolCreate,
+            cuMemPoolDestroy,
+            cuMemPoolTrimTo,
+            cuDeviceSetMemPool,
+            cuArrayCreate_v2,
+            cuArray3DCreate_v2,
+            cuMipmappedArrayCreate,
+            cuArrayDestroy,
+            cuMipmappedArrayDestroy,
+            cuStreamBeginCapture_v2 + ptsz,
+            cuStreamBeginCaptureToGraph + ptsz,
+            cuStreamEndCapture + ptsz,
+            cuGraphInstantiateWithFlags,
+            cuGraphInstantiateWithParams + ptsz,
+            cuGraphInstantiate_v2,
+            cuGraphExecDestroy,
+            cuGraphUpload + ptsz,
+            cuGraphLaunch + ptsz,
+            cuDeviceGraphMemTrim,
+            cuModuleLoad,
+            cuModuleLoadData,
+            cuModuleLoadDataEx,
+            cuModuleLoadFatBinary,
+            cuModuleUnload,
+            cuLibraryLoadData,
+            cuLibraryLoadFromFile,
+            cuLibraryUnload,
+            cuLibraryGetGlobal,
+            cuLibraryGetManaged,
+            cuLibraryGetModule,
+            cuLibraryGetKernel,
+            cuCtxSetLimit,
+            cuMemSetMemPool,
+        ]
         // Called by the library, never wrapped.
-        Sym::cuDeviceGetCount
-        | Sym::cuDeviceGet
-        | Sym::cuDeviceGetName
-        | Sym::cuDeviceGetUuid
-        | Sym::cuDeviceGetUuid_v2
-        | Sym::cuCtxGetDevice
-        | Sym::cuCtxGetLimit
-        | Sym::cuModuleGetLoadingMode
-        | Sym::cuDevicePrimaryCtxGetState
-        | Sym::cuMemGetAllocationGranularity
-        | Sym::cuMemPoolGetAttribute
-        | Sym::cuDeviceGetDefaultMemPool
-        | Sym::cuDeviceGetMemPool
-        | Sym::cuStreamGetDevice
-        | Sym::cuStreamIsCapturing
-        | Sym::cuThreadExchangeStreamCaptureMode
-        | Sym::cuGraphGetNodes
-        | Sym::cuGraphNodeGetType
-        | Sym::cuGraphMemAllocNodeGetParams
-        | Sym::cuGraphMemFreeNodeGetParams
-        | Sym::cuGraphChildGraphNodeGetGraph
-        | Sym::cuDeviceGetGraphMemAttribute
-        | Sym::cuDeviceGetAttribute
-        | Sym::cuCtxGetCurrent => return None,
-    };
+        called: [
+            cuDeviceGetCount,
+            cuDeviceGet,
+            cuDeviceGetName,
+            cuDeviceGetUuid,
+            cuDeviceGetUuid_v2,
+            cuCtxGetDevice,
+            cuCtxGetLimit,
+            cuModuleGetLoadingMode,
+            cuDevicePrimaryCtxGetState,
+            cuMemGetAllocationGranularity,
+            cuMemPoolGetAttribute,
+            cuDeviceGetDefaultMemPool,
+            cuDeviceGetMemPool,
+            cuStreamGetDevice,
+            cuStreamIsCapturing,
+            cuThreadExchangeStreamCaptureMode,
+            cuGraphGetNodes,
+            cuGraphNodeGetType,
+            cuGraphMemAllocNodeGetParams,
+            cuGraphMemFreeNodeGetParams,
+            cuGraphChildGraphNodeGetGraph,
+            cuDeviceGetGraphMemAttribute,
+            cuDeviceGetAttribute,
+            cuCtxGetCurrent,
+        ]
+    );
     Some(f as *mut c_void)
 }
 
@@ -259,4 +270,35 @@ pub fn hook_named(name: &[u8]) -> Option<*mut c_void> {
         return None;
     }
     crate::sys::driver::sym_named(name).and_then(hook_for)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The driver table's `+ ptsz` lines give each twin its base's name with `_ptsz`, and
+    /// the hook table hooks a twin exactly when it hooks its base, with another function.
+    #[test]
+    fn a_per_thread_stream_twin_is_hooked_exactly_when_its_base_is() {
+        let twins: Vec<Sym> = Sym::ALL
+            .iter()
+            .copied()
+            .filter(|s| s.name().to_bytes().ends_with(b"_ptsz"))
+            .collect();
+        assert_eq!(twins.len(), 10, "{twins:?}");
+        for twin in twins {
+            let name = twin.name().to_bytes();
+            let base = driver::sym_named(&name[..name.len() - 5]).expect("its base");
+            assert_eq!(
+                base as usize + 1,
+                twin as usize,
+                "declared on its base's line"
+            );
+            match (hook_for(base), hook_for(twin)) {
+                (Some(b), Some(t)) => assert_ne!(b, t, "{twin:?} has a hook of its own"),
+                (None, None) => {}
+                other => panic!("{base:?} and {twin:?}: {other:?}"),
+            }
+        }
+    }
 }

@@ -207,53 +207,83 @@ impl Stream {
 /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
 pub const MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 
+/// The driver functions we call or hook, one line each: its name and C signature. A line
+/// marked `+ ptsz` also declares the function's per-thread-default-stream twin
+/// (`NAME_ptsz`, same signature), which the driver exports beside it.
 macro_rules! driver_table {
-    ($($name:ident ( $($arg:ident : $ty:ty),* );)*) => {
+    ($($name:ident $(+ $twin:ident)? ( $($arg:ident : $ty:ty),* );)*) => { pastey::paste! {
         /// One entry per driver function we call or hook; the index into [`REAL`].
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
-        pub enum Sym { $($name),* }
+        pub enum Sym { $($name, $([<$name _ $twin>],)?)* }
 
         impl Sym {
-            pub const ALL: &'static [Sym] = &[$(Sym::$name),*];
+            pub const ALL: &'static [Sym] = &[$(Sym::$name, $(Sym::[<$name _ $twin>],)?)*];
             /// The exported name of this exact variant.
             pub fn name(self) -> &'static CStr {
-                match self { $(Sym::$name => { const N: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) { Ok(n) => n, Err(_) => panic!() }; N })* }
+                match self {
+                    $(
+                        Sym::$name => c_name!($name),
+                        $(Sym::[<$name _ $twin>] => c_name!([<$name _ $twin>]),)?
+                    )*
+                }
             }
         }
 
-        const SYMS: usize = [$(Sym::$name),*].len();
+        const SYMS: usize = Sym::ALL.len();
 
         /// Typed calls into the real driver. Each returns `NOT_INITIALIZED` when the
         /// driver lacks the function (or was never loaded), as the driver itself would.
         pub mod real {
             use super::*;
-            $(
-                /// # Safety
-                /// The arguments must be valid for the driver function of the same name.
-                #[allow(clippy::too_many_arguments)]
-                pub unsafe fn $name($($arg: $ty),*) -> CuResult {
-                    let mut f = REAL[Sym::$name as usize].load(Ordering::Acquire);
-                    if f.is_null() {
-                        // Not loaded yet (a hook that runs before any other), or the
-                        // driver lacks the function.
-                        if !load() {
-                            return CuResult::NOT_INITIALIZED;
-                        }
-                        f = REAL[Sym::$name as usize].load(Ordering::Acquire);
-                        if f.is_null() {
-                            return CuResult::NOT_INITIALIZED;
-                        }
-                    }
-                    // SAFETY: `f` was returned by dlsym for this exact name, whose C
-                    // signature is the one spelled out in the table.
-                    unsafe {
-                        let f: unsafe extern "C" fn($($ty),*) -> CuResult = std::mem::transmute(f);
-                        f($($arg),*)
-                    }
+            $(real_fn!($name $(+ $twin)? ( $($arg : $ty),* ));)*
+        }
+    }};
+}
+
+/// A variant's exported name, NUL-terminated, as a `&'static CStr`.
+macro_rules! c_name {
+    ($name:ident) => {{
+        const N: &CStr =
+            match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(n) => n,
+                Err(_) => panic!(),
+            };
+        N
+    }};
+}
+
+/// The typed call of one driver variant, or of a variant and its twin (see
+/// [`driver_table`]'s `real`).
+macro_rules! real_fn {
+    ($name:ident + $twin:ident ( $($arg:ident : $ty:ty),* )) => {
+        real_fn!($name ( $($arg : $ty),* ));
+        pastey::paste! { real_fn!([<$name _ $twin>] ( $($arg : $ty),* )); }
+    };
+    ($name:ident ( $($arg:ident : $ty:ty),* )) => {
+        /// # Safety
+        /// The arguments must be valid for the driver function of the same name.
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name($($arg: $ty),*) -> CuResult {
+            let mut f = REAL[Sym::$name as usize].load(Ordering::Acquire);
+            if f.is_null() {
+                // Not loaded yet (a hook that runs before any other), or the
+                // driver lacks the function.
+                if !load() {
+                    return CuResult::NOT_INITIALIZED;
                 }
-            )*
+                f = REAL[Sym::$name as usize].load(Ordering::Acquire);
+                if f.is_null() {
+                    return CuResult::NOT_INITIALIZED;
+                }
+            }
+            // SAFETY: `f` was returned by dlsym for this exact name, whose C
+            // signature is the one spelled out in the table.
+            unsafe {
+                let f: unsafe extern "C" fn($($ty),*) -> CuResult = std::mem::transmute(f);
+                f($($arg),*)
+            }
         }
     };
 }
@@ -261,8 +291,7 @@ macro_rules! driver_table {
 driver_table! {
     cuInit(flags: u32);
     cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64);
-    cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
-    cuGetProcAddress_v2_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
+    cuGetProcAddress_v2 + ptsz(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
     cuDeviceGetCount(count: *mut c_int);
     cuDeviceGet(device: *mut Device, ordinal: c_int);
     cuDeviceTotalMem_v2(bytes: *mut usize, device: Device);
@@ -291,12 +320,9 @@ driver_table! {
     cuMemUnmap(ptr: DevicePtr, size: usize);
     cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void);
     cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const MemAllocationProp, option: c_int);
-    cuMemAllocAsync(dptr: *mut DevicePtr, bytes: usize, stream: Stream);
-    cuMemAllocAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Stream);
-    cuMemAllocFromPoolAsync(dptr: *mut DevicePtr, bytes: usize, pool: MemPool, stream: Stream);
-    cuMemAllocFromPoolAsync_ptsz(dptr: *mut DevicePtr, bytes: usize, pool: MemPool, stream: Stream);
-    cuMemFreeAsync(dptr: DevicePtr, stream: Stream);
-    cuMemFreeAsync_ptsz(dptr: DevicePtr, stream: Stream);
+    cuMemAllocAsync + ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Stream);
+    cuMemAllocFromPoolAsync + ptsz(dptr: *mut DevicePtr, bytes: usize, pool: MemPool, stream: Stream);
+    cuMemFreeAsync + ptsz(dptr: DevicePtr, stream: Stream);
     cuMemPoolCreate(pool: *mut MemPool, props: *const MemPoolProps);
     cuMemPoolDestroy(pool: MemPool);
     cuMemPoolTrimTo(pool: MemPool, keep: usize);
@@ -307,26 +333,20 @@ driver_table! {
     cuStreamGetDevice(stream: Stream, device: *mut Device);
     cuStreamIsCapturing(stream: Stream, status: *mut c_int);
     cuThreadExchangeStreamCaptureMode(mode: *mut c_int);
-    cuStreamBeginCapture_v2(stream: Stream, mode: c_int);
-    cuStreamBeginCapture_v2_ptsz(stream: Stream, mode: c_int);
-    cuStreamBeginCaptureToGraph(stream: Stream, graph: Graph, deps: *const GraphNode, data: *const c_void, n: usize, mode: c_int);
-    cuStreamBeginCaptureToGraph_ptsz(stream: Stream, graph: Graph, deps: *const GraphNode, data: *const c_void, n: usize, mode: c_int);
-    cuStreamEndCapture(stream: Stream, graph: *mut Graph);
-    cuStreamEndCapture_ptsz(stream: Stream, graph: *mut Graph);
+    cuStreamBeginCapture_v2 + ptsz(stream: Stream, mode: c_int);
+    cuStreamBeginCaptureToGraph + ptsz(stream: Stream, graph: Graph, deps: *const GraphNode, data: *const c_void, n: usize, mode: c_int);
+    cuStreamEndCapture + ptsz(stream: Stream, graph: *mut Graph);
     cuGraphGetNodes(graph: Graph, nodes: *mut GraphNode, count: *mut usize);
     cuGraphNodeGetType(node: GraphNode, kind: *mut c_int);
     cuGraphMemAllocNodeGetParams(node: GraphNode, params: *mut MemAllocNodeParams);
     cuGraphMemFreeNodeGetParams(node: GraphNode, dptr: *mut DevicePtr);
     cuGraphChildGraphNodeGetGraph(node: GraphNode, graph: *mut Graph);
     cuGraphInstantiateWithFlags(exec: *mut GraphExec, graph: Graph, flags: u64);
-    cuGraphInstantiateWithParams(exec: *mut GraphExec, graph: Graph, params: *mut c_void);
-    cuGraphInstantiateWithParams_ptsz(exec: *mut GraphExec, graph: Graph, params: *mut c_void);
+    cuGraphInstantiateWithParams + ptsz(exec: *mut GraphExec, graph: Graph, params: *mut c_void);
     cuGraphInstantiate_v2(exec: *mut GraphExec, graph: Graph, error_node: *mut GraphNode, log: *mut c_char, log_size: usize);
     cuGraphExecDestroy(exec: GraphExec);
-    cuGraphUpload(exec: GraphExec, stream: Stream);
-    cuGraphUpload_ptsz(exec: GraphExec, stream: Stream);
-    cuGraphLaunch(exec: GraphExec, stream: Stream);
-    cuGraphLaunch_ptsz(exec: GraphExec, stream: Stream);
+    cuGraphUpload + ptsz(exec: GraphExec, stream: Stream);
+    cuGraphLaunch + ptsz(exec: GraphExec, stream: Stream);
     cuDeviceGetGraphMemAttribute(device: Device, attr: c_int, value: *mut c_void);
     cuDeviceGraphMemTrim(device: Device);
     cuArrayCreate_v2(array: *mut Array, desc: *const ArrayDescriptor);
