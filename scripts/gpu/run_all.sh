@@ -342,12 +342,23 @@ if selected nvsmi; then
 fi
 
 # Seed scenario: JAX (default settings, 40 GiB budget) holds its pool in the
-# background; meanwhile PyTorch (60 GiB budget) allocates 55 GiB.
+# background; meanwhile PyTorch (60 GiB budget) allocates 55 GiB. Sized for the H200's
+# 141 GiB; on a smaller card the three figures scale with its memory (an H100's 80 GiB:
+# 22, 34 and 31 GiB), so that the two budgets fit the card as they do on the H200.
+# judge.py reads the same figures from the environment.
+card_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
+card_gib=$(( ${card_gib:-144384} / 1024 ))
+if (( card_gib >= 140 )); then
+  export SEED_JAX_GIB=40 SEED_TORCH_GIB=60 SEED_FIRST_GIB=55
+else
+  export SEED_JAX_GIB=$(( card_gib * 40 / 141 )) SEED_TORCH_GIB=$(( card_gib * 60 / 141 ))
+  export SEED_FIRST_GIB=$(( card_gib * 55 / 141 ))
+fi
 seed_variant() {
   local variant=$1 ready="$WORK/seed.$variant.ready" stop="$WORK/seed.$variant.stop" bg k
   rm -f "$ready" "$stop"
-  run_one seed "$variant" jax 180 env "B:CUDABUDGET_LIMIT=40Gi" -- \
-    "$PY" "$C/jax_case.py" --mode hold --budget-gib 40 --ready "$ready" --stop "$stop" --hold-max 150 &
+  run_one seed "$variant" jax 180 env "B:CUDABUDGET_LIMIT=${SEED_JAX_GIB}Gi" -- \
+    "$PY" "$C/jax_case.py" --mode hold --budget-gib "$SEED_JAX_GIB" --ready "$ready" --stop "$stop" --hold-max 150 &
   bg=$!
   for ((k = 0; k < 600; k++)); do  # at most 120 s for JAX to start and preallocate
     [[ -f $ready ]] && break
@@ -355,8 +366,8 @@ seed_variant() {
     sleep 0.2
   done
   if [[ -f $ready ]]; then
-    run_one seed "$variant" torch 180 env "B:CUDABUDGET_LIMIT=60Gi" -- \
-      "$PY" "$C/torch_case.py" --mode big --first-gib 55 --budget-gib 60 --peer-ready "$ready"
+    run_one seed "$variant" torch 180 env "B:CUDABUDGET_LIMIT=${SEED_TORCH_GIB}Gi" -- \
+      "$PY" "$C/torch_case.py" --mode big --first-gib "$SEED_FIRST_GIB" --budget-gib "$SEED_TORCH_GIB" --peer-ready "$ready"
   else
     log "   (seed $variant: JAX never signalled ready; torch part not run)"
   fi
@@ -372,7 +383,7 @@ seed_variant() {
   wait "$bg" 2>/dev/null
 }
 if selected seed; then
-  echo "-- seed (JAX 40 GiB holding its pool beside PyTorch 60 GiB allocating 55 GiB) ..."
+  echo "-- seed (JAX $SEED_JAX_GIB GiB holding its pool beside PyTorch $SEED_TORCH_GIB GiB allocating $SEED_FIRST_GIB GiB) ..."
   seed_variant native
   wait_gpu_idle
   seed_variant budget
