@@ -79,7 +79,7 @@ with_ptsz! {
         match flow::alloc_async_fast(bytes as u64, dptr, real) {
             Fast::Done(rc) => rc,
             Fast::Settle(books) => settle("cuMemAllocAsync", books),
-            Fast::Declined(real) => alloc_async_full(dptr, bytes as u64, stream, real),
+            Fast::Declined(_) => alloc_async_full(dptr, bytes, stream, driver),
         }
     }
 }
@@ -118,7 +118,7 @@ with_ptsz! {
         match flow::free_async_fast(dptr, real) {
             Fast::Done(rc) => rc,
             Fast::Settle(books) => settle("cuMemFreeAsync", books),
-            Fast::Declined(real) => free_async_full(dptr, stream, real),
+            Fast::Declined(_) => free_async_full(dptr, stream, driver),
         }
     }
 }
@@ -130,23 +130,32 @@ fn settle(call: &'static str, books: flow::Settle) -> CuResult {
     guard(call, || books.settle())
 }
 
-/// `cuMemAllocAsync` past the fast path, out of its way.
+/// `cuMemAllocAsync` past the fast path, out of its way: the arguments in registers,
+/// the driver's variant as a pointer, so that the fast path keeps no frame for them.
 #[inline(never)]
 fn alloc_async_full(
     dptr: *mut DevicePtr,
-    bytes: u64,
+    bytes: usize,
     stream: Stream,
-    real: impl FnOnce() -> CuResult,
+    driver: unsafe fn(*mut DevicePtr, usize, Stream) -> CuResult,
 ) -> CuResult {
+    // SAFETY: the caller's arguments, for the variant it was called as.
+    let real = move || unsafe { driver(dptr, bytes, stream) };
     guard("cuMemAllocAsync", || {
         let cx = enter!(real);
-        flow::alloc_async(cx, bytes, stream, dptr, real)
+        flow::alloc_async(cx, bytes as u64, stream, dptr, real)
     })
 }
 
-/// `cuMemFreeAsync` past the fast path, out of its way.
+/// `cuMemFreeAsync` past the fast path, out of its way (as [`alloc_async_full`]).
 #[inline(never)]
-fn free_async_full(dptr: DevicePtr, stream: Stream, real: impl FnOnce() -> CuResult) -> CuResult {
+fn free_async_full(
+    dptr: DevicePtr,
+    stream: Stream,
+    driver: unsafe fn(DevicePtr, Stream) -> CuResult,
+) -> CuResult {
+    // SAFETY: the caller's arguments, for the variant it was called as.
+    let real = move || unsafe { driver(dptr, stream) };
     guard("cuMemFreeAsync", || {
         let cx = enter!(real);
         flow::free_async(cx, dptr, stream, real)
