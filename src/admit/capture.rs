@@ -23,12 +23,13 @@ use crate::sys::driver::{
     CuResult, STREAM_CAPTURE_MODE_RELAXED, STREAM_CAPTURE_STATUS_NONE, Stream, real,
 };
 
-/// Whether any capture may be active, or another reason for the full path ([`detour`])
-/// under way: one relaxed load. The count lives in the gate's word of reasons
-/// ([`crate::admit::gate`]), which the fast paths read once they are inside.
+/// Whether any capture may be active: one relaxed load. The count lives in the gate's
+/// word of reasons ([`crate::admit::gate`]), which the fast paths read once they are
+/// inside, [`detour`]s with it. A detour is not counted here: limits, module loads and
+/// waits under a created pool made current are budgeted as any others.
 #[inline(always)]
 pub fn any() -> bool {
-    gate::capture_or_detour()
+    gate::captures()
 }
 
 /// Calls on a capturing stream between the check that it is capturing and the driver's

@@ -480,11 +480,11 @@ mod tests {
         register_created(elsewhere, 41);
         register(default, 40);
         assert_eq!(current_created(40), None);
-        assert!(!crate::admit::capture::any());
+        assert!(!crate::admit::gate::detours());
         made_current(40, mine);
         assert_eq!(current_created(40), Some(mine));
         assert!(
-            crate::admit::capture::any(),
+            crate::admit::gate::detours(),
             "async calls take the full path"
         );
         made_current(40, mine);
@@ -495,14 +495,14 @@ mod tests {
             "the default pool is current again"
         );
         assert!(
-            !crate::admit::capture::any(),
+            !crate::admit::gate::detours(),
             "the detour is off again (once)"
         );
         made_current(40, elsewhere);
         assert_eq!(current_created(40), None, "a pool of another device");
-        assert!(!crate::admit::capture::any());
+        assert!(!crate::admit::gate::detours());
         made_current(40, mine);
-        assert!(crate::admit::capture::any());
+        assert!(crate::admit::gate::detours());
         assert_eq!(unregister(mine).map(|(d, _)| d), Some(40));
         assert_eq!(
             current_created(40),
