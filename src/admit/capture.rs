@@ -154,3 +154,30 @@ pub fn relaxed<R>(f: impl FnOnce() -> R) -> R {
     let _restore = swapped.then_some(Restore(mode));
     f()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A capture stops counting when the driver ends it, or reports it invalidated (which
+    /// ends it too), and not when it refuses the end for another reason: the capture is
+    /// still on, and calls of the library's own must stay relaxed.
+    #[test]
+    fn a_capture_ends_when_the_driver_ends_it_or_reports_it_invalidated_and_not_otherwise() {
+        let _turn = gate::turn();
+        for (rc, ends) in [
+            (CuResult::SUCCESS, true),
+            (CuResult::STREAM_CAPTURE_INVALIDATED, true),
+            (CuResult::INVALID_VALUE, false),
+        ] {
+            gate::capture(true);
+            assert!(any(), "{rc:?}: counted");
+            assert_eq!(ended(rc), rc, "the driver's answer is the caller's");
+            assert_eq!(any(), !ends, "{rc:?}");
+            if !ends {
+                gate::capture(false);
+            }
+            assert!(!any());
+        }
+    }
+}

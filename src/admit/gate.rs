@@ -113,6 +113,15 @@ pub fn captures() -> bool {
     CAPTURES.any(REASONS.0.load(Ordering::Relaxed))
 }
 
+/// The gate's word is process-wide: unit tests that change or read its counts (here, in
+/// capture and in pools) take turns.
+#[cfg(test)]
+pub fn turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Whether any detour is under way (what the fast paths see of [`detour`]).
 #[cfg(test)]
 pub fn detours() -> bool {
@@ -349,9 +358,7 @@ mod tests {
 
     /// The gate is process-wide: its tests take turns.
     fn serial() -> std::sync::MutexGuard<'static, ()> {
-        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        TURN.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        turn()
     }
 
     #[test]
@@ -589,6 +596,45 @@ mod tests {
             drop(pass);
             assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0, "lane {lane}");
         }
+    }
+
+    /// The allocation's way in stays shut until the process is known to see one device
+    /// (its fast path charges device 0); the free's does not wait for that.
+    #[test]
+    fn the_allocations_way_in_opens_once_one_device_is_known() {
+        let _turn = serial();
+        REASONS.0.fetch_or(DEVICES_UNKNOWN, Ordering::SeqCst);
+        assert!(!enter_own(4, FOR_ALLOC), "devices not known: no way in");
+        assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0, "and not counted");
+        assert!(enter_own(4, FOR_FREE), "a free gets in");
+        leave_own(4);
+        one_device();
+        assert!(enter_own(4, FOR_ALLOC), "one device: in");
+        leave_own(4);
+        one_device();
+        assert!(enter_own(4, FOR_ALLOC), "said twice, still in");
+        leave_own(4);
+        assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
+    }
+
+    /// A forked child has no capture under way and no detour (a created pool made current
+    /// is made current again by the program's own calls there), whatever the parent had;
+    /// the other reasons stay as they were.
+    #[test]
+    fn a_forked_child_forgets_the_captures_and_detours_and_keeps_the_rest() {
+        let _turn = serial();
+        let devices = REASONS.0.load(Ordering::SeqCst) & DEVICES_UNKNOWN;
+        capture(true);
+        detour(true);
+        assert!(captures() && detours());
+        captures_after_fork();
+        assert!(!captures(), "no capture");
+        assert!(!detours(), "no detour");
+        assert_eq!(
+            REASONS.0.load(Ordering::SeqCst) & DEVICES_UNKNOWN,
+            devices,
+            "the devices bit as it was"
+        );
     }
 
     #[test]

@@ -338,8 +338,8 @@ mod tests {
     use super::*;
 
     // The pools are process-wide: each test uses handles and devices of its own, and the
-    // only test that makes pools current (which moves the capture detour) is
-    // `a_created_pool_made_current_is_the_one_async_allocations_use`.
+    // tests that make pools current (which moves the gate's detours) also take the
+    // gate's turn (after their own).
 
     fn handle(n: u64) -> MemPool {
         pool_at(n)
@@ -475,6 +475,7 @@ mod tests {
     #[test]
     fn a_created_pool_made_current_is_the_one_async_allocations_use() {
         let _turn = serial();
+        let _gate = crate::admit::gate::turn();
         let (mine, elsewhere, default) = (handle(0x7_0001), handle(0x7_0002), handle(0x7_0003));
         register_created(mine, 40);
         register_created(elsewhere, 41);
@@ -519,6 +520,7 @@ mod tests {
     #[test]
     fn a_forked_child_knows_none_of_its_parents_pools() {
         let _turn = serial();
+        let _gate = crate::admit::gate::turn();
         let (created_pool, host) = (handle(0x8_0001), handle(0x8_0002));
         register_created(created_pool, 50);
         set_charged(created_pool, 77);
