@@ -237,7 +237,10 @@ pub fn enter_own(lane: usize, asked: u64) -> bool {
     // Only this thread writes its own lane: a plain store. With membarrier registered,
     // a switch's barrier orders it before the load below; without, the cold path
     // fences.
-    inside.store(inside.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    inside.store(
+        inside.load(Ordering::Relaxed).wrapping_add(1),
+        Ordering::Relaxed,
+    );
     compiler_fence(Ordering::SeqCst);
     if REASONS.0.load(Ordering::Relaxed) & asked == 0 {
         return true;
@@ -265,7 +268,10 @@ fn enter_own_otherwise(lane: usize, asked: u64) -> bool {
 #[inline(always)]
 pub fn leave_own(lane: usize) {
     let inside = &INSIDE[lane % LANES].0;
-    inside.store(inside.load(Ordering::Relaxed) - 1, Ordering::Release);
+    inside.store(
+        inside.load(Ordering::Relaxed).wrapping_sub(1),
+        Ordering::Release,
+    );
 }
 
 /// Enters the gate for the calling thread (its `lane`, 0 when it has none), or `None`
