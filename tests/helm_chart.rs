@@ -770,32 +770,6 @@ fn option_of<'a>(args: &[&'a str], option: &str) -> Option<&'a str> {
     args.get(at + 1).copied()
 }
 
-fn base64_decode(text: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    let (mut bits, mut count) = (0u32, 0);
-    for c in text
-        .bytes()
-        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
-    {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => panic!("not base64: {text}"),
-        };
-        bits = (bits << 6) | u32::from(v);
-        count += 6;
-        if count >= 8 {
-            count -= 8;
-            out.push((bits >> count) as u8);
-            bits &= (1 << count) - 1;
-        }
-    }
-    out
-}
-
 #[test]
 fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_the_api_server_trusts()
  {
@@ -856,17 +830,17 @@ fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_t
     );
     let scratch = scratch("webhook");
     for file in ["tls.crt", "tls.key"] {
-        let data = base64_decode(secret["data"][file].as_str().unwrap());
+        let data = util::base64_decode(secret["data"][file].as_str().unwrap());
         std::fs::write(scratch.join(file), data).unwrap();
     }
-    let ca = base64_decode(
+    let ca = util::base64_decode(
         hook["clientConfig"]["caBundle"]
             .as_str()
             .expect("a caBundle"),
     );
     assert_eq!(
         ca,
-        base64_decode(secret["data"]["ca.crt"].as_str().unwrap())
+        util::base64_decode(secret["data"]["ca.crt"].as_str().unwrap())
     );
 
     // The subcommand with the chart's arguments (on a free local port) and files answers
@@ -927,7 +901,7 @@ fn the_webhook_runs_the_subcommand_with_the_installers_paths_and_a_certificate_t
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let answer: Value = serde_json::from_str(body).unwrap();
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
-    let patch = base64_decode(answer["response"]["patch"].as_str().expect("a patch"));
+    let patch = util::base64_decode(answer["response"]["patch"].as_str().expect("a patch"));
     let patch = String::from_utf8(patch).unwrap();
     for wanted in [
         "/opt/cudabudget/current",

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::util::servers;
+use crate::util::{self, servers};
 use servers::{connect_from, idle_connections, run_briefly};
 
 /// The node services' binary, which serves the webhook.
@@ -251,7 +251,7 @@ fn patch_of(response: &Value) -> json_patch::Patch {
     let encoded = response["patch"]
         .as_str()
         .unwrap_or_else(|| panic!("no patch: {response}"));
-    let bytes = base64(encoded);
+    let bytes = util::base64_decode(encoded);
     serde_json::from_slice(&bytes).unwrap()
 }
 
@@ -260,29 +260,6 @@ fn patched(review: &Value, patch: &json_patch::Patch) -> Value {
     let mut pod = review["request"]["object"].clone();
     json_patch::patch(&mut pod, patch).unwrap_or_else(|e| panic!("the patch does not apply: {e}"));
     pod
-}
-
-fn base64(text: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    let (mut bits, mut count) = (0u32, 0);
-    for c in text.bytes().filter(|&c| c != b'=') {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => panic!("not base64: {text}"),
-        };
-        bits = (bits << 6) | u32::from(v);
-        count += 6;
-        if count >= 8 {
-            count -= 8;
-            out.push((bits >> count) as u8);
-            bits &= (1 << count) - 1;
-        }
-    }
-    out
 }
 
 /// What the webhook adds to a budgeted container, with the chart's default paths.

@@ -543,3 +543,18 @@ pub fn python_under_library(script: &str, envs: &[(&str, &str)]) -> (bool, Strin
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Standard base64 as Kubernetes writes it (a Secret's data, an admission patch; padding
+/// and line breaks allowed); panics on anything else.
+pub fn base64_decode(text: &str) -> Vec<u8> {
+    use base64::Engine;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const STANDARD_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    STANDARD_ANY_PADDING
+        .decode(compact)
+        .unwrap_or_else(|e| panic!("not base64 ({e}): {text}"))
+}

@@ -604,28 +604,13 @@ fn basic_credentials(value: &[u8]) -> Option<(String, Vec<u8>)> {
 
 /// Standard base64 (padding optional); `None` for anything else.
 fn base64(text: &str) -> Option<Vec<u8>> {
-    let text = text.trim_end_matches('=');
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let mut bits = 0u32;
-    let mut count = 0;
-    for c in text.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        };
-        bits = (bits << 6) | u32::from(v);
-        count += 6;
-        if count >= 8 {
-            count -= 8;
-            out.push((bits >> count) as u8);
-            bits &= (1 << count) - 1;
-        }
-    }
-    (count < 6).then_some(out)
+    use base64::Engine;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const STANDARD_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    STANDARD_ANY_PADDING.decode(text).ok()
 }
 
 /// A serving certificate read again when its files change (a renewed Secret), without a
@@ -764,6 +749,7 @@ mod tests {
         assert_eq!(basic_credentials(b"Bearer abc"), None);
         assert_eq!(basic_credentials(b"Basic !!!"), None);
         assert_eq!(base64("YQ"), Some(b"a".to_vec()));
+        assert_eq!(base64("YQ=="), Some(b"a".to_vec()));
         assert_eq!(base64("Y"), None);
     }
 
