@@ -240,9 +240,14 @@ fn a_record_in_mallorys_directory_claiming_alices_process_is_not_shown_as_hers()
         Stdio::null(),
     );
     let pid = client.0.id();
+    // Her record is first written when the library starts, before her allocation: wait
+    // for the one that shows her device, so what is compared below is hers.
     wait_until(|| {
         let text = status_as(t, &kit, None, &runtime, &["status", "--json"]);
-        (entries_of(&json(&text), pid).into_iter().next(), text)
+        let shown = entries_of(&json(&text), pid)
+            .into_iter()
+            .find(|entry| entry["devices"][0]["used_bytes"].as_u64() > Some(0));
+        (shown, text)
     });
     // What mallory can write into her own directory: alice's pid and start time, with
     // figures of her choosing.
