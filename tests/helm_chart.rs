@@ -1458,7 +1458,11 @@ fn the_exporter_as_the_chart_runs_it_sees_a_pods_budgeted_process() {
         let found = status["processes"].as_array().and_then(|all| {
             all.iter()
                 .find(|p| {
-                    p["pod"] == "trainer-0" && p["uid"].as_u64() == Some(u64::from(alice.uid))
+                    // Its record is first written before its allocation: wait for the
+                    // one that shows it.
+                    p["pod"] == "trainer-0"
+                        && p["uid"].as_u64() == Some(u64::from(alice.uid))
+                        && p["devices"][0]["used_bytes"].as_u64() > Some(0)
                 })
                 .cloned()
         });
