@@ -5,7 +5,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::books::ledger::{self, DeviceLedger, Packed};
+use super::gate;
+use crate::books::ledger::{self, DeviceLedger, OwnRegion, Packed};
 use crate::runtime;
 
 /// Most of what a thread has freed to the pools, kept for its own next stream-ordered
@@ -27,10 +28,19 @@ pub(super) struct PrivateCredit {
     /// The device's epoch when the credit was given: credit from before its books were
     /// cleared (the context went away) is void.
     epoch: Cell<u64>,
-    bytes: Cell<u64>,
+    /// At most [`PRIVATE_MAX`], so 32 bits: a size the credit covers is then known (to
+    /// the compiler too) to fit an address-table entry as it is. The word's other half
+    /// is padding.
+    bytes: Cell<u32>,
+    /// The lane's own counter in the gate and its region of the pointer table, as
+    /// [`PrivateCredit::hold_lane`] set them with the lane: the fast paths reach them
+    /// without working them out from the lane. `None` without a lane of its own.
+    pub(super) inside: Cell<Option<&'static gate::Inside>>,
+    pub(super) region: Cell<Option<&'static OwnRegion>>,
 }
 
 const PRIVATE_MAX: u64 = 8 << 20;
+const _: () = assert!(PRIVATE_MAX <= u32::MAX as u64);
 
 const NO_LANE_YET: usize = usize::MAX;
 /// The thread's [`thread_exit`] has run: it keeps no lane and no credit any more.
@@ -61,12 +71,20 @@ impl PrivateCredit {
         // The lane and the credit go back when the thread ends: that needs its exit
         // handler. Without one the thread keeps neither.
         if !arm_thread_exit() {
-            self.lane.set(EXITED);
+            self.hold_lane(EXITED);
             return 0;
         }
         let lane = ledger::claim_lane();
-        self.lane.set(lane);
+        self.hold_lane(lane);
         lane
+    }
+
+    /// Holds `lane`, with its counter in the gate and its region of the pointer table
+    /// (none for a value that is no lane of its own); returns the lane held before.
+    fn hold_lane(&self, lane: usize) -> usize {
+        self.inside.set(gate::inside_of(lane));
+        self.region.set(runtime::pointers().own_region(lane));
+        self.lane.replace(lane)
     }
 
     /// Whether the thread may keep credit (its exit guard will give it back).
@@ -78,10 +96,10 @@ impl PrivateCredit {
     /// Takes `bytes` from the thread's credit for `device`, if it holds that much.
     #[inline(always)]
     pub(super) fn take(&self, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
-        let held = self.bytes.get();
+        let held = self.held();
         let ok = self.device.get() == device && held >= bytes && self.epoch.get() == d.epoch();
         if ok {
-            self.bytes.set(held - bytes);
+            self.keep(held - bytes);
         }
         ok
     }
@@ -90,7 +108,8 @@ impl PrivateCredit {
     /// room below [`PRIVATE_MAX`]; false leaves everything as it was.
     #[inline(always)]
     pub(super) fn give_fast(&self, entry: Packed) -> bool {
-        let held = self.bytes.get().saturating_add(entry.bytes());
+        // No overflow: at most PRIVATE_MAX plus an entry's 56 bits.
+        let held = self.held() + entry.bytes();
         let device = self.device.get();
         let ok = entry.is_pooled_on(device)
             && held <= PRIVATE_MAX
@@ -98,9 +117,24 @@ impl PrivateCredit {
                 .device(device)
                 .is_some_and(|d| d.epoch() == self.epoch.get());
         if ok {
-            self.bytes.set(held);
+            self.keep(held);
         }
         ok
+    }
+
+    /// The bytes held.
+    #[inline(always)]
+    pub(super) fn held(&self) -> u64 {
+        u64::from(self.bytes.get())
+    }
+
+    /// Holds `bytes`, at most [`PRIVATE_MAX`].
+    #[inline(always)]
+    fn keep(&self, bytes: u64) {
+        // Every caller's figure is within the bound: what was held less a size, or a
+        // sum it compared with the bound.
+        debug_assert!(bytes <= PRIVATE_MAX);
+        self.bytes.set(bytes as u32);
     }
 
     pub(super) fn give(&self, device: usize, d: &DeviceLedger, bytes: u64) {
@@ -113,13 +147,13 @@ impl PrivateCredit {
             self.device.set(device);
             self.epoch.set(d.epoch());
         }
-        let held = self.bytes.get().saturating_add(bytes);
+        let held = self.held().saturating_add(bytes);
         if held > PRIVATE_MAX {
             let keep = PRIVATE_MAX / 2;
             d.pool.give(runtime::shard(), held - keep);
-            self.bytes.set(keep);
+            self.keep(keep);
         } else {
-            self.bytes.set(held);
+            self.keep(held);
         }
     }
 
@@ -128,7 +162,7 @@ impl PrivateCredit {
     /// shows whether the pools must grow again before it is spent), nowhere when the
     /// device's books were cleared since.
     pub(super) fn flush(&self) {
-        let held = self.bytes.replace(0);
+        let held = u64::from(self.bytes.replace(0));
         let Some(d) = runtime::ledger().device(self.device.get()) else {
             return;
         };
@@ -145,7 +179,7 @@ impl PrivateCredit {
 }
 
 /// What a thread's credit is before its first use (the `.tdata` image below spells the
-/// same words: lane, device, epoch, bytes).
+/// same words: lane, device, epoch, bytes, and no lane's counter or region).
 #[cfg_attr(
     all(target_arch = "x86_64", target_os = "linux", not(test)),
     expect(dead_code, reason = "the TLS image's twin, compared in a test")
@@ -156,6 +190,8 @@ const fn private_init() -> PrivateCredit {
         device: Cell::new(usize::MAX),
         epoch: Cell::new(0),
         bytes: Cell::new(0),
+        inside: Cell::new(None),
+        region: Cell::new(None),
     }
 }
 
@@ -163,7 +199,7 @@ const fn private_init() -> PrivateCredit {
 // instructions (the thread pointer plus an offset the loader wrote once), where Rust's
 // `thread_local!` in a shared object calls `__tls_get_addr` on every access. A library
 // with initial-exec TLS must be loaded at start-up (LD_PRELOAD, as ours is) or fit the
-// static TLS surplus glibc keeps for `dlopen` (these 32 bytes do).
+// static TLS surplus glibc keeps for `dlopen` (these 48 bytes do).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 std::arch::global_asm!(
     ".pushsection .tdata.cudabudget_private,\"awT\",@progbits",
@@ -171,20 +207,23 @@ std::arch::global_asm!(
     ".globl cudabudget_private_credit",
     ".hidden cudabudget_private_credit",
     ".type cudabudget_private_credit, @object",
-    ".size cudabudget_private_credit, 32",
+    ".size cudabudget_private_credit, 48",
     "cudabudget_private_credit:",
-    ".quad -1, -1, 0, 0",
+    ".quad -1, -1, 0, 0, 0, 0",
     ".popsection",
 );
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 const _: () = {
     // The image above is private_init()'s words, in PrivateCredit's order.
-    assert!(std::mem::size_of::<PrivateCredit>() == 32);
+    assert!(std::mem::size_of::<PrivateCredit>() == 48);
     assert!(std::mem::offset_of!(PrivateCredit, lane) == 0);
     assert!(std::mem::offset_of!(PrivateCredit, device) == 8);
     assert!(std::mem::offset_of!(PrivateCredit, epoch) == 16);
     assert!(std::mem::offset_of!(PrivateCredit, bytes) == 24);
+    // `None` of an `Option<&T>` is the null pointer: the image's zeros.
+    assert!(std::mem::offset_of!(PrivateCredit, inside) == 32);
+    assert!(std::mem::offset_of!(PrivateCredit, region) == 40);
     assert!(NO_LANE_YET == usize::MAX);
 };
 
@@ -195,7 +234,7 @@ pub(super) fn private() -> Option<&'static PrivateCredit> {
     let p: *const PrivateCredit;
     // SAFETY: reads the thread pointer (%fs:0, the TCB's pointer to itself) and the GOT
     // word the loader filled with our block's offset from it; the sum is this thread's
-    // copy of `cudabudget_private_credit`, 32 bytes of the static TLS block.
+    // copy of `cudabudget_private_credit`, 48 bytes of the static TLS block.
     unsafe {
         std::arch::asm!(
             "mov {p}, qword ptr fs:[0]",
@@ -272,7 +311,7 @@ extern "C" fn thread_exit(_: *mut libc::c_void) {
     let _ = std::panic::catch_unwind(|| {
         if let Some(p) = private() {
             p.flush();
-            let lane = p.lane.replace(EXITED);
+            let lane = p.hold_lane(EXITED);
             ledger::release_lane(lane);
         }
     });
@@ -306,12 +345,9 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn fresh(lane: usize) -> PrivateCredit {
-        PrivateCredit {
-            lane: Cell::new(lane),
-            device: Cell::new(usize::MAX),
-            epoch: Cell::new(0),
-            bytes: Cell::new(0),
-        }
+        let p = private_init();
+        p.hold_lane(lane);
+        p
     }
 
     fn pooled(device: usize, bytes: u64) -> Entry {
@@ -332,18 +368,18 @@ mod tests {
         let (device, d) = (50, runtime::ledger().device(50).unwrap());
         let p = fresh(3);
         p.give(device, d, 3 * MIB);
-        assert_eq!(p.bytes.get(), 3 * MIB, "kept by the thread");
+        assert_eq!(p.held(), 3 * MIB, "kept by the thread");
         assert_eq!(shared_credit(d), 0, "nothing went to the shards");
         assert!(!p.take(device + 1, runtime::ledger().device(51).unwrap(), MIB));
         assert!(!p.take(device, d, 4 * MIB), "more than it holds");
         assert!(p.take(device, d, 2 * MIB));
-        assert_eq!(p.bytes.get(), MIB);
+        assert_eq!(p.held(), MIB);
         d.retire_credit();
         assert!(
             !p.take(device, d, MIB),
             "credit of an older epoch is not spent"
         );
-        assert_eq!(p.bytes.get(), MIB);
+        assert_eq!(p.held(), MIB);
     }
 
     #[test]
@@ -353,7 +389,7 @@ mod tests {
             let p = fresh(lane);
             assert!(!p.keeps_credit());
             p.give(device, d, MIB);
-            assert_eq!(p.bytes.get(), 0);
+            assert_eq!(p.held(), 0);
             assert_eq!(shared_credit(d), MIB as i64, "it went to the shards");
             d.pool.collect().debit(MIB);
         }
@@ -366,14 +402,10 @@ mod tests {
         assert_eq!(PRIVATE_MAX, 8 * MIB);
         let p = fresh(4);
         p.give(device, d, PRIVATE_MAX);
-        assert_eq!(p.bytes.get(), PRIVATE_MAX, "exactly the bound is kept");
+        assert_eq!(p.held(), PRIVATE_MAX, "exactly the bound is kept");
         assert_eq!(shared_credit(d), 0);
         p.give(device, d, MIB);
-        assert_eq!(
-            p.bytes.get(),
-            PRIVATE_MAX / 2,
-            "over it, half the bound stays"
-        );
+        assert_eq!(p.held(), PRIVATE_MAX / 2, "over it, half the bound stays");
         assert_eq!(shared_credit(d), (PRIVATE_MAX / 2 + MIB) as i64);
     }
 
@@ -383,7 +415,7 @@ mod tests {
         let p = fresh(5);
         p.give(device, d, MIB);
         assert!(p.give_fast(pooled(device, 2 * MIB).packed()));
-        assert_eq!(p.bytes.get(), 3 * MIB);
+        assert_eq!(p.held(), 3 * MIB);
         assert!(
             !p.give_fast(pooled(device + 1, MIB).packed()),
             "another device"
@@ -397,11 +429,7 @@ mod tests {
             !p.give_fast(pooled(device, PRIVATE_MAX).packed()),
             "past the bound"
         );
-        assert_eq!(
-            p.bytes.get(),
-            3 * MIB,
-            "a refused fast free changes nothing"
-        );
+        assert_eq!(p.held(), 3 * MIB, "a refused fast free changes nothing");
         d.retire_credit();
         assert!(!p.give_fast(pooled(device, MIB).packed()), "an older epoch");
     }
@@ -432,9 +460,15 @@ mod tests {
         let here = private().map(std::ptr::from_ref);
         let seen = std::thread::spawn(|| {
             let p = private().expect("every thread has one");
-            let words = (p.lane.get(), p.device.get(), p.epoch.get(), p.bytes.get());
+            let words = (
+                p.lane.get(),
+                p.device.get(),
+                p.epoch.get(),
+                p.held(),
+                p.inside.get().is_none() && p.region.get().is_none(),
+            );
             p.bytes.set(12345);
-            (words, std::ptr::from_ref(p) as usize, p.bytes.get())
+            (words, std::ptr::from_ref(p) as usize, p.held())
         })
         .join()
         .unwrap();
@@ -443,7 +477,8 @@ mod tests {
             init.lane.get(),
             init.device.get(),
             init.epoch.get(),
-            init.bytes.get(),
+            init.held(),
+            true,
         );
         assert_eq!(seen.0, init);
         assert_eq!(seen.2, 12345, "the thread writes its own copy");
@@ -452,7 +487,7 @@ mod tests {
             Some(seen.1),
             "another thread's copy"
         );
-        assert_ne!(private().map(|p| p.bytes.get()), Some(12345));
+        assert_ne!(private().map(|p| p.held()), Some(12345));
     }
 
     #[test]

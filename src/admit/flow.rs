@@ -11,7 +11,7 @@ use super::{
     prepaid_by_thread, settle_charge, trim_quietly, with_growth,
 };
 use crate::admit::{capture, footprint, gate, graphs, pools};
-use crate::books::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Table};
+use crate::books::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Packed, Table};
 use crate::books::vmm;
 use crate::runtime::{self, Cx, DeviceCx};
 use crate::sys::driver::{
@@ -344,11 +344,10 @@ pub enum Settle {
         rc: CuResult,
         dptr: *mut DevicePtr,
         bytes: u64,
-        lane: usize,
     },
     Free {
         ptr: DevicePtr,
-        entry: Entry,
+        entry: Packed,
         rc: CuResult,
         mark: u64,
     },
@@ -356,22 +355,16 @@ pub enum Settle {
 
 impl Settle {
     /// Keeps the books of the driver's answer and returns that answer.
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     pub fn settle(self) -> CuResult {
         match self {
-            Settle::Alloc {
-                rc,
-                dptr,
-                bytes,
-                lane,
-            } => alloc_async_rest(rc, dptr, bytes, lane),
+            Settle::Alloc { rc, dptr, bytes } => alloc_async_rest(rc, dptr, bytes),
             Settle::Free {
                 ptr,
                 entry,
                 rc,
                 mark,
-            } => free_async_rest(ptr, entry, rc, mark),
+            } => free_async_rest(ptr, entry.entry(), rc, mark),
         }
     }
 }
@@ -391,26 +384,32 @@ pub fn free_async(
 /// thread's lane and credited to that thread — a few loads and stores and the driver's
 /// call. Declines whatever else, `real` untouched.
 #[inline(always)]
-pub fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Fast<F> {
+pub fn free_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
+    ptr: DevicePtr,
+    real: F,
+) -> Fast<F> {
     // No mode is asked: a thread claims a lane only in a budgeted process (on the full
     // path, after the hook's entry), and without one this path declines.
     let Some(p) = private() else {
         return Fast::Declined(real);
     };
-    let lane = p.lane.get();
+    // The thread's own counter in the gate and region of the table, held with its lane.
+    let (Some(own), Some(region)) = (p.inside.get(), p.region.get()) else {
+        return Fast::Declined(real);
+    };
     // Inside the gate from before the look at the captures (the gate's word of reasons,
     // read as it is entered) until the driver's answer: a capture of the stream starts
     // before the look or after the free (crate::admit::capture).
-    if !gate::enter_own(lane, gate::FOR_FREE) {
+    if !gate::enter_own::<FENCED>(own, gate::FOR_FREE) {
         return Fast::Declined(real);
     }
     let mark = ledger::clears();
-    let Some(entry) = runtime::pointers().remove_own(ptr, lane) else {
-        gate::leave_own(lane);
+    let Some(entry) = region.take(ptr) else {
+        gate::leave_own(own);
         return Fast::Declined(real);
     };
     let rc = real();
-    gate::leave_own(lane);
+    gate::leave_own(own);
     // A clear that starts after this check moves the device's epoch when it ends, which
     // voids credit given under the old one.
     if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(entry) {
@@ -418,7 +417,7 @@ pub fn free_async_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Fast
     }
     Fast::Settle(Settle::Free {
         ptr,
-        entry: entry.entry(),
+        entry,
         rc,
         mark,
     })
@@ -546,7 +545,7 @@ pub fn alloc_async(
 /// credit, into the thread's own lane: a few loads and stores and the driver's call.
 /// Declines whatever else, `real` untouched.
 #[inline(always)]
-pub fn alloc_async_fast<F: FnOnce() -> CuResult>(
+pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     bytes: u64,
     dptr: *mut DevicePtr,
     real: F,
@@ -557,42 +556,46 @@ pub fn alloc_async_fast<F: FnOnce() -> CuResult>(
     let Some(p) = private() else {
         return Fast::Declined(real);
     };
-    let lane = p.lane.get();
+    // A null `dptr` the driver refuses: the full path passes it on.
+    if dptr.is_null() {
+        return Fast::Declined(real);
+    }
+    // The thread's own counter in the gate and region of the table, held with its lane.
+    let (Some(own), Some(region)) = (p.inside.get(), p.region.get()) else {
+        return Fast::Declined(real);
+    };
     // Inside the gate before the reasons for the full path are looked at (one word: a
     // capture, a detour, more than one device): a switch of the device's current pool
     // waits for this call to reach the driver, or turns the detour on first.
-    if !gate::enter_own(lane, gate::FOR_ALLOC) {
+    if !gate::enter_own::<FENCED>(own, gate::FOR_ALLOC) {
         return Fast::Declined(real);
     }
     let d0 = runtime::ledger().device(0);
     if !d0.is_some_and(|d| prepaid_by_thread(p, 0, d, bytes)) {
-        gate::leave_own(lane);
+        gate::leave_own(own);
         return Fast::Declined(real);
     }
     let rc = real();
-    gate::leave_own(lane);
+    gate::leave_own(own);
     let entry = Entry {
         bytes,
         device: 0,
         kind: Kind::Pooled,
     };
     if rc.is_ok()
-        && !dptr.is_null()
-        // SAFETY: the driver succeeded, so it wrote the new address through `dptr`.
-        && runtime::pointers().insert_own(unsafe { *dptr }, entry, lane)
+        // SAFETY: the driver succeeded, so it wrote the new address through `dptr` (not
+        // null, looked at above).
+        && region.insert(unsafe { *dptr }, entry)
     {
         return Fast::Done(rc);
     }
-    Fast::Settle(Settle::Alloc {
-        rc,
-        dptr,
-        bytes,
-        lane,
-    })
+    Fast::Settle(Settle::Alloc { rc, dptr, bytes })
 }
 
 /// The fast path's allocation when the driver refused it or its bucket was full.
-fn alloc_async_rest(rc: CuResult, dptr: *mut DevicePtr, bytes: u64, lane: usize) -> CuResult {
+fn alloc_async_rest(rc: CuResult, dptr: *mut DevicePtr, bytes: u64) -> CuResult {
+    // The calling thread's lane, as the fast path found it.
+    let lane = private().map_or(0, PrivateCredit::lane_held);
     if let Some(d) = runtime::ledger().device(0) {
         record_pooled(rc, dptr, bytes, 0, d, lane, Paid::Thread);
     }

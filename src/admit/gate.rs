@@ -26,7 +26,13 @@ use crate::books::ledger::LANES;
 /// One counter per lane, each on a cache line of its own: lane 0 is shared by the
 /// threads that have no lane of their own.
 #[repr(align(128))]
-struct Inside(AtomicU32);
+pub struct Inside(AtomicU32);
+
+/// Lane `lane`'s own counter, for a thread that holds it (1..[`LANES`]: lane 0 is shared,
+/// and is no thread's own); the fast paths keep it beside their credit.
+pub fn inside_of(lane: usize) -> Option<&'static Inside> {
+    (1..LANES).contains(&lane).then(|| &INSIDE[lane])
+}
 
 static INSIDE: [Inside; LANES] = [const { Inside(AtomicU32::new(0)) }; LANES];
 
@@ -222,18 +228,19 @@ fn slot(lane: usize) -> usize {
     if lane < LANES { lane } else { 0 }
 }
 
-/// The fast path's way in: [`enter`] for the thread's own lane, with no guard, and with
-/// no reason for the full path among `asked` ([`FOR_ALLOC`], [`FOR_FREE`]); the caller
-/// [`leave_own`]s once the driver has answered, whatever it did. False, and nothing
-/// entered, when the gate is closed, another reason asked about is raised, or `lane` is
-/// not a lane of its own (1..[`LANES`]: lane 0 is shared, and a thread without one has
-/// none).
+/// The fast path's way in: [`enter`] for the thread's own lane (its counter, from
+/// [`inside_of`]), with no guard, and with no reason for the full path among `asked`
+/// ([`FOR_ALLOC`], [`FOR_FREE`]); the caller [`leave_own`]s once the driver has answered,
+/// whatever it did. False, and nothing entered, when the gate is closed or another reason
+/// asked about is raised.
+///
+/// Without membarrier registered, `FENCED` enters with the fences that then need
+/// (out of the caller's way); with `FENCED` false the missing membarrier declines too,
+/// so that the caller calls nothing else ([`only_fences_missing`] then says whether
+/// entering fenced would have got in).
 #[inline(always)]
-pub fn enter_own(lane: usize, asked: u64) -> bool {
-    if !(1..LANES).contains(&lane) {
-        return false;
-    }
-    let inside = &INSIDE[lane].0;
+pub fn enter_own<const FENCED: bool>(own: &Inside, asked: u64) -> bool {
+    let inside = &own.0;
     // Only this thread writes its own lane: a plain store. With membarrier registered,
     // a switch's barrier orders it before the load below; without, the cold path
     // fences.
@@ -245,29 +252,39 @@ pub fn enter_own(lane: usize, asked: u64) -> bool {
     if REASONS.0.load(Ordering::Relaxed) & asked == 0 {
         return true;
     }
-    enter_own_otherwise(lane, asked)
+    if FENCED {
+        return enter_own_otherwise(own, asked);
+    }
+    leave_own(own);
+    false
+}
+
+/// Whether the one reason raised among `asked` is the missing membarrier: entering with
+/// the fences ([`enter_own`]) would get in where the quick way declined.
+#[inline]
+pub fn only_fences_missing(asked: u64) -> bool {
+    REASONS.0.load(Ordering::Relaxed) & asked == NOT_ASYMMETRIC & asked
 }
 
 /// [`enter_own`] when a reason was raised: in only when the one reason is the missing
 /// membarrier, after the fences it then needs.
 #[cold]
 #[inline(never)]
-fn enter_own_otherwise(lane: usize, asked: u64) -> bool {
-    let inside = &INSIDE[lane % LANES].0;
+fn enter_own_otherwise(own: &Inside, asked: u64) -> bool {
     // The increment made sequentially consistent (as entering is without membarrier),
     // then the reasons read again.
-    inside.fetch_add(0, Ordering::SeqCst);
+    own.0.fetch_add(0, Ordering::SeqCst);
     if REASONS.0.load(Ordering::SeqCst) & asked == NOT_ASYMMETRIC & asked {
         return true;
     }
-    leave_own(lane);
+    leave_own(own);
     false
 }
 
 /// Leaves the gate [`enter_own`] entered.
 #[inline(always)]
-pub fn leave_own(lane: usize) {
-    let inside = &INSIDE[lane % LANES].0;
+pub fn leave_own(own: &Inside) {
+    let inside = &own.0;
     inside.store(
         inside.load(Ordering::Relaxed).wrapping_sub(1),
         Ordering::Release,
@@ -411,22 +428,43 @@ mod tests {
         let was = asymmetric();
         for asymmetric in [false, true] {
             set_asymmetric(asymmetric);
-            assert!(enter_own(4, FOR_FREE), "open: in (asymmetric {asymmetric})");
+            let own = inside_of(4).unwrap();
+            assert!(
+                enter_own::<true>(own, FOR_FREE),
+                "open: in (asymmetric {asymmetric})"
+            );
             assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 1);
-            leave_own(4);
+            leave_own(own);
+            assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
+            // The quick way (no call out of the fast path) gets in only with membarrier,
+            // and says so when fencing would have.
+            let quick = enter_own::<false>(own, FOR_FREE);
+            if quick {
+                leave_own(own);
+            }
+            assert_eq!(quick, asymmetric, "quick, asymmetric {asymmetric}");
+            assert_eq!(only_fences_missing(FOR_FREE), !asymmetric);
             assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
             CLOSED.raise();
-            let got_in = enter_own(4, FOR_FREE);
+            let got_in = enter_own::<true>(own, FOR_FREE);
+            let quick = enter_own::<false>(own, FOR_FREE);
+            let fences_would = only_fences_missing(FOR_FREE);
             let counted = INSIDE[4].0.load(Ordering::SeqCst);
             CLOSED.lower();
             assert!(!got_in, "closed: turned away (asymmetric {asymmetric})");
+            assert!(!quick, "closed: turned away the quick way too");
+            assert!(!fences_would, "closed: fences would not get in either");
             assert_eq!(counted, 0, "and not counted");
-            assert!(!enter_own(0, FOR_FREE), "lane 0 is shared: not a way in");
+            assert!(inside_of(0).is_none(), "lane 0 is shared: not a way in");
             assert!(
-                !enter_own(usize::MAX, FOR_FREE),
+                inside_of(usize::MAX).is_none(),
                 "a thread without a lane has no way in"
             );
-            assert!(!enter_own(LANES, FOR_FREE), "nor a lane past the table");
+            assert!(inside_of(LANES).is_none(), "nor a lane past the table");
+            assert!(std::ptr::eq(
+                inside_of(LANES - 1).unwrap(),
+                &INSIDE[LANES - 1]
+            ));
         }
         set_asymmetric(was);
     }
@@ -610,16 +648,20 @@ mod tests {
     fn the_allocations_way_in_opens_once_one_device_is_known() {
         let _turn = serial();
         REASONS.0.fetch_or(DEVICES_UNKNOWN, Ordering::SeqCst);
-        assert!(!enter_own(4, FOR_ALLOC), "devices not known: no way in");
+        let own = inside_of(4).unwrap();
+        assert!(
+            !enter_own::<true>(own, FOR_ALLOC),
+            "devices not known: no way in"
+        );
         assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0, "and not counted");
-        assert!(enter_own(4, FOR_FREE), "a free gets in");
-        leave_own(4);
+        assert!(enter_own::<true>(own, FOR_FREE), "a free gets in");
+        leave_own(own);
         one_device();
-        assert!(enter_own(4, FOR_ALLOC), "one device: in");
-        leave_own(4);
+        assert!(enter_own::<true>(own, FOR_ALLOC), "one device: in");
+        leave_own(own);
         one_device();
-        assert!(enter_own(4, FOR_ALLOC), "said twice, still in");
-        leave_own(4);
+        assert!(enter_own::<true>(own, FOR_ALLOC), "said twice, still in");
+        leave_own(own);
         assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
     }
 

@@ -33,7 +33,7 @@ pub use addresses::{AddrTable, Table};
 pub use credit::{BankGuard, POOL_SHARDS, PoolCredit, clamp_i64};
 pub use entries::{Entry, Kind, Packed};
 pub use lanes::{LANES, claim_lane, lane_free, lanes_after_fork, release_lane};
-pub use pointers::PointerMap;
+pub use pointers::{OwnRegion, PointerMap};
 
 /// A device's budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,9 @@
 //! [`crate::admit::flow`]: resolve → admit → real call → commit or roll back.
 
 use super::guard;
-use crate::admit::flow::{self, Fast};
+use crate::admit::flow::{self, Fast, Settle};
+use crate::admit::gate;
+use crate::books::ledger::Packed;
 use crate::sys::driver::{CuResult, DevicePtr, MemPool, Stream, real};
 
 /// # Safety
@@ -75,9 +77,13 @@ with_ptsz! {
     ) {
         // SAFETY: the caller's arguments.
         let real = move || unsafe { driver(dptr, bytes, stream) };
-        // The fast path neither indexes nor unwraps: it runs before the guard.
-        match flow::alloc_async_fast(bytes as u64, dptr, real) {
+        // The fast path neither indexes nor unwraps: it runs before the guard. Nor does
+        // it call out of this function but to the driver: what it declines, the
+        // missing membarrier included, goes to the full path with the arguments as
+        // they came.
+        match flow::alloc_async_fast::<false, _>(bytes as u64, dptr, real) {
             Fast::Done(rc) => rc,
+            Fast::Settle(Settle::Alloc { rc, dptr, bytes }) => settle_alloc(rc, dptr, bytes),
             Fast::Settle(books) => settle("cuMemAllocAsync", books),
             Fast::Declined(_) => alloc_async_full(dptr, bytes, stream, driver),
         }
@@ -114,9 +120,10 @@ with_ptsz! {
     cuMemFreeAsync, driver, fn(dptr: DevicePtr, stream: Stream) {
         // SAFETY: the caller's arguments.
         let real = move || unsafe { driver(dptr, stream) };
-        // The fast path neither indexes nor unwraps: it runs before the guard.
-        match flow::free_async_fast(dptr, real) {
+        // As `cuMemAllocAsync`'s.
+        match flow::free_async_fast::<false, _>(dptr, real) {
             Fast::Done(rc) => rc,
+            Fast::Settle(Settle::Free { ptr, entry, rc, mark }) => settle_free(ptr, entry, rc, mark),
             Fast::Settle(books) => settle("cuMemFreeAsync", books),
             Fast::Declined(_) => free_async_full(dptr, stream, driver),
         }
@@ -126,8 +133,30 @@ with_ptsz! {
 /// The books the stream-ordered fast path left, under the guard.
 #[cold]
 #[inline(never)]
-fn settle(call: &'static str, books: flow::Settle) -> CuResult {
+fn settle(call: &'static str, books: Settle) -> CuResult {
     guard(call, || books.settle())
+}
+
+/// [`settle`] for an allocation, its figures in registers.
+#[cold]
+#[inline(never)]
+fn settle_alloc(rc: CuResult, dptr: *mut DevicePtr, bytes: u64) -> CuResult {
+    settle("cuMemAllocAsync", Settle::Alloc { rc, dptr, bytes })
+}
+
+/// [`settle`] for a free, its figures in registers.
+#[cold]
+#[inline(never)]
+fn settle_free(ptr: DevicePtr, entry: Packed, rc: CuResult, mark: u64) -> CuResult {
+    settle(
+        "cuMemFreeAsync",
+        Settle::Free {
+            ptr,
+            entry,
+            rc,
+            mark,
+        },
+    )
 }
 
 /// `cuMemAllocAsync` past the fast path, out of its way: the arguments in registers,
@@ -141,6 +170,16 @@ fn alloc_async_full(
 ) -> CuResult {
     // SAFETY: the caller's arguments, for the variant it was called as.
     let real = move || unsafe { driver(dptr, bytes, stream) };
+    // Where the one reason was the missing membarrier: the fast path, fencing.
+    let real = if gate::only_fences_missing(gate::FOR_ALLOC) {
+        match flow::alloc_async_fast::<true, _>(bytes as u64, dptr, real) {
+            Fast::Done(rc) => return rc,
+            Fast::Settle(books) => return settle("cuMemAllocAsync", books),
+            Fast::Declined(real) => real,
+        }
+    } else {
+        real
+    };
     guard("cuMemAllocAsync", || {
         let cx = enter!(real);
         flow::alloc_async(cx, bytes as u64, stream, dptr, real)
@@ -156,6 +195,16 @@ fn free_async_full(
 ) -> CuResult {
     // SAFETY: the caller's arguments, for the variant it was called as.
     let real = move || unsafe { driver(dptr, stream) };
+    // As `alloc_async_full`'s.
+    let real = if gate::only_fences_missing(gate::FOR_FREE) {
+        match flow::free_async_fast::<true, _>(dptr, real) {
+            Fast::Done(rc) => return rc,
+            Fast::Settle(books) => return settle("cuMemFreeAsync", books),
+            Fast::Declined(real) => real,
+        }
+    } else {
+        real
+    };
     guard("cuMemFreeAsync", || {
         let cx = enter!(real);
         flow::free_async(cx, dptr, stream, real)

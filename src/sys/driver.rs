@@ -266,17 +266,23 @@ macro_rules! real_fn {
         /// The arguments must be valid for the driver function of the same name.
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name($($arg: $ty),*) -> CuResult {
-            let mut f = REAL[Sym::$name as usize].load(Ordering::Acquire);
+            /// Not loaded yet (a hook that runs before any other), or the driver lacks
+            /// the function: out of the caller's way, its arguments passed on as they
+            /// came, so that the caller keeps none of them for this path.
+            #[cold]
+            #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn loading($($arg: $ty),*) -> CuResult {
+                if !load() || REAL[Sym::$name as usize].load(Ordering::Acquire).is_null() {
+                    return CuResult::NOT_INITIALIZED;
+                }
+                // SAFETY: the caller's arguments; the table's entry, once set, stays.
+                unsafe { $name($($arg),*) }
+            }
+            let f = REAL[Sym::$name as usize].load(Ordering::Acquire);
             if f.is_null() {
-                // Not loaded yet (a hook that runs before any other), or the
-                // driver lacks the function.
-                if !load() {
-                    return CuResult::NOT_INITIALIZED;
-                }
-                f = REAL[Sym::$name as usize].load(Ordering::Acquire);
-                if f.is_null() {
-                    return CuResult::NOT_INITIALIZED;
-                }
+                // SAFETY: the caller's arguments, passed on.
+                return unsafe { loading($($arg),*) };
             }
             // SAFETY: `f` was returned by dlsym for this exact name, whose C
             // signature is the one spelled out in the table.

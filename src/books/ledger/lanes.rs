@@ -72,52 +72,50 @@ pub(super) struct Bucket([Slot; BUCKET]);
 /// [`AddrTable`] instead. Any thread removes (as in [`AddrTable::remove`]), looking in
 /// its own lane first.
 pub struct LaneTable<const BUCKETS_PER_LANE: usize> {
-    regions: [[Bucket; BUCKETS_PER_LANE]; LANES],
+    regions: [Region<BUCKETS_PER_LANE>; LANES],
 }
+
+/// One lane's buckets in a [`LaneTable`]: what its thread fills alone.
+#[repr(transparent)]
+pub struct Region<const B: usize>([Bucket; B]);
 
 impl<const B: usize> LaneTable<B> {
     pub const fn new() -> Self {
         assert!(B.is_power_of_two());
         Self {
             regions: [const {
-                [const {
-                    Bucket(
-                        [const {
-                            Slot {
-                                key: AtomicU64::new(EMPTY),
-                                value: AtomicU64::new(0),
-                            }
-                        }; BUCKET],
-                    )
-                }; B]
+                Region(
+                    [const {
+                        Bucket(
+                            [const {
+                                Slot {
+                                    key: AtomicU64::new(EMPTY),
+                                    value: AtomicU64::new(0),
+                                }
+                            }; BUCKET],
+                        )
+                    }; B],
+                )
             }; LANES],
         }
     }
 
-    pub(super) fn bucket_index(key: u64) -> usize {
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (B - 1)
-    }
-
+    /// Lane `lane`'s region, for the thread that holds it (1..[`LANES`]).
     #[inline]
-    pub(super) fn bucket(&self, lane: usize, key: u64) -> &Bucket {
-        &self.regions[lane][Self::bucket_index(key)]
+    pub fn own_region(&self, lane: usize) -> Option<&Region<B>> {
+        if (1..LANES).contains(&lane) {
+            self.regions.get(lane)
+        } else {
+            None
+        }
     }
 
     /// Records `key` in `lane`'s region; false when its bucket is full. Only the thread
     /// that holds `lane` may call this.
     #[inline(always)]
     pub fn insert(&self, key: u64, entry: Entry, lane: usize) -> bool {
-        if key == EMPTY || key == BUSY || !(1..LANES).contains(&lane) {
-            return false;
-        }
-        for slot in &self.bucket(lane, key).0 {
-            if slot.key.load(Ordering::Acquire) == EMPTY {
-                slot.value.store(entry.pack(), Ordering::Relaxed);
-                slot.key.store(key, Ordering::Release);
-                return true;
-            }
-        }
-        false
+        self.own_region(lane)
+            .is_some_and(|region| region.insert(key, entry))
     }
 
     /// Removes `key` and returns its entry; `None` for an address not here. `hint` is
@@ -144,21 +142,7 @@ impl<const B: usize> LaneTable<B> {
     /// no lane).
     #[inline]
     pub(super) fn take(&self, lane: usize, key: u64) -> Option<Entry> {
-        self.take_packed(lane, key).map(Packed::entry)
-    }
-
-    /// As [`Self::take`], the entry as the slot held it.
-    #[inline(always)]
-    pub(super) fn take_packed(&self, lane: usize, key: u64) -> Option<Packed> {
-        let bucket = self.regions.get(lane)?.get(Self::bucket_index(key))?;
-        for slot in &bucket.0 {
-            if slot.key.load(Ordering::Acquire) == key {
-                let value = slot.value.load(Ordering::Relaxed);
-                slot.key.store(EMPTY, Ordering::Release);
-                return Some(Packed(value));
-            }
-        }
-        None
+        self.regions.get(lane)?.take(key).map(Packed::entry)
     }
 
     /// Drops every entry of `device`.
@@ -166,7 +150,7 @@ impl<const B: usize> LaneTable<B> {
         let slots = self
             .regions
             .iter()
-            .flat_map(|region| region.iter())
+            .flat_map(|region| region.0.iter())
             .flat_map(|bucket| bucket.0.iter());
         for slot in slots {
             let key = slot.key.load(Ordering::Acquire);
@@ -182,5 +166,47 @@ impl<const B: usize> LaneTable<B> {
 impl<const B: usize> Default for LaneTable<B> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl<const B: usize> Region<B> {
+    pub(super) fn bucket_index(key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (B - 1)
+    }
+
+    /// Records `key` here; false when its bucket is full (or `key` is no address). Only
+    /// the thread that holds this region's lane may call this: it fills an empty slot
+    /// with plain stores.
+    #[inline(always)]
+    pub fn insert(&self, key: u64, entry: Entry) -> bool {
+        if key == EMPTY || key == BUSY {
+            return false;
+        }
+        for slot in &self.0[Self::bucket_index(key)].0 {
+            if slot.key.load(Ordering::Acquire) == EMPTY {
+                slot.value.store(entry.pack(), Ordering::Relaxed);
+                slot.key.store(key, Ordering::Release);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes `key` and returns its entry as the slot held it; `None` when it is not
+    /// here. Any thread may.
+    #[inline(always)]
+    pub fn take(&self, key: u64) -> Option<Packed> {
+        // A key never recorded: 0 would match an empty slot (BUSY is never inserted).
+        if key == EMPTY {
+            return None;
+        }
+        for slot in &self.0[Self::bucket_index(key)].0 {
+            if slot.key.load(Ordering::Acquire) == key {
+                let value = slot.value.load(Ordering::Relaxed);
+                slot.key.store(EMPTY, Ordering::Release);
+                return Some(Packed(value));
+            }
+        }
+        None
     }
 }

@@ -5,12 +5,17 @@ use super::addresses::*;
 use super::entries::*;
 use super::lanes::*;
 
+/// Buckets of a lane's region in the [`PointerMap`].
+const LANE_BUCKETS: usize = 4096;
+/// A lane's region of the [`PointerMap`].
+pub type OwnRegion = Region<LANE_BUCKETS>;
+
 /// Device pointers from every allocation path: stream-ordered blocks of threads with a
 /// lane in the [`LaneTable`], everything else in the [`AddrTable`].
 pub struct PointerMap {
     /// 4096 buckets of 4 slots a lane: 16 384 blocks a thread (16 MiB of address space,
     /// touched only where used).
-    lanes: LaneTable<4096>,
+    lanes: LaneTable<LANE_BUCKETS>,
     shared: AddrTable<{ 1 << 18 }>,
 }
 
@@ -30,21 +35,12 @@ impl PointerMap {
         }
     }
 
-    /// Records a block in the calling thread's own `lane` (1..[`LANES`]); false when its
-    /// bucket there is full (or `lane` is no lane), and nothing was recorded.
-    #[inline(always)]
-    pub fn insert_own(&self, key: u64, entry: Entry, lane: usize) -> bool {
-        self.lanes.insert(key, entry, lane)
-    }
-
-    /// Removes `key` if it lies in `lane` (the caller's own); `None` otherwise, when it
-    /// may still be elsewhere ([`PointerMap::remove_pooled`]).
-    #[inline(always)]
-    pub fn remove_own(&self, key: u64, lane: usize) -> Option<Packed> {
-        if key == EMPTY || key == BUSY {
-            return None;
-        }
-        self.lanes.take_packed(lane, key)
+    /// The region of the calling thread's own `lane` (1..[`LANES`]), where it records its
+    /// stream-ordered blocks itself ([`OwnRegion::insert`]) and finds them again
+    /// ([`OwnRegion::take`]); `None` for no lane. A block not found there may still be
+    /// elsewhere ([`PointerMap::remove_pooled`]).
+    pub fn own_region(&self, lane: usize) -> Option<&OwnRegion> {
+        self.lanes.own_region(lane)
     }
 
     pub fn purge_device(&self, device: usize) {

@@ -211,10 +211,10 @@ fn a_lane_holds_a_bucket_of_entries_and_the_map_takes_the_rest() {
     let other = claim_lane();
     static T: LaneTable<64> = LaneTable::new();
     // Keys of one bucket: a lane has room for BUCKET of them.
-    let bucket = LaneTable::<64>::bucket_index(1 << 21);
+    let bucket = Region::<64>::bucket_index(1 << 21);
     let same: Vec<u64> = (1..100_000u64)
         .map(|k| k << 12)
-        .filter(|&k| LaneTable::<64>::bucket_index(k) == bucket)
+        .filter(|&k| Region::<64>::bucket_index(k) == bucket)
         .take(BUCKET + 1)
         .collect();
     for (i, &k) in same[..BUCKET].iter().enumerate() {
@@ -243,7 +243,7 @@ fn a_lane_holds_a_bucket_of_entries_and_the_map_takes_the_rest() {
     static M: PointerMap = PointerMap::new();
     let keys: Vec<u64> = (1..100_000u64)
         .map(|k| k << 12)
-        .filter(|&k| LaneTable::<4096>::bucket_index(k) == 0)
+        .filter(|&k| Region::<4096>::bucket_index(k) == 0)
         .take(BUCKET + 2)
         .collect();
     for (i, &k) in keys.iter().enumerate() {
@@ -819,8 +819,9 @@ fn lanes_never_record_or_find_addresses_zero_and_all_ones() {
         assert!(!T.insert(key, pooled(1), lane));
         assert_eq!(T.remove(key, lane), None);
         assert_eq!(T.remove(key, 0), None);
-        assert!(!M.insert_own(key, pooled(1), lane));
-        assert_eq!(M.remove_own(key, lane), None);
+        let region = M.own_region(lane).unwrap();
+        assert!(!region.insert(key, pooled(1)));
+        assert_eq!(region.take(key), None);
         assert_eq!(M.remove_pooled(key, lane), None);
         assert_eq!(Table::remove(&M, key), None);
     }
@@ -834,13 +835,15 @@ fn a_block_recorded_in_its_threads_lane_is_found_there() {
     let lane = claim_lane();
     let other = claim_lane();
     let key = 0x7f00_0000_0000;
-    assert!(M.insert_own(key, pooled(5), lane));
-    assert_eq!(M.remove_own(key, other), None, "not in another lane");
-    assert_eq!(M.remove_own(key, lane), Some(pooled(5).packed()));
-    assert_eq!(M.remove_own(key, lane), None);
-    assert!(!M.insert_own(key, pooled(5), 0), "lane 0 is no lane");
+    let (own, others) = (M.own_region(lane).unwrap(), M.own_region(other).unwrap());
+    assert!(own.insert(key, pooled(5)));
+    assert_eq!(others.take(key), None, "not in another lane");
+    assert_eq!(own.take(key), Some(pooled(5).packed()));
+    assert_eq!(own.take(key), None);
+    assert!(M.own_region(0).is_none(), "lane 0 is no lane");
+    assert!(M.own_region(LANES).is_none(), "nor one past the table");
     // A block left in the lane by its thread is found by another's.
-    assert!(M.insert_own(key, pooled(6), lane));
+    assert!(own.insert(key, pooled(6)));
     assert_eq!(M.remove_pooled(key, other), Some(pooled(6)));
     release_lane(lane);
     release_lane(other);
