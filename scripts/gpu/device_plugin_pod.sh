@@ -6,7 +6,8 @@
 # with exactly the Allocate answer's environment and mounts (a private mount namespace
 # binds the node's directories where the container would see them). Checks: the units
 # advertised are each GPU's memory less 2 GiB, in GiB; the container gets one GPU by UUID;
-# PyTorch sees 20 GiB, holds 16 GiB and is refused 8 GiB more with OutOfMemoryError.
+# PyTorch sees 20 GiB, holds 16 GiB and is refused 8 GiB more with OutOfMemoryError; on two
+# GPUs, a container asking one unit more than a GPU has is refused.
 #
 #   bash scripts/gpu/device_plugin_pod.sh   (as root; carrying target/release/cudabudget-node,
 #                                            target/release/examples/kubelet_standin and
@@ -89,6 +90,20 @@ get() { "$PY" -c 'import json,sys; print(json.loads(sys.argv[1]).get(sys.argv[2]
 [ "$(get total_gib)" = 20.0 ]; check the_budget_is_the_device $? "total_gib=$(get total_gib)"
 [ "$(get held_16_gib)" = True ]; check sixteen_gib_fit $? "held_16_gib=$(get held_16_gib)"
 [ "$(get refused)" = OutOfMemoryError ]; check eight_more_are_refused_by_pytorch $? "refused=$(get refused); $(grep -m1 'cudabudget' "$WORK/probe.err")"
+# A container asking more than one GPU has: refused with the plugin's message (its units
+# would span two GPUs). Needs two GPUs: one GPU's units are all the kubelet could ask.
+ngpu=$(nvidia-smi -L | grep -c '^GPU ')
+if [ "$ngpu" -ge 2 ]; then
+  one=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1 \
+    | awk '{ print int(($1 * 1048576 - 2 * 1073741824) / 1073741824) }')
+  timeout 60 "$STANDIN" "$WORK/device-plugins" $((one + 1)) >"$WORK/answer2.txt" 2>"$WORK/standin2.err"
+  rc=$?
+  [ "$rc" = 1 ] && grep -q '^refused: ' "$WORK/standin2.err"
+  check more_than_one_gpu_has_is_refused $? "asked $((one + 1)) of $one a GPU: rc=$rc $(head -c 300 "$WORK/standin2.err")"
+else
+  echo "SKIP more_than_one_gpu_has_is_refused [$ngpu GPU: run on two]"
+fi
+
 [ "$FAILED" = 0 ] || { echo "--- container.sh"; cat "$WORK/container.sh"; echo "--- probe.err"; tail -n 20 "$WORK/probe.err"; echo "--- plugin.log"; cat "$WORK/plugin.log"; }
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]

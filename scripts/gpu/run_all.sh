@@ -23,7 +23,8 @@ VIA=mixed
 REPS=5
 ALL_CASES="torch_native torch_expandable torch_async jax_default jax_platform jax_async cupy_default cupy_async numba cuda_c nvsmi seed"
 ALL_CASES+=" torch_graph torch_graph_async cuda_graph_fit cuda_graph_cross cuda_async_impossible cuda_primary_reset"
-ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream"
+ALL_CASES+=" dataloader_fork two_gpu_perdev two_gpu_visible1 two_gpu_stream two_gpu_reordered two_gpu_peer"
+ALL_CASES+=" two_gpu_job two_gpu_nccl"
 ALL_CASES+=" footprint_rawmodule footprint_heap footprint_spill footprint_pidns torch_no_nvml job_gpu"
 ALL_CASES+=" load_neighbour compressed_fatbin job_tenants live_limit ray_fractions"
 while [[ $# -gt 0 ]]; do
@@ -530,7 +531,8 @@ if selected dataloader_fork; then
     --loader-timeout 60 --watchdog-s 100
 fi
 
-if [[ $TWO_GPU -eq 1 ]] && { selected two_gpu_perdev || selected two_gpu_visible1 || selected two_gpu_stream; }; then
+if [[ $TWO_GPU -eq 1 ]] && { selected two_gpu_perdev || selected two_gpu_visible1 || selected two_gpu_stream \
+  || selected two_gpu_reordered || selected two_gpu_peer || selected two_gpu_job || selected two_gpu_nccl; }; then
   if [[ $NGPU -ge 2 ]]; then
     if selected two_gpu_perdev; then
       pair two_gpu_perdev "CUDA_VISIBLE_DEVICES=0,1 B:CUDABUDGET_LIMIT_0=6Gi B:CUDABUDGET_LIMIT_1=10Gi" 180 -- \
@@ -543,6 +545,13 @@ if [[ $TWO_GPU -eq 1 ]] && { selected two_gpu_perdev || selected two_gpu_visible
     if selected two_gpu_stream; then
       graph_case two_gpu_stream "CUDA_VISIBLE_DEVICES=0,1 B:CUDABUDGET_LIMIT=4Gi" twodev
     fi
+    # Reordered ordinals, peer copies, a job over two devices, NCCL between two budgeted
+    # processes: scripts/gpu/cases/two_gpu.py runs each natively and budgeted.
+    for c in reordered peer job nccl; do
+      if selected "two_gpu_$c"; then
+        py_case "two_gpu_$c" "(two GPUs: $c)" 420 "$C/two_gpu.py" --lib "$LIB" --python "$PY" --case "$c"
+      fi
+    done
   else
     log "SKIP two_gpu: only $NGPU GPU(s) visible (run on the nvidia-h200-x2 kind)"
     echo "SKIP two_gpu: only $NGPU GPU(s) visible" >>"$RESULTS"

@@ -229,3 +229,43 @@ fn a_member_whose_limit_differs_uses_the_jobs_budget_and_says_so_in_one_line() {
         said[0]
     );
 }
+
+/// A job over two devices (the fake's two): its budget holds on each device apart, so a
+/// member on device 1 is not refused for what another holds on device 0, and is refused
+/// on device 0 for it. (The same on two GPUs: `scripts/gpu/cases/two_gpu.py --case job`.)
+#[test]
+fn a_jobs_members_on_two_devices_are_held_to_its_budget_on_each() {
+    let dir = job_dir("two-devices");
+    let mut e = envs(&dir, "job:two", "1Gi");
+    e.push(("FAKE_CUDA_DEVICES", "2"));
+    let on_device_0 = Holder::start(&["alloc:768Mi"], &e);
+    let run = client(
+        &[
+            "ctx:1",
+            "alloc:768Mi",
+            "ctx:0",
+            "alloc:768Mi",
+            "alloc:256Mi",
+            "info",
+        ],
+        &e,
+    );
+    let on_device_0 = on_device_0.finish();
+    assert_eq!(on_device_0.rc("alloc", 0), 0, "{on_device_0:?}");
+    assert_eq!(
+        run.rc("alloc", 0),
+        0,
+        "device 1 is the job's own too\n{run:?}"
+    );
+    assert_eq!(
+        run.rc("alloc", 1),
+        2,
+        "device 0 has 768 MiB of the job's 1 GiB taken\n{run:?}"
+    );
+    assert_eq!(
+        run.rc("alloc", 2),
+        0,
+        "what is left there is granted\n{run:?}"
+    );
+    assert_eq!(run.num("info", 0, "free"), 0, "{run:?}");
+}
