@@ -47,25 +47,26 @@ static REASONS: Reasons = Reasons(AtomicU64::new(NOT_ASYMMETRIC | DEVICES_UNKNOW
 
 /// Switches under way (the gate is closed while any is).
 const CLOSED: Field = Field {
-    one: 1,
-    mask: 0xFFFF,
+    one: 1 << 1,
+    mask: 0xFFFF << 1,
 };
 /// Stream captures begun and not yet ended ([`crate::admit::capture`]).
 const CAPTURES: Field = Field {
-    one: 1 << 16,
-    mask: 0xFFFF << 16,
+    one: 1 << 17,
+    mask: 0xFFFF << 17,
 };
 /// Other reasons for the full path: a pool the program created made a device's current one.
 const DETOURS: Field = Field {
-    one: 1 << 32,
-    mask: 0xFFFF << 32,
+    one: 1 << 33,
+    mask: 0xFFFF << 33,
 };
 /// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` is not registered for the process (yet,
 /// or refused): entering fences on the allocation's side.
 const NOT_ASYMMETRIC: u64 = 1 << 62;
 /// Not known to see one device: the allocation's fast path (which charges device 0)
-/// stays off.
-const DEVICES_UNKNOWN: u64 = 1 << 63;
+/// stays off. The lowest bit, so that a free's question ([`FOR_FREE`], every bit but
+/// this) is one test of the word against an immediate.
+const DEVICES_UNKNOWN: u64 = 1;
 
 /// A count in [`REASONS`].
 #[derive(Clone, Copy)]

@@ -81,7 +81,7 @@ pub struct Region<const B: usize>([Bucket; B]);
 
 impl<const B: usize> LaneTable<B> {
     pub const fn new() -> Self {
-        assert!(B.is_power_of_two());
+        assert!(B.is_power_of_two() && B > 1);
         Self {
             regions: [const {
                 Region(
@@ -170,8 +170,9 @@ impl<const B: usize> Default for LaneTable<B> {
 }
 
 impl<const B: usize> Region<B> {
+    /// Fibonacci hashing: the product's top bits, as many as `B` needs.
     pub(super) fn bucket_index(key: u64) -> usize {
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (B - 1)
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - B.trailing_zeros())) as usize
     }
 
     /// Records `key` here; false when its bucket is full (or `key` is no address). Only
