@@ -290,7 +290,7 @@ pub fn ledger() -> &'static Ledger {
     &LEDGER
 }
 
-pub fn pointers() -> &'static PointerMap {
+pub const fn pointers() -> &'static PointerMap {
     &POINTERS
 }
 

@@ -32,12 +32,39 @@ pub(super) struct PrivateCredit {
     /// the compiler too) to fit an address-table entry as it is. The word's other half
     /// is padding.
     bytes: Cell<u32>,
-    /// The lane's own counter in the gate and its region of the pointer table, as
-    /// [`PrivateCredit::hold_lane`] set them with the lane: the fast paths reach them
-    /// without working them out from the lane. `None` without a lane of its own.
-    pub(super) inside: Cell<Option<&'static gate::Inside>>,
-    pub(super) region: Cell<Option<&'static OwnRegion>>,
+    /// What the thread writes alone for its lane, as [`PrivateCredit::hold_lane`] set it
+    /// with the lane: one pointer the fast paths follow instead of working it out from
+    /// the lane. `None` without a lane of its own.
+    pub(super) own: Cell<Option<&'static OwnLane>>,
 }
+
+/// What the thread that holds a lane writes alone: its counter in the gate and its region
+/// of the pointer table.
+#[derive(Clone, Copy)]
+pub(super) struct OwnLane {
+    pub(super) inside: &'static gate::Inside,
+    pub(super) region: &'static OwnRegion,
+}
+
+/// Each lane's [`OwnLane`]; lane 0's (nobody's lane) is never handed out.
+static OWN_LANES: [OwnLane; ledger::LANES] = {
+    const fn of(lane: usize) -> OwnLane {
+        OwnLane {
+            inside: gate::inside_at(lane),
+            region: match runtime::pointers().own_region(if lane == 0 { 1 } else { lane }) {
+                Some(region) => region,
+                None => panic!("every lane but 0 has a region"),
+            },
+        }
+    }
+    let mut lanes = [of(0); ledger::LANES];
+    let mut lane = 1;
+    while lane < ledger::LANES {
+        lanes[lane] = of(lane);
+        lane += 1;
+    }
+    lanes
+};
 
 const PRIVATE_MAX: u64 = 8 << 20;
 const _: () = assert!(PRIVATE_MAX <= u32::MAX as u64);
@@ -82,8 +109,8 @@ impl PrivateCredit {
     /// Holds `lane`, with its counter in the gate and its region of the pointer table
     /// (none for a value that is no lane of its own); returns the lane held before.
     fn hold_lane(&self, lane: usize) -> usize {
-        self.inside.set(gate::inside_of(lane));
-        self.region.set(runtime::pointers().own_region(lane));
+        self.own
+            .set((1..ledger::LANES).contains(&lane).then(|| &OWN_LANES[lane]));
         self.lane.replace(lane)
     }
 
@@ -179,7 +206,7 @@ impl PrivateCredit {
 }
 
 /// What a thread's credit is before its first use (the `.tdata` image below spells the
-/// same words: lane, device, epoch, bytes, and no lane's counter or region).
+/// same words: lane, device, epoch, bytes, and no lane of its own).
 #[cfg_attr(
     all(target_arch = "x86_64", target_os = "linux", not(test)),
     expect(dead_code, reason = "the TLS image's twin, compared in a test")
@@ -190,8 +217,7 @@ const fn private_init() -> PrivateCredit {
         device: Cell::new(usize::MAX),
         epoch: Cell::new(0),
         bytes: Cell::new(0),
-        inside: Cell::new(None),
-        region: Cell::new(None),
+        own: Cell::new(None),
     }
 }
 
@@ -199,7 +225,7 @@ const fn private_init() -> PrivateCredit {
 // instructions (the thread pointer plus an offset the loader wrote once), where Rust's
 // `thread_local!` in a shared object calls `__tls_get_addr` on every access. A library
 // with initial-exec TLS must be loaded at start-up (LD_PRELOAD, as ours is) or fit the
-// static TLS surplus glibc keeps for `dlopen` (these 48 bytes do).
+// static TLS surplus glibc keeps for `dlopen` (these 40 bytes do).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 std::arch::global_asm!(
     ".pushsection .tdata.cudabudget_private,\"awT\",@progbits",
@@ -207,23 +233,22 @@ std::arch::global_asm!(
     ".globl cudabudget_private_credit",
     ".hidden cudabudget_private_credit",
     ".type cudabudget_private_credit, @object",
-    ".size cudabudget_private_credit, 48",
+    ".size cudabudget_private_credit, 40",
     "cudabudget_private_credit:",
-    ".quad -1, -1, 0, 0, 0, 0",
+    ".quad -1, -1, 0, 0, 0",
     ".popsection",
 );
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 const _: () = {
     // The image above is private_init()'s words, in PrivateCredit's order.
-    assert!(std::mem::size_of::<PrivateCredit>() == 48);
+    assert!(std::mem::size_of::<PrivateCredit>() == 40);
     assert!(std::mem::offset_of!(PrivateCredit, lane) == 0);
     assert!(std::mem::offset_of!(PrivateCredit, device) == 8);
     assert!(std::mem::offset_of!(PrivateCredit, epoch) == 16);
     assert!(std::mem::offset_of!(PrivateCredit, bytes) == 24);
     // `None` of an `Option<&T>` is the null pointer: the image's zeros.
-    assert!(std::mem::offset_of!(PrivateCredit, inside) == 32);
-    assert!(std::mem::offset_of!(PrivateCredit, region) == 40);
+    assert!(std::mem::offset_of!(PrivateCredit, own) == 32);
     assert!(NO_LANE_YET == usize::MAX);
 };
 
@@ -234,7 +259,7 @@ pub(super) fn private() -> Option<&'static PrivateCredit> {
     let p: *const PrivateCredit;
     // SAFETY: reads the thread pointer (%fs:0, the TCB's pointer to itself) and the GOT
     // word the loader filled with our block's offset from it; the sum is this thread's
-    // copy of `cudabudget_private_credit`, 48 bytes of the static TLS block.
+    // copy of `cudabudget_private_credit`, 40 bytes of the static TLS block.
     unsafe {
         std::arch::asm!(
             "mov {p}, qword ptr fs:[0]",
@@ -455,6 +480,27 @@ mod tests {
         assert_eq!(p.lane.get(), EXITED);
     }
 
+    /// A thread reaches its lane's counter in the gate and region of the pointer table
+    /// exactly while it holds a lane of its own, and those of that lane.
+    #[test]
+    fn a_lane_of_its_own_comes_with_its_counter_and_region_and_nothing_else_does() {
+        for lane in [0, ledger::LANES, NO_LANE_YET, EXITED] {
+            assert!(fresh(lane).own.get().is_none(), "lane {lane}");
+        }
+        for lane in [1, 7, ledger::LANES - 1] {
+            let own = fresh(lane).own.get().expect("a lane of its own");
+            assert!(
+                std::ptr::eq(own.inside, gate::inside_at(lane)),
+                "lane {lane}"
+            );
+            let region = runtime::pointers().own_region(lane).unwrap();
+            assert!(std::ptr::eq(own.region, region), "lane {lane}");
+        }
+        let p = fresh(3);
+        assert_eq!(p.hold_lane(EXITED), 3);
+        assert!(p.own.get().is_none(), "an exited thread holds none");
+    }
+
     #[test]
     fn a_new_threads_credit_starts_as_its_image_says_and_is_its_own() {
         let here = private().map(std::ptr::from_ref);
@@ -465,7 +511,7 @@ mod tests {
                 p.device.get(),
                 p.epoch.get(),
                 p.held(),
-                p.inside.get().is_none() && p.region.get().is_none(),
+                p.own.get().is_none(),
             );
             p.bytes.set(12345);
             (words, std::ptr::from_ref(p) as usize, p.held())

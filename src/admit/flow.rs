@@ -393,23 +393,24 @@ pub fn free_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     let Some(p) = private() else {
         return Fast::Declined(real);
     };
-    // The thread's own counter in the gate and region of the table, held with its lane.
-    let (Some(own), Some(region)) = (p.inside.get(), p.region.get()) else {
+    // What the thread writes alone for its lane (its counter in the gate, its region of
+    // the table), held with the lane.
+    let Some(own) = p.own.get() else {
         return Fast::Declined(real);
     };
     // Inside the gate from before the look at the captures (the gate's word of reasons,
     // read as it is entered) until the driver's answer: a capture of the stream starts
     // before the look or after the free (crate::admit::capture).
-    if !gate::enter_own::<FENCED>(own, gate::FOR_FREE) {
+    if !gate::enter_own::<FENCED>(own.inside, gate::FOR_FREE) {
         return Fast::Declined(real);
     }
     let mark = ledger::clears();
-    let Some(entry) = region.take(ptr) else {
-        gate::leave_own(own);
+    let Some(entry) = own.region.take(ptr) else {
+        gate::leave_own(own.inside);
         return Fast::Declined(real);
     };
     let rc = real();
-    gate::leave_own(own);
+    gate::leave_own(own.inside);
     // A clear that starts after this check moves the device's epoch when it ends, which
     // voids credit given under the old one.
     if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(entry) {
@@ -560,23 +561,24 @@ pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     if dptr.is_null() {
         return Fast::Declined(real);
     }
-    // The thread's own counter in the gate and region of the table, held with its lane.
-    let (Some(own), Some(region)) = (p.inside.get(), p.region.get()) else {
+    // What the thread writes alone for its lane (its counter in the gate, its region of
+    // the table), held with the lane.
+    let Some(own) = p.own.get() else {
         return Fast::Declined(real);
     };
     // Inside the gate before the reasons for the full path are looked at (one word: a
     // capture, a detour, more than one device): a switch of the device's current pool
     // waits for this call to reach the driver, or turns the detour on first.
-    if !gate::enter_own::<FENCED>(own, gate::FOR_ALLOC) {
+    if !gate::enter_own::<FENCED>(own.inside, gate::FOR_ALLOC) {
         return Fast::Declined(real);
     }
     let d0 = runtime::ledger().device(0);
     if !d0.is_some_and(|d| prepaid_by_thread(p, 0, d, bytes)) {
-        gate::leave_own(own);
+        gate::leave_own(own.inside);
         return Fast::Declined(real);
     }
     let rc = real();
-    gate::leave_own(own);
+    gate::leave_own(own.inside);
     let entry = Entry {
         bytes,
         device: 0,
@@ -585,7 +587,7 @@ pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     if rc.is_ok()
         // SAFETY: the driver succeeded, so it wrote the new address through `dptr` (not
         // null, looked at above).
-        && region.insert(unsafe { *dptr }, entry)
+        && own.region.insert(unsafe { *dptr }, entry)
     {
         return Fast::Done(rc);
     }

@@ -28,10 +28,10 @@ use crate::books::ledger::LANES;
 #[repr(align(128))]
 pub struct Inside(AtomicU32);
 
-/// Lane `lane`'s own counter, for a thread that holds it (1..[`LANES`]: lane 0 is shared,
-/// and is no thread's own); the fast paths keep it beside their credit.
-pub fn inside_of(lane: usize) -> Option<&'static Inside> {
-    (1..LANES).contains(&lane).then(|| &INSIDE[lane])
+/// Lane `lane`'s own counter (`lane` < [`LANES`]), for the thread that holds it: the fast
+/// paths reach it through their lane's one pointer (`credit::OwnLane`).
+pub const fn inside_at(lane: usize) -> &'static Inside {
+    &INSIDE[lane]
 }
 
 static INSIDE: [Inside; LANES] = [const { Inside(AtomicU32::new(0)) }; LANES];
@@ -230,7 +230,7 @@ fn slot(lane: usize) -> usize {
 }
 
 /// The fast path's way in: [`enter`] for the thread's own lane (its counter, from
-/// [`inside_of`]), with no guard, and with no reason for the full path among `asked`
+/// [`inside_at`]), with no guard, and with no reason for the full path among `asked`
 /// ([`FOR_ALLOC`], [`FOR_FREE`]); the caller [`leave_own`]s once the driver has answered,
 /// whatever it did. False, and nothing entered, when the gate is closed or another reason
 /// asked about is raised.
@@ -429,7 +429,7 @@ mod tests {
         let was = asymmetric();
         for asymmetric in [false, true] {
             set_asymmetric(asymmetric);
-            let own = inside_of(4).unwrap();
+            let own = inside_at(4);
             assert!(
                 enter_own::<true>(own, FOR_FREE),
                 "open: in (asymmetric {asymmetric})"
@@ -456,16 +456,7 @@ mod tests {
             assert!(!quick, "closed: turned away the quick way too");
             assert!(!fences_would, "closed: fences would not get in either");
             assert_eq!(counted, 0, "and not counted");
-            assert!(inside_of(0).is_none(), "lane 0 is shared: not a way in");
-            assert!(
-                inside_of(usize::MAX).is_none(),
-                "a thread without a lane has no way in"
-            );
-            assert!(inside_of(LANES).is_none(), "nor a lane past the table");
-            assert!(std::ptr::eq(
-                inside_of(LANES - 1).unwrap(),
-                &INSIDE[LANES - 1]
-            ));
+            assert!(std::ptr::eq(inside_at(LANES - 1), &INSIDE[LANES - 1]));
         }
         set_asymmetric(was);
     }
@@ -649,7 +640,7 @@ mod tests {
     fn the_allocations_way_in_opens_once_one_device_is_known() {
         let _turn = serial();
         REASONS.0.fetch_or(DEVICES_UNKNOWN, Ordering::SeqCst);
-        let own = inside_of(4).unwrap();
+        let own = inside_at(4);
         assert!(
             !enter_own::<true>(own, FOR_ALLOC),
             "devices not known: no way in"

@@ -102,9 +102,9 @@ impl<const B: usize> LaneTable<B> {
 
     /// Lane `lane`'s region, for the thread that holds it (1..[`LANES`]).
     #[inline]
-    pub fn own_region(&self, lane: usize) -> Option<&Region<B>> {
-        if (1..LANES).contains(&lane) {
-            self.regions.get(lane)
+    pub const fn own_region(&self, lane: usize) -> Option<&Region<B>> {
+        if lane >= 1 && lane < LANES {
+            Some(&self.regions[lane])
         } else {
             None
         }

@@ -39,7 +39,7 @@ impl PointerMap {
     /// stream-ordered blocks itself ([`OwnRegion::insert`]) and finds them again
     /// ([`OwnRegion::take`]); `None` for no lane. A block not found there may still be
     /// elsewhere ([`PointerMap::remove_pooled`]).
-    pub fn own_region(&self, lane: usize) -> Option<&OwnRegion> {
+    pub const fn own_region(&self, lane: usize) -> Option<&OwnRegion> {
         self.lanes.own_region(lane)
     }
 
