@@ -228,13 +228,17 @@ fn alloc_into(
     if rc.is_ok() && !out.is_null() {
         // SAFETY: the driver succeeded, so it wrote the new address through `out`.
         let key = unsafe { *out };
-        table.insert(
+        // In the thread's own lane where the table has lanes (claimed here: the process
+        // is budgeted), found there first when the thread frees it.
+        let lane = private().map_or(0, PrivateCredit::lane);
+        table.insert_own(
             key,
             Entry {
                 bytes,
                 device: dev.ordinal,
                 kind: Kind::Direct,
             },
+            lane,
         );
         if let Some(reservation) = reservation {
             reservation.commit();
@@ -489,7 +493,8 @@ fn free_from(_cx: Cx, table: &impl Table, key: u64, real: impl FnOnce() -> CuRes
     // Removed before the driver frees it: once freed, the driver may hand the same
     // address to another thread, whose insert must not find ours.
     let mark = ledger::clears();
-    let Some(entry) = table.remove(key) else {
+    let lane = private().map_or(0, PrivateCredit::lane_held);
+    let Some(entry) = table.remove_own(key, lane) else {
         return real();
     };
     let rc = real();

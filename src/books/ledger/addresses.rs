@@ -145,6 +145,20 @@ impl<const N: usize> Default for AddrTable<N> {
 pub trait Table {
     fn insert(&self, key: u64, entry: Entry);
     fn remove(&self, key: u64) -> Option<Entry>;
+
+    /// Records a block the calling thread allocated; it holds `lane` (0: none). As
+    /// [`Table::insert`] for a table without lanes.
+    fn insert_own(&self, key: u64, entry: Entry, lane: usize) {
+        let _ = lane;
+        self.insert(key, entry);
+    }
+
+    /// As [`Table::remove`], looking first where the calling thread's own blocks are
+    /// (its `lane`, 0: none).
+    fn remove_own(&self, key: u64, lane: usize) -> Option<Entry> {
+        let _ = lane;
+        self.remove(key)
+    }
 }
 
 impl<const N: usize> Table for AddrTable<N> {

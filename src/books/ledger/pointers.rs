@@ -81,6 +81,25 @@ impl Table for PointerMap {
             .remove(key)
             .or_else(|| self.lanes.remove(key, 0))
     }
+
+    /// In the thread's own lane (plain stores, no compare-and-swap), or the shared table
+    /// when it has none or the bucket there is full.
+    #[inline]
+    fn insert_own(&self, key: u64, entry: Entry, lane: usize) {
+        self.insert_in_lane(key, entry, lane);
+    }
+
+    /// The thread's own lane first (where a block is when its thread frees it), then the
+    /// shared table, then the other lanes.
+    #[inline]
+    fn remove_own(&self, key: u64, lane: usize) -> Option<Entry> {
+        self.lanes
+            .own_region(lane)
+            .and_then(|region| region.take(key))
+            .map(Packed::entry)
+            .or_else(|| self.shared.remove(key))
+            .or_else(|| self.lanes.remove(key, 0))
+    }
 }
 
 impl Default for PointerMap {

@@ -907,3 +907,45 @@ fn a_packed_entry_is_pooled_on_its_own_device_only() {
         assert!(!direct.packed().is_pooled_on(device), "direct on {device}");
     }
 }
+
+/// A synchronous block is recorded in its thread's own lane (no compare-and-swap) and
+/// found again by any thread: its own first, then the shared table and the other lanes.
+#[test]
+fn a_threads_own_blocks_go_to_its_lane_and_any_free_finds_them() {
+    let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    static M: PointerMap = PointerMap::new();
+    let lane = claim_lane();
+    let other = claim_lane();
+    let direct = |bytes| Entry {
+        bytes,
+        device: 0,
+        kind: Kind::Direct,
+    };
+    let (mine, theirs, shared) = (0x7f10_0000_0000, 0x7f20_0000_0000, 0x7f30_0000_0000);
+    M.insert_own(mine, direct(1), lane);
+    M.insert_own(theirs, direct(2), other);
+    M.insert_own(shared, direct(3), 0);
+    assert_eq!(
+        M.own_region(lane).unwrap().take(mine),
+        Some(direct(1).packed()),
+        "in the lane of the thread that allocated it"
+    );
+    M.insert_own(mine, direct(1), lane);
+    assert_eq!(M.remove_own(mine, lane), Some(direct(1)));
+    assert_eq!(
+        M.remove_own(theirs, lane),
+        Some(direct(2)),
+        "another lane's"
+    );
+    assert_eq!(
+        M.remove_own(shared, lane),
+        Some(direct(3)),
+        "the shared table's"
+    );
+    for key in [mine, theirs, shared] {
+        assert_eq!(M.remove_own(key, lane), None, "each once");
+        assert_eq!(Table::remove(&M, key), None);
+    }
+    release_lane(lane);
+    release_lane(other);
+}
