@@ -46,21 +46,21 @@ pub(super) struct OwnLane {
     pub(super) region: &'static OwnRegion,
 }
 
-/// Each lane's [`OwnLane`]; lane 0's (nobody's lane) is never handed out.
-static OWN_LANES: [OwnLane; ledger::LANES] = {
+/// The [`OwnLane`] of each lane a thread can hold (1..[`ledger::LANES`]), lane L at L − 1.
+static OWN_LANES: [OwnLane; ledger::LANES - 1] = {
     const fn of(lane: usize) -> OwnLane {
         OwnLane {
             inside: gate::inside_at(lane),
-            region: match runtime::pointers().own_region(if lane == 0 { 1 } else { lane }) {
+            region: match runtime::pointers().own_region(lane) {
                 Some(region) => region,
                 None => panic!("every lane but 0 has a region"),
             },
         }
     }
-    let mut lanes = [of(0); ledger::LANES];
-    let mut lane = 1;
+    let mut lanes = [of(1); ledger::LANES - 1];
+    let mut lane = 2;
     while lane < ledger::LANES {
-        lanes[lane] = of(lane);
+        lanes[lane - 1] = of(lane);
         lane += 1;
     }
     lanes
@@ -110,7 +110,7 @@ impl PrivateCredit {
     /// (none for a value that is no lane of its own); returns the lane held before.
     fn hold_lane(&self, lane: usize) -> usize {
         self.own
-            .set((1..ledger::LANES).contains(&lane).then(|| &OWN_LANES[lane]));
+            .set(lane.checked_sub(1).and_then(|index| OWN_LANES.get(index)));
         self.lane.replace(lane)
     }
 

@@ -190,7 +190,7 @@ pub fn alloc_direct(
     let Some(dev) = budgeted_device(cx, device) else {
         return real();
     };
-    alloc_into(&dev, runtime::pointers(), call, bytes, out, real)
+    alloc_into(&dev, runtime::pointers(), own_lane, call, bytes, out, real)
 }
 
 /// As [`alloc_direct`], for array handles ([`Array`], [`MipmappedArray`]).
@@ -207,14 +207,23 @@ pub fn alloc_array(
     let Some(dev) = cx.current_device() else {
         return real();
     };
-    alloc_into(&dev, runtime::arrays(), call, bytes, out.cast(), real)
+    // The arrays' table has no lanes: no lane is claimed for it.
+    alloc_into(&dev, runtime::arrays(), || 0, call, bytes, out.cast(), real)
+}
+
+/// The calling thread's lane, claimed on its first allocation (the process is budgeted
+/// here); 0 when none is free.
+fn own_lane() -> usize {
+    private().map_or(0, PrivateCredit::lane)
 }
 
 /// A synchronous allocation of `bytes` on the call's device, recorded in `table` under
-/// what the driver writes to `out`.
+/// what the driver writes to `out`, in the thread's lane (`lane`, asked once it succeeded)
+/// where the table has lanes.
 fn alloc_into(
     dev: &DeviceCx,
     table: &impl Table,
+    lane: impl FnOnce() -> usize,
     call: &str,
     bytes: u64,
     out: *mut u64,
@@ -228,9 +237,6 @@ fn alloc_into(
     if rc.is_ok() && !out.is_null() {
         // SAFETY: the driver succeeded, so it wrote the new address through `out`.
         let key = unsafe { *out };
-        // In the thread's own lane where the table has lanes (claimed here: the process
-        // is budgeted), found there first when the thread frees it.
-        let lane = private().map_or(0, PrivateCredit::lane);
         table.insert_own(
             key,
             Entry {
@@ -238,7 +244,7 @@ fn alloc_into(
                 device: dev.ordinal,
                 kind: Kind::Direct,
             },
-            lane,
+            lane(),
         );
         if let Some(reservation) = reservation {
             reservation.commit();
@@ -307,7 +313,15 @@ pub fn alloc_pitch(
         return real();
     };
     let table = runtime::pointers();
-    let rc = alloc_into(&dev, table, "cuMemAllocPitch", estimate, dptr, real);
+    let rc = alloc_into(
+        &dev,
+        table,
+        own_lane,
+        "cuMemAllocPitch",
+        estimate,
+        dptr,
+        real,
+    );
     if rc.is_ok() && !pitch.is_null() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote both out-parameters.
         let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
@@ -331,45 +345,44 @@ pub fn free(cx: Cx, ptr: DevicePtr, real: impl FnOnce() -> CuResult) -> CuResult
 /// What the stream-ordered fast paths ([`alloc_async_fast`], [`free_async_fast`]) did
 /// with a call. They index nothing and unwrap nothing, so that the hook can run them
 /// before its panic guard; what follows them runs inside it.
-pub enum Fast<F> {
+pub enum Fast<F, S> {
     /// The driver answered and the books are kept.
     Done(CuResult),
     /// The driver answered; the books of its answer are still to be kept
-    /// ([`Settle::settle`]).
-    Settle(Settle),
+    /// ([`AllocLeft::settle`], [`FreeLeft::settle`]).
+    Settle(S),
     /// Not for the fast path: `real` untouched, for the full path.
     Declined(F),
 }
 
-/// The books of a driver's answer that the fast path left: a refused allocation (or one
-/// whose bucket was full), a refused free, credit past what a thread keeps.
-pub enum Settle {
-    Alloc {
-        rc: CuResult,
-        dptr: *mut DevicePtr,
-        bytes: u64,
-    },
-    Free {
-        ptr: DevicePtr,
-        entry: Packed,
-        rc: CuResult,
-        mark: u64,
-    },
+/// The books of an allocation the fast path left: the driver refused it, or its bucket
+/// was full.
+pub struct AllocLeft {
+    pub rc: CuResult,
+    pub dptr: *mut DevicePtr,
+    pub bytes: u64,
 }
 
-impl Settle {
+impl AllocLeft {
     /// Keeps the books of the driver's answer and returns that answer.
-    #[inline(always)]
     pub fn settle(self) -> CuResult {
-        match self {
-            Settle::Alloc { rc, dptr, bytes } => alloc_async_rest(rc, dptr, bytes),
-            Settle::Free {
-                ptr,
-                entry,
-                rc,
-                mark,
-            } => free_async_rest(ptr, entry.entry(), rc, mark),
-        }
+        alloc_async_rest(self.rc, self.dptr, self.bytes)
+    }
+}
+
+/// The books of a free the fast path left: the driver refused it, a clear came between,
+/// or the credit is past what a thread keeps.
+pub struct FreeLeft {
+    pub ptr: DevicePtr,
+    pub entry: Packed,
+    pub rc: CuResult,
+    pub mark: u64,
+}
+
+impl FreeLeft {
+    /// Keeps the books of the driver's answer and returns that answer.
+    pub fn settle(self) -> CuResult {
+        free_async_rest(self.ptr, self.entry.entry(), self.rc, self.mark)
     }
 }
 
@@ -391,7 +404,7 @@ pub fn free_async(
 pub fn free_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     ptr: DevicePtr,
     real: F,
-) -> Fast<F> {
+) -> Fast<F, FreeLeft> {
     // No mode is asked: a thread claims a lane only in a budgeted process (on the full
     // path, after the hook's entry), and without one this path declines.
     let Some(p) = private() else {
@@ -420,7 +433,7 @@ pub fn free_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(entry) {
         return Fast::Done(rc);
     }
-    Fast::Settle(Settle::Free {
+    Fast::Settle(FreeLeft {
         ptr,
         entry,
         rc,
@@ -555,7 +568,7 @@ pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     bytes: u64,
     dptr: *mut DevicePtr,
     real: F,
-) -> Fast<F> {
+) -> Fast<F, AllocLeft> {
     // Credit for a device is only ever given in a budgeted process, for a budgeted
     // device, and a lane claimed only there, so holding both answers both questions
     // (no mode is asked).
@@ -596,7 +609,7 @@ pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     {
         return Fast::Done(rc);
     }
-    Fast::Settle(Settle::Alloc { rc, dptr, bytes })
+    Fast::Settle(AllocLeft { rc, dptr, bytes })
 }
 
 /// The fast path's allocation when the driver refused it or its bucket was full.

@@ -3,7 +3,7 @@
 //! [`crate::admit::flow`]: resolve → admit → real call → commit or roll back.
 
 use super::guard;
-use crate::admit::flow::{self, Fast, Settle};
+use crate::admit::flow::{self, AllocLeft, Fast, FreeLeft};
 use crate::admit::gate;
 use crate::books::ledger::Packed;
 use crate::sys::driver::{CuResult, DevicePtr, MemPool, Stream, real};
@@ -83,8 +83,7 @@ with_ptsz! {
         // they came.
         match flow::alloc_async_fast::<false, _>(bytes as u64, dptr, real) {
             Fast::Done(rc) => rc,
-            Fast::Settle(Settle::Alloc { rc, dptr, bytes }) => settle_alloc(rc, dptr, bytes),
-            Fast::Settle(books) => settle("cuMemAllocAsync", books),
+            Fast::Settle(left) => settle_alloc(left.rc, left.dptr, left.bytes),
             Fast::Declined(_) => alloc_async_full(dptr, bytes, stream, driver),
         }
     }
@@ -123,40 +122,33 @@ with_ptsz! {
         // As `cuMemAllocAsync`'s.
         match flow::free_async_fast::<false, _>(dptr, real) {
             Fast::Done(rc) => rc,
-            Fast::Settle(Settle::Free { ptr, entry, rc, mark }) => settle_free(ptr, entry, rc, mark),
-            Fast::Settle(books) => settle("cuMemFreeAsync", books),
+            Fast::Settle(left) => settle_free(left.ptr, left.entry, left.rc, left.mark),
             Fast::Declined(_) => free_async_full(dptr, stream, driver),
         }
     }
 }
 
-/// The books the stream-ordered fast path left, under the guard.
-#[cold]
-#[inline(never)]
-fn settle(call: &'static str, books: Settle) -> CuResult {
-    guard(call, || books.settle())
-}
-
-/// [`settle`] for an allocation, its figures in registers.
+/// The books the stream-ordered fast path left of an allocation, under the guard; its
+/// figures in registers.
 #[cold]
 #[inline(never)]
 fn settle_alloc(rc: CuResult, dptr: *mut DevicePtr, bytes: u64) -> CuResult {
-    settle("cuMemAllocAsync", Settle::Alloc { rc, dptr, bytes })
+    guard("cuMemAllocAsync", || AllocLeft { rc, dptr, bytes }.settle())
 }
 
-/// [`settle`] for a free, its figures in registers.
+/// As [`settle_alloc`], for a free.
 #[cold]
 #[inline(never)]
 fn settle_free(ptr: DevicePtr, entry: Packed, rc: CuResult, mark: u64) -> CuResult {
-    settle(
-        "cuMemFreeAsync",
-        Settle::Free {
+    guard("cuMemFreeAsync", || {
+        FreeLeft {
             ptr,
             entry,
             rc,
             mark,
-        },
-    )
+        }
+        .settle()
+    })
 }
 
 /// `cuMemAllocAsync` past the fast path, out of its way: the arguments in registers,
@@ -174,7 +166,7 @@ fn alloc_async_full(
     let real = if gate::only_fences_missing(gate::FOR_ALLOC) {
         match flow::alloc_async_fast::<true, _>(bytes as u64, dptr, real) {
             Fast::Done(rc) => return rc,
-            Fast::Settle(books) => return settle("cuMemAllocAsync", books),
+            Fast::Settle(left) => return settle_alloc(left.rc, left.dptr, left.bytes),
             Fast::Declined(real) => real,
         }
     } else {
@@ -199,7 +191,7 @@ fn free_async_full(
     let real = if gate::only_fences_missing(gate::FOR_FREE) {
         match flow::free_async_fast::<true, _>(dptr, real) {
             Fast::Done(rc) => return rc,
-            Fast::Settle(books) => return settle("cuMemFreeAsync", books),
+            Fast::Settle(left) => return settle_free(left.ptr, left.entry, left.rc, left.mark),
             Fast::Declined(real) => real,
         }
     } else {

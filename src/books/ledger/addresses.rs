@@ -148,15 +148,13 @@ pub trait Table {
 
     /// Records a block the calling thread allocated; it holds `lane` (0: none). As
     /// [`Table::insert`] for a table without lanes.
-    fn insert_own(&self, key: u64, entry: Entry, lane: usize) {
-        let _ = lane;
+    fn insert_own(&self, key: u64, entry: Entry, _lane: usize) {
         self.insert(key, entry);
     }
 
     /// As [`Table::remove`], looking first where the calling thread's own blocks are
     /// (its `lane`, 0: none).
-    fn remove_own(&self, key: u64, lane: usize) -> Option<Entry> {
-        let _ = lane;
+    fn remove_own(&self, key: u64, _lane: usize) -> Option<Entry> {
         self.remove(key)
     }
 }

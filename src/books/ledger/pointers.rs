@@ -10,8 +10,8 @@ const LANE_BUCKETS: usize = 4096;
 /// A lane's region of the [`PointerMap`].
 pub type OwnRegion = Region<LANE_BUCKETS>;
 
-/// Device pointers from every allocation path: stream-ordered blocks of threads with a
-/// lane in the [`LaneTable`], everything else in the [`AddrTable`].
+/// Device pointers from every allocation path: the blocks of threads with a lane in the
+/// [`LaneTable`] (stream-ordered and synchronous), everything else in the [`AddrTable`].
 pub struct PointerMap {
     /// 4096 buckets of 4 slots a lane: 16 384 blocks a thread (16 MiB of address space,
     /// touched only where used).
@@ -36,7 +36,7 @@ impl PointerMap {
     }
 
     /// The region of the calling thread's own `lane` (1..[`LANES`]), where it records its
-    /// stream-ordered blocks itself ([`OwnRegion::insert`]) and finds them again
+    /// blocks itself ([`OwnRegion::insert`]) and finds them again
     /// ([`OwnRegion::take`]); `None` for no lane. A block not found there may still be
     /// elsewhere ([`PointerMap::remove_pooled`]).
     pub const fn own_region(&self, lane: usize) -> Option<&OwnRegion> {
