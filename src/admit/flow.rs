@@ -190,7 +190,7 @@ pub fn alloc_direct(
     let Some(dev) = budgeted_device(cx, device) else {
         return real();
     };
-    alloc_into(&dev, runtime::pointers(), own_lane, call, bytes, out, real)
+    alloc_into(&dev, runtime::pointers(), call, bytes, out, real)
 }
 
 /// As [`alloc_direct`], for array handles ([`Array`], [`MipmappedArray`]).
@@ -207,23 +207,18 @@ pub fn alloc_array(
     let Some(dev) = cx.current_device() else {
         return real();
     };
-    // The arrays' table has no lanes: no lane is claimed for it.
-    alloc_into(&dev, runtime::arrays(), || 0, call, bytes, out.cast(), real)
-}
-
-/// The calling thread's lane, claimed on its first allocation (the process is budgeted
-/// here); 0 when none is free.
-fn own_lane() -> usize {
-    private().map_or(0, PrivateCredit::lane)
+    alloc_into(&dev, runtime::arrays(), call, bytes, out.cast(), real)
 }
 
 /// A synchronous allocation of `bytes` on the call's device, recorded in `table` under
-/// what the driver writes to `out`, in the thread's lane (`lane`, asked once it succeeded)
-/// where the table has lanes.
+/// what the driver writes to `out`.
+///
+/// Its entry goes to the shared table, whose removal is a compare-and-swap: of two
+/// threads freeing one block at once, one alone takes the entry (the other's refused
+/// free then restores nothing), so no free gives the same bytes back twice.
 fn alloc_into(
     dev: &DeviceCx,
     table: &impl Table,
-    lane: impl FnOnce() -> usize,
     call: &str,
     bytes: u64,
     out: *mut u64,
@@ -237,14 +232,13 @@ fn alloc_into(
     if rc.is_ok() && !out.is_null() {
         // SAFETY: the driver succeeded, so it wrote the new address through `out`.
         let key = unsafe { *out };
-        table.insert_own(
+        table.insert(
             key,
             Entry {
                 bytes,
                 device: dev.ordinal,
                 kind: Kind::Direct,
             },
-            lane(),
         );
         if let Some(reservation) = reservation {
             reservation.commit();
@@ -313,15 +307,7 @@ pub fn alloc_pitch(
         return real();
     };
     let table = runtime::pointers();
-    let rc = alloc_into(
-        &dev,
-        table,
-        own_lane,
-        "cuMemAllocPitch",
-        estimate,
-        dptr,
-        real,
-    );
+    let rc = alloc_into(&dev, table, "cuMemAllocPitch", estimate, dptr, real);
     if rc.is_ok() && !pitch.is_null() && !dptr.is_null() {
         // SAFETY: the driver succeeded and wrote both out-parameters.
         let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
@@ -506,8 +492,7 @@ fn free_from(_cx: Cx, table: &impl Table, key: u64, real: impl FnOnce() -> CuRes
     // Removed before the driver frees it: once freed, the driver may hand the same
     // address to another thread, whose insert must not find ours.
     let mark = ledger::clears();
-    let lane = private().map_or(0, PrivateCredit::lane_held);
-    let Some(entry) = table.remove_own(key, lane) else {
+    let Some(entry) = table.remove(key) else {
         return real();
     };
     let rc = real();

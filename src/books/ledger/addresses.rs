@@ -145,18 +145,6 @@ impl<const N: usize> Default for AddrTable<N> {
 pub trait Table {
     fn insert(&self, key: u64, entry: Entry);
     fn remove(&self, key: u64) -> Option<Entry>;
-
-    /// Records a block the calling thread allocated; it holds `lane` (0: none). As
-    /// [`Table::insert`] for a table without lanes.
-    fn insert_own(&self, key: u64, entry: Entry, _lane: usize) {
-        self.insert(key, entry);
-    }
-
-    /// As [`Table::remove`], looking first where the calling thread's own blocks are
-    /// (its `lane`, 0: none).
-    fn remove_own(&self, key: u64, _lane: usize) -> Option<Entry> {
-        self.remove(key)
-    }
 }
 
 impl<const N: usize> Table for AddrTable<N> {

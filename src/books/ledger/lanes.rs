@@ -63,7 +63,7 @@ pub fn lanes_after_fork(own: usize) {
 #[repr(C, align(64))]
 pub(super) struct Bucket([Slot; BUCKET]);
 
-/// An address table without a compare-and-swap on insert, for the allocation hot
+/// An address table without a compare-and-swap on insert, for the stream-ordered hot
 /// path. Each lane has a region of its own; the thread that holds lane L (see
 /// [`claim_lane`]) is the only one that fills an empty slot of region L, so it fills it
 /// with plain stores, and threads never write each other's cache lines when the driver

@@ -10,8 +10,8 @@ const LANE_BUCKETS: usize = 4096;
 /// A lane's region of the [`PointerMap`].
 pub type OwnRegion = Region<LANE_BUCKETS>;
 
-/// Device pointers from every allocation path: the blocks of threads with a lane in the
-/// [`LaneTable`] (stream-ordered and synchronous), everything else in the [`AddrTable`].
+/// Device pointers from every allocation path: stream-ordered blocks of threads with a
+/// lane in the [`LaneTable`], everything else in the [`AddrTable`].
 pub struct PointerMap {
     /// 4096 buckets of 4 slots a lane: 16 384 blocks a thread (16 MiB of address space,
     /// touched only where used).
@@ -36,7 +36,7 @@ impl PointerMap {
     }
 
     /// The region of the calling thread's own `lane` (1..[`LANES`]), where it records its
-    /// blocks itself ([`OwnRegion::insert`]) and finds them again
+    /// stream-ordered blocks itself ([`OwnRegion::insert`]) and finds them again
     /// ([`OwnRegion::take`]); `None` for no lane. A block not found there may still be
     /// elsewhere ([`PointerMap::remove_pooled`]).
     pub const fn own_region(&self, lane: usize) -> Option<&OwnRegion> {
@@ -79,25 +79,6 @@ impl Table for PointerMap {
     fn remove(&self, key: u64) -> Option<Entry> {
         self.shared
             .remove(key)
-            .or_else(|| self.lanes.remove(key, 0))
-    }
-
-    /// In the thread's own lane (plain stores, no compare-and-swap), or the shared table
-    /// when it has none or the bucket there is full.
-    #[inline]
-    fn insert_own(&self, key: u64, entry: Entry, lane: usize) {
-        self.insert_in_lane(key, entry, lane);
-    }
-
-    /// The thread's own lane first (where a block is when its thread frees it), then the
-    /// shared table, then the other lanes.
-    #[inline]
-    fn remove_own(&self, key: u64, lane: usize) -> Option<Entry> {
-        self.lanes
-            .own_region(lane)
-            .and_then(|region| region.take(key))
-            .map(Packed::entry)
-            .or_else(|| self.shared.remove(key))
             .or_else(|| self.lanes.remove(key, 0))
     }
 }
