@@ -78,7 +78,11 @@ pub fn launch_graph(
     let taken: Vec<(DevicePtr, Entry)> = if launch {
         frees
             .into_iter()
-            .filter_map(|ptr| pointers.remove(ptr).map(|entry| (ptr, entry)))
+            .filter_map(|ptr| {
+                pointers
+                    .remove(ptr, gate::open_lane)
+                    .map(|entry| (ptr, entry))
+            })
             .collect()
     } else {
         Vec::new()
@@ -312,7 +316,7 @@ pub fn alloc_pitch(
         // SAFETY: the driver succeeded and wrote both out-parameters.
         let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
         if actual != estimate
-            && let Some(mut entry) = table.remove(ptr)
+            && let Some(mut entry) = table.remove(ptr, gate::open_lane)
         {
             super::after::charge_after(dev.ledger, estimate, actual);
             entry.bytes = actual;
@@ -408,7 +412,15 @@ pub fn free_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
         return Fast::Declined(real);
     }
     let mark = ledger::clears();
-    let Some(entry) = own.region.take(ptr) else {
+    // Plain stores while the thread alone takes from its region; once another thread
+    // has freed a block of it (the lane is open), a compare-and-swap, so that two frees
+    // of one block never both take its entry.
+    let taken = if gate::lane_open(own.inside) {
+        own.region.take(ptr)
+    } else {
+        own.region.take_own(ptr)
+    };
+    let Some(entry) = taken else {
         gate::leave_own(own.inside);
         return Fast::Declined(real);
     };
@@ -450,7 +462,7 @@ fn free_async_slow(
         return free_from(cx, pointers, ptr, real);
     };
     let mark = ledger::clears();
-    let Some(entry) = pointers.remove_pooled(ptr, p.lane.get()) else {
+    let Some(entry) = pointers.remove_pooled(ptr, p.lane.get(), gate::open_lane) else {
         return real();
     };
     let rc = real();
@@ -492,7 +504,7 @@ fn free_from(_cx: Cx, table: &impl Table, key: u64, real: impl FnOnce() -> CuRes
     // Removed before the driver frees it: once freed, the driver may hand the same
     // address to another thread, whose insert must not find ours.
     let mark = ledger::clears();
-    let Some(entry) = table.remove(key) else {
+    let Some(entry) = table.remove(key, gate::open_lane) else {
         return real();
     };
     let rc = real();

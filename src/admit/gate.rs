@@ -23,10 +23,30 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, compiler_fence};
 
 use crate::books::ledger::LANES;
 
-/// One counter per lane, each on a cache line of its own: lane 0 is shared by the
-/// threads that have no lane of their own.
+/// One line per lane, each a cache line of its own: lane 0 is shared by the threads that
+/// have no lane of their own.
 #[repr(align(128))]
-pub struct Inside(AtomicU32);
+pub struct Inside {
+    /// Who is inside: [`FAST`] for the lane's thread on its fast path ([`enter_own`]),
+    /// one for each [`Pass`].
+    count: AtomicU32,
+    /// Whether threads other than the lane's take blocks from its region of the pointer
+    /// table ([`open_lane`]): [`SHUT`], [`OPENING`], [`OPEN`].
+    open: AtomicU32,
+}
+
+/// What the fast path counts in its lane's [`Inside::count`]: apart from a [`Pass`]'s
+/// one, so that a thread opening the lane waits for the fast path alone (which waits for
+/// nothing of ours), never for a full path that may itself be opening a lane.
+const FAST: u32 = 1 << 16;
+
+/// [`Inside::open`]: only the lane's thread takes blocks from its region, with plain
+/// stores.
+const SHUT: u32 = 0;
+/// Another thread is opening it ([`open_lane`]).
+const OPENING: u32 = 1;
+/// Every thread takes from it with a compare-and-swap, the lane's own too.
+const OPEN: u32 = 2;
 
 /// Lane `lane`'s own counter (`lane` < [`LANES`]), for the thread that holds it: the fast
 /// paths reach it through their lane's one pointer (`credit::OwnLane`).
@@ -34,7 +54,12 @@ pub const fn inside_at(lane: usize) -> &'static Inside {
     &INSIDE[lane]
 }
 
-static INSIDE: [Inside; LANES] = [const { Inside(AtomicU32::new(0)) }; LANES];
+static INSIDE: [Inside; LANES] = [const {
+    Inside {
+        count: AtomicU32::new(0),
+        open: AtomicU32::new(SHUT),
+    }
+}; LANES];
 
 /// What every stream-ordered call reads once it is inside: each reason for the full
 /// path, counted in one word, on a cache line that nothing written often shares. The
@@ -208,13 +233,25 @@ fn barrier_everywhere() -> bool {
     rc == 0
 }
 
+/// After a store the fast paths must see: makes every running thread fence, so that
+/// each either saw the store or had made its own entry visible first.
+fn barrier_or_wait() {
+    // Whether or not this thread has seen the registration yet: a fast path that
+    // entered the cheap way saw it complete, so the barrier is not refused then.
+    if !barrier_everywhere() && asymmetric() {
+        // Registered, yet refused: not a case Linux has; wait out a scheduling quantum,
+        // after which any store a fast path made is visible.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Held by an allocation inside the gate; leaving is dropping it.
 pub struct Pass(usize);
 
 impl Drop for Pass {
     #[inline(always)]
     fn drop(&mut self) {
-        let inside = &INSIDE[self.0].0;
+        let inside = &INSIDE[self.0].count;
         if self.0 != 0 {
             // The thread's own lane: nobody else writes it.
             inside.store(inside.load(Ordering::Relaxed) - 1, Ordering::Release);
@@ -241,12 +278,12 @@ fn slot(lane: usize) -> usize {
 /// entering fenced would have got in).
 #[inline(always)]
 pub fn enter_own<const FENCED: bool>(own: &Inside, asked: u64) -> bool {
-    let inside = &own.0;
+    let inside = &own.count;
     // Only this thread writes its own lane: a plain store. With membarrier registered,
     // a switch's barrier orders it before the load below; without, the cold path
     // fences.
     inside.store(
-        inside.load(Ordering::Relaxed).wrapping_add(1),
+        inside.load(Ordering::Relaxed).wrapping_add(FAST),
         Ordering::Relaxed,
     );
     compiler_fence(Ordering::SeqCst);
@@ -274,7 +311,7 @@ pub fn only_fences_missing(asked: u64) -> bool {
 fn enter_own_otherwise(own: &Inside, asked: u64) -> bool {
     // The increment made sequentially consistent (as entering is without membarrier),
     // then the reasons read again.
-    own.0.fetch_add(0, Ordering::SeqCst);
+    own.count.fetch_add(0, Ordering::SeqCst);
     if REASONS.0.load(Ordering::SeqCst) & asked == NOT_ASYMMETRIC & asked {
         return true;
     }
@@ -285,11 +322,51 @@ fn enter_own_otherwise(own: &Inside, asked: u64) -> bool {
 /// Leaves the gate [`enter_own`] entered.
 #[inline(always)]
 pub fn leave_own(own: &Inside) {
-    let inside = &own.0;
+    let inside = &own.count;
     inside.store(
-        inside.load(Ordering::Relaxed).wrapping_sub(1),
+        inside.load(Ordering::Relaxed).wrapping_sub(FAST),
         Ordering::Release,
     );
+}
+
+/// Whether other threads take blocks from the lane's region (or are about to): asked by
+/// the lane's thread once it is inside ([`enter_own`]), before it takes a block of its
+/// own. While it is not, that thread alone takes from the region, with plain stores.
+#[inline(always)]
+pub fn lane_open(own: &Inside) -> bool {
+    // Sequentially consistent for the fenced way in (on x86 the plain load it always is).
+    own.open.load(Ordering::SeqCst) != SHUT
+}
+
+/// Lets the calling thread take a block from `lane`'s region, which another thread
+/// holds: from then on every thread takes from it with a compare-and-swap, so that two
+/// frees of one block never both take its entry (the one the driver refuses would put
+/// back an entry no charge stands behind). Once per lane, the first time: the lane's
+/// thread takes with plain stores until it sees the lane open, so the opener makes every
+/// running thread fence (membarrier, as a switch does) and waits for the lane's fast path
+/// to leave, which waits for nothing. Threads that come while it does wait for it.
+#[cold]
+pub fn open_lane(lane: usize) {
+    let Some(line) = INSIDE.get(lane) else {
+        return;
+    };
+    match line
+        .open
+        .compare_exchange(SHUT, OPENING, Ordering::SeqCst, Ordering::SeqCst)
+    {
+        Ok(_) => {
+            barrier_or_wait();
+            while line.count.load(Ordering::SeqCst) >= FAST {
+                std::thread::yield_now();
+            }
+            line.open.store(OPEN, Ordering::SeqCst);
+        }
+        Err(_) => {
+            while line.open.load(Ordering::SeqCst) != OPEN {
+                std::thread::yield_now();
+            }
+        }
+    }
 }
 
 /// Enters the gate for the calling thread (its `lane`, 0 when it has none), or `None`
@@ -297,7 +374,7 @@ pub fn leave_own(own: &Inside) {
 #[inline(always)]
 pub fn enter(lane: usize) -> Option<Pass> {
     let lane = slot(lane);
-    let inside = &INSIDE[lane].0;
+    let inside = &INSIDE[lane].count;
     // Acquire: the loads below come after the registration that made it true.
     if lane != 0 && asymmetric() {
         // Only this thread writes its own lane: a plain store, and the switch's
@@ -341,14 +418,8 @@ pub fn closed<R>(switch: impl FnOnce() -> R) -> R {
     }
     CLOSED.raise();
     let _open = Open;
-    // Whether or not this thread has seen the registration yet: an allocation that
-    // entered the cheap way saw it complete, so the barrier is not refused then.
-    if !barrier_everywhere() && asymmetric() {
-        // Registered, yet refused: not a case Linux has; wait out a scheduling quantum,
-        // after which any store an allocation made is visible.
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    while INSIDE.iter().any(|i| i.0.load(Ordering::SeqCst) != 0) {
+    barrier_or_wait();
+    while INSIDE.iter().any(|i| i.count.load(Ordering::SeqCst) != 0) {
         std::thread::yield_now();
     }
     switch()
@@ -358,7 +429,12 @@ pub fn closed<R>(switch: impl FnOnce() -> R) -> R {
 /// hook.
 pub fn after_fork() {
     for i in &INSIDE {
-        i.0.store(0, Ordering::Release);
+        i.count.store(0, Ordering::Release);
+        // A thread that was opening a lane did not come along: open it (taking with a
+        // compare-and-swap is right whatever the lane's state).
+        if i.open.load(Ordering::Relaxed) == OPENING {
+            i.open.store(OPEN, Ordering::Release);
+        }
     }
     REASONS.0.fetch_and(!CLOSED.mask, Ordering::SeqCst);
 }
@@ -399,7 +475,10 @@ mod tests {
                 barrier.wait();
                 closed(|| {
                     // The allocation inside left before the switch was made.
-                    inside_seen.store(INSIDE[3].0.load(Ordering::SeqCst) != 0, Ordering::SeqCst);
+                    inside_seen.store(
+                        INSIDE[3].count.load(Ordering::SeqCst) != 0,
+                        Ordering::SeqCst,
+                    );
                     switched.store(true, Ordering::SeqCst);
                 });
             })
@@ -417,7 +496,7 @@ mod tests {
         assert!(switched.load(Ordering::SeqCst));
         assert!(!inside_seen.load(Ordering::SeqCst));
         assert!(enter(5).is_some(), "open again");
-        assert!(INSIDE.iter().all(|i| i.0.load(Ordering::SeqCst) == 0));
+        assert!(INSIDE.iter().all(|i| i.count.load(Ordering::SeqCst) == 0));
     }
 
     /// The fast path's way in, in both fence modes: inside while the gate is open (its
@@ -434,9 +513,9 @@ mod tests {
                 enter_own::<true>(own, FOR_FREE),
                 "open: in (asymmetric {asymmetric})"
             );
-            assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 1);
+            assert_eq!(INSIDE[4].count.load(Ordering::SeqCst), FAST);
             leave_own(own);
-            assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
+            assert_eq!(INSIDE[4].count.load(Ordering::SeqCst), 0);
             // The quick way (no call out of the fast path) gets in only with membarrier,
             // and says so when fencing would have.
             let quick = enter_own::<false>(own, FOR_FREE);
@@ -445,12 +524,12 @@ mod tests {
             }
             assert_eq!(quick, asymmetric, "quick, asymmetric {asymmetric}");
             assert_eq!(only_fences_missing(FOR_FREE), !asymmetric);
-            assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
+            assert_eq!(INSIDE[4].count.load(Ordering::SeqCst), 0);
             CLOSED.raise();
             let got_in = enter_own::<true>(own, FOR_FREE);
             let quick = enter_own::<false>(own, FOR_FREE);
             let fences_would = only_fences_missing(FOR_FREE);
-            let counted = INSIDE[4].0.load(Ordering::SeqCst);
+            let counted = INSIDE[4].count.load(Ordering::SeqCst);
             CLOSED.lower();
             assert!(!got_in, "closed: turned away (asymmetric {asymmetric})");
             assert!(!quick, "closed: turned away the quick way too");
@@ -466,11 +545,11 @@ mod tests {
         let _turn = serial();
         let a = enter(0).unwrap();
         let b = enter(LANES + 7).unwrap();
-        assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 2);
+        assert_eq!(INSIDE[0].count.load(Ordering::SeqCst), 2);
         drop(a);
-        assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 1);
+        assert_eq!(INSIDE[0].count.load(Ordering::SeqCst), 1);
         drop(b);
-        assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0);
+        assert_eq!(INSIDE[0].count.load(Ordering::SeqCst), 0);
     }
 
     #[test]
@@ -609,7 +688,11 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0, "nobody is inside");
+        assert_eq!(
+            INSIDE[0].count.load(Ordering::SeqCst),
+            0,
+            "nobody is inside"
+        );
         assert_eq!(closed(|| 1), 1);
     }
 
@@ -620,17 +703,17 @@ mod tests {
         let _turn = serial();
         for lane in [1, 3, LANES - 1] {
             let pass = enter(lane).expect("open");
-            assert_eq!(INSIDE[lane].0.load(Ordering::SeqCst), 1, "lane {lane}");
-            assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0, "lane {lane}");
+            assert_eq!(INSIDE[lane].count.load(Ordering::SeqCst), 1, "lane {lane}");
+            assert_eq!(INSIDE[0].count.load(Ordering::SeqCst), 0, "lane {lane}");
             drop(pass);
-            assert_eq!(INSIDE[lane].0.load(Ordering::SeqCst), 0, "lane {lane}");
+            assert_eq!(INSIDE[lane].count.load(Ordering::SeqCst), 0, "lane {lane}");
         }
         // Past the table, from its very end on, threads count on lane 0.
         for lane in [LANES, LANES + 1] {
             let pass = enter(lane).expect("open");
-            assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 1, "lane {lane}");
+            assert_eq!(INSIDE[0].count.load(Ordering::SeqCst), 1, "lane {lane}");
             drop(pass);
-            assert_eq!(INSIDE[0].0.load(Ordering::SeqCst), 0, "lane {lane}");
+            assert_eq!(INSIDE[0].count.load(Ordering::SeqCst), 0, "lane {lane}");
         }
     }
 
@@ -645,7 +728,7 @@ mod tests {
             !enter_own::<true>(own, FOR_ALLOC),
             "devices not known: no way in"
         );
-        assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0, "and not counted");
+        assert_eq!(INSIDE[4].count.load(Ordering::SeqCst), 0, "and not counted");
         assert!(enter_own::<true>(own, FOR_FREE), "a free gets in");
         leave_own(own);
         one_device();
@@ -654,7 +737,7 @@ mod tests {
         one_device();
         assert!(enter_own::<true>(own, FOR_ALLOC), "said twice, still in");
         leave_own(own);
-        assert_eq!(INSIDE[4].0.load(Ordering::SeqCst), 0);
+        assert_eq!(INSIDE[4].count.load(Ordering::SeqCst), 0);
     }
 
     /// A forked child has no capture under way and no detour (a created pool made current
@@ -677,13 +760,62 @@ mod tests {
         );
     }
 
+    /// Opening a lane waits for its thread's fast path to leave (which took with plain
+    /// stores), never for a full path's pass (which may itself be opening a lane), and the
+    /// lane's thread sees it open from the start of the opening on.
+    #[test]
+    fn opening_a_lane_waits_for_its_fast_path_and_not_for_a_pass() {
+        let _turn = serial();
+        let lane = LANES - 2;
+        let own = inside_at(lane);
+        assert!(!lane_open(own), "shut until a thread opens it");
+        assert!(enter_own::<true>(own, FOR_FREE));
+        let opened = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                open_lane(lane);
+                opened.store(true, Ordering::SeqCst);
+            });
+            while own.open.load(Ordering::SeqCst) == SHUT {
+                std::thread::yield_now();
+            }
+            assert!(
+                lane_open(own),
+                "opening: the lane's thread takes as from an open one"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(
+                !opened.load(Ordering::SeqCst),
+                "the opener waits for the fast path"
+            );
+            leave_own(own);
+        });
+        assert!(opened.load(Ordering::SeqCst));
+        assert_eq!(own.open.load(Ordering::SeqCst), OPEN);
+        // Open once: a second opening waits for nothing.
+        assert!(enter_own::<true>(own, FOR_FREE));
+        open_lane(lane);
+        leave_own(own);
+        // A pass on a lane does not hold its opening up.
+        let lane = LANES - 3;
+        let pass = enter(lane).expect("open");
+        open_lane(lane);
+        assert!(lane_open(inside_at(lane)));
+        drop(pass);
+        open_lane(LANES + 3); // no lane: nothing to open, no panic
+    }
+
     #[test]
     fn a_forked_child_starts_with_the_gate_open_and_nobody_inside() {
         let _turn = serial();
         let pass = enter(4).unwrap();
         CLOSED.raise();
+        // A lane another thread was opening (that thread did not come along).
+        let opening = &INSIDE[LANES - 4].open;
+        opening.store(OPENING, Ordering::SeqCst);
         after_fork();
-        assert!(INSIDE.iter().all(|i| i.0.load(Ordering::SeqCst) == 0));
+        assert_eq!(opening.load(Ordering::SeqCst), OPEN, "open in the child");
+        assert!(INSIDE.iter().all(|i| i.count.load(Ordering::SeqCst) == 0));
         assert!(!closed_now(Ordering::SeqCst));
         std::mem::forget(pass);
         assert_eq!(closed(|| 7), 7, "a switch in the child does not wait");

@@ -16,8 +16,9 @@
 //!
 //! The hot paths (an allocation that fits, a free) take no lock and make no system call.
 //! A synchronous allocation costs one compare-and-swap on the device's counter and one
-//! on a slot of the address table; a stream-ordered pair that fits in its thread's pool
-//! credit costs none (see `lanes.rs`).
+//! on a slot of the address table, its free one on the slot; a stream-ordered pair that
+//! fits in its thread's pool credit costs none while no other thread frees a block of
+//! that thread's (see `lanes.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

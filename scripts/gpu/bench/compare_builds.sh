@@ -3,12 +3,22 @@
 # the medians of its in-process A/B figures for each build: to tell which part of the
 # hooks costs what on the real driver (see BENCHMARKS.md, "Method").
 #
-# Usage: bash scripts/gpu/bench/compare_builds.sh [--reps N] NAME=PATH/libcudabudget.so ...
+# Usage: bash scripts/gpu/bench/compare_builds.sh [--reps N] [--deadline S] NAME=PATH/libcudabudget.so ...
+# --deadline S: start no new round of runs S seconds after the start (every build has run
+# as often as every other when it stops).
 # Output: $OUT/compare.jsonl (one line per run) and $OUT/compare.txt (the medians).
 set -u
 REPS=5
-if [[ ${1:-} == --reps ]]; then REPS=$2; shift 2; fi
-if [[ $# -lt 1 ]]; then sed -n '2,8p' "$0"; exit 2; fi
+DEADLINE=0
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --reps) REPS=$2 ;;
+    --deadline) DEADLINE=$2 ;;
+    *) sed -n '2,10p' "$0"; exit 2 ;;
+  esac
+  shift 2
+done
+if [[ $# -lt 1 ]]; then sed -n '2,10p' "$0"; exit 2; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT" /tmp/cb-gpu
@@ -20,6 +30,10 @@ for b in "${BUILDS[@]}"; do
 done
 : >"$OUT/compare.jsonl"
 for ((r = 0; r < REPS; r++)); do
+  if ((DEADLINE > 0 && SECONDS >= DEADLINE)); then
+    echo "compare_builds.sh: deadline reached after $r rounds" >&2
+    break
+  fi
   for ((k = 0; k < ${#BUILDS[@]}; k++)); do
     b=${BUILDS[$(((r + k) % ${#BUILDS[@]}))]}
     line=$(timeout 120 env LD_PRELOAD="${b#*=}" CUDABUDGET_LIMIT=100Gi /tmp/cb-gpu/driver_bench 2>>"$OUT/compare.err" | grep '^{' | tail -n 1)

@@ -12,7 +12,8 @@ pub(super) const WINDOW: usize = 32;
 /// A lock-free map from an address (or handle) to an [`Entry`]: open addressing with a
 /// bounded probe window, so a lookup of an address we never saw costs at most `WINDOW`
 /// probes. A slot is claimed with a compare-and-swap to `BUSY`, filled, then published;
-/// a remove is a plain store back to empty (see [`AddrTable::remove`]).
+/// a remove claims it the same way, reads it and gives it back empty (see
+/// [`AddrTable::remove`]).
 /// When every slot of a window is taken the entry goes to a locked overflow map, which
 /// stays empty in practice.
 pub struct AddrTable<const N: usize> {
@@ -71,11 +72,12 @@ impl<const N: usize> AddrTable<N> {
 
     /// Removes `key` and returns its entry; `None` for an address never recorded.
     ///
-    /// While a slot holds a live address, the only thread that writes it is the one
-    /// freeing that address (inserts claim empty slots only), so the slot is given up
-    /// with a plain store. Only a program that frees one address on two threads at once
-    /// (a double free, which the driver refuses) could see the entry twice; the books
-    /// then over-count, never under-count.
+    /// The slot is claimed with a compare-and-swap (to `BUSY`, which no insert fills and
+    /// no other remove matches), read, then given up: of two threads freeing one address
+    /// at once (a double free, which the driver refuses once) exactly one gets the entry.
+    /// Were both to, the one refused would put back an entry no charge stands behind,
+    /// which a later free of a block at that address would give back (the books would
+    /// count less than the process holds).
     #[inline]
     pub fn remove(&self, key: u64) -> Option<Entry> {
         if key == EMPTY || key == BUSY {
@@ -84,12 +86,7 @@ impl<const N: usize> AddrTable<N> {
         let home = Self::home(key);
         for i in 0..WINDOW {
             let slot = &self.slots[(home + i) & (N - 1)];
-            if slot.key.load(Ordering::Acquire) == key {
-                // Read before the slot is given up. No other thread writes a slot that
-                // holds a live key except to free that same address, so giving it up
-                // is a plain store, not a compare-and-swap.
-                let value = slot.value.load(Ordering::Relaxed);
-                slot.key.store(EMPTY, Ordering::Release);
+            if let Some(value) = slot.take(key) {
                 return Some(Entry::unpack(value));
             }
         }
@@ -144,14 +141,17 @@ impl<const N: usize> Default for AddrTable<N> {
 /// Where the address tables' users find them: [`AddrTable`] and [`PointerMap`].
 pub trait Table {
     fn insert(&self, key: u64, entry: Entry);
-    fn remove(&self, key: u64) -> Option<Entry>;
+    /// Removes `key`, one thread alone getting its entry. Before an entry is taken from
+    /// a lane another thread holds, `open(lane)` (see [`super::lanes::LaneTable`]).
+    fn remove(&self, key: u64, open: fn(usize)) -> Option<Entry>;
 }
 
 impl<const N: usize> Table for AddrTable<N> {
     fn insert(&self, key: u64, entry: Entry) {
         AddrTable::insert(self, key, entry)
     }
-    fn remove(&self, key: u64) -> Option<Entry> {
+    /// No lanes here: `open` is never called.
+    fn remove(&self, key: u64, _open: fn(usize)) -> Option<Entry> {
         AddrTable::remove(self, key)
     }
 }

@@ -1,7 +1,7 @@
 //! What the address tables store: an entry (bytes, device, how it was charged) packed
 //! in one word, and the slot that holds it.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How an address-table entry was charged, so that its release goes the same way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,4 +75,25 @@ pub(super) const BUSY: u64 = u64::MAX;
 pub(super) struct Slot {
     pub(super) key: AtomicU64,
     pub(super) value: AtomicU64,
+}
+
+impl Slot {
+    /// The slot's value, when it holds `key` (not `EMPTY` nor `BUSY`), and the slot given
+    /// up: claimed with a compare-and-swap to `BUSY` (which no insert fills and no other
+    /// taker matches), read, then emptied. Of two threads taking one key at once exactly
+    /// one gets it.
+    #[inline(always)]
+    pub(super) fn take(&self, key: u64) -> Option<u64> {
+        if self.key.load(Ordering::Relaxed) == key
+            && self
+                .key
+                .compare_exchange(key, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            let value = self.value.load(Ordering::Relaxed);
+            self.key.store(EMPTY, Ordering::Release);
+            return Some(value);
+        }
+        None
+    }
 }

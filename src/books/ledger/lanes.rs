@@ -69,8 +69,12 @@ pub(super) struct Bucket([Slot; BUCKET]);
 /// with plain stores, and threads never write each other's cache lines when the driver
 /// hands one address to one thread after another. A key lies in one bucket (one cache
 /// line) of a region; when its bucket in the inserting lane is full the caller uses an
-/// [`AddrTable`] instead. Any thread removes (as in [`AddrTable::remove`]), looking in
-/// its own lane first.
+/// [`AddrTable`] instead.
+///
+/// Any thread removes, looking in its own lane first, each entry taken by one thread
+/// alone ([`Region::take`]). The lane's own thread may take with plain stores
+/// ([`Region::take_own`]) until another thread takes from its region: before it does,
+/// that thread has the lane opened (the `open` its caller passes to [`Self::remove`]).
 pub struct LaneTable<const BUCKETS_PER_LANE: usize> {
     regions: [Region<BUCKETS_PER_LANE>; LANES],
 }
@@ -120,8 +124,10 @@ impl<const B: usize> LaneTable<B> {
 
     /// Removes `key` and returns its entry; `None` for an address not here. `hint` is
     /// the caller's own lane (0: none), where a block is found when its thread frees it.
+    /// Before an entry is taken from another lane, `open(lane)` lets the caller take from
+    /// it: the lane's thread takes from its region with plain stores until it is open.
     #[inline(always)]
-    pub fn remove(&self, key: u64, hint: usize) -> Option<Entry> {
+    pub fn remove(&self, key: u64, hint: usize, open: fn(usize)) -> Option<Entry> {
         if key == EMPTY || key == BUSY {
             return None;
         }
@@ -130,12 +136,24 @@ impl<const B: usize> LaneTable<B> {
         {
             return Some(entry);
         }
+        self.remove_elsewhere(key, hint, open)
+    }
+
+    /// [`Self::remove`] past the caller's own lane `hint`: the other lanes.
+    #[inline(never)]
+    pub fn remove_elsewhere(&self, key: u64, hint: usize, open: fn(usize)) -> Option<Entry> {
+        if key == EMPTY || key == BUSY {
+            return None;
+        }
         // The address reached this thread through the program after its insert, and
         // with it the inserting thread's lane: HIGH_LANE is at least that lane here.
         let high = HIGH_LANE.load(Ordering::Acquire).min(LANES - 1);
         (1..=high)
-            .filter(|&lane| lane != hint)
-            .find_map(|lane| self.take(lane, key))
+            .filter(|&lane| lane != hint && self.regions[lane].holds(key))
+            .find_map(|lane| {
+                open(lane);
+                self.take(lane, key)
+            })
     }
 
     /// Removes `key` from `lane`'s region; `None` when it is not there (or `lane` is
@@ -154,7 +172,11 @@ impl<const B: usize> LaneTable<B> {
             .flat_map(|bucket| bucket.0.iter());
         for slot in slots {
             let key = slot.key.load(Ordering::Acquire);
-            if key != EMPTY && Entry::unpack(slot.value.load(Ordering::Relaxed)).device == device {
+            // A slot being taken (BUSY) is its taker's: emptied by it.
+            if key != EMPTY
+                && key != BUSY
+                && Entry::unpack(slot.value.load(Ordering::Relaxed)).device == device
+            {
                 let _ = slot
                     .key
                     .compare_exchange(key, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
@@ -194,10 +216,27 @@ impl<const B: usize> Region<B> {
     }
 
     /// Removes `key` and returns its entry as the slot held it; `None` when it is not
-    /// here. Any thread may.
+    /// here. Any thread may: the slot is claimed with a compare-and-swap (to `BUSY`,
+    /// which no insert fills and no other taker matches), so of two threads freeing one
+    /// block at once exactly one gets its entry.
     #[inline(always)]
     pub fn take(&self, key: u64) -> Option<Packed> {
-        // A key never recorded: 0 would match an empty slot (BUSY is never inserted).
+        // A key never recorded: 0 would match an empty slot, BUSY one being taken.
+        if key == EMPTY || key == BUSY {
+            return None;
+        }
+        for slot in &self.0[Self::bucket_index(key)].0 {
+            if let Some(value) = slot.take(key) {
+                return Some(Packed(value));
+            }
+        }
+        None
+    }
+
+    /// [`Self::take`] with plain stores, for the thread that holds this region's lane
+    /// while no other thread takes from it (the lane is not open: `gate::lane_open`).
+    #[inline(always)]
+    pub fn take_own(&self, key: u64) -> Option<Packed> {
         if key == EMPTY {
             return None;
         }
@@ -209,5 +248,13 @@ impl<const B: usize> Region<B> {
             }
         }
         None
+    }
+
+    /// Whether `key` is here now (a look, nothing taken).
+    fn holds(&self, key: u64) -> bool {
+        self.0[Self::bucket_index(key)]
+            .0
+            .iter()
+            .any(|slot| slot.key.load(Ordering::Relaxed) == key)
     }
 }

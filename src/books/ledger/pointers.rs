@@ -62,10 +62,11 @@ impl PointerMap {
     /// As [`Table::remove`], looking where a stream-ordered block would be first:
     /// in the lane `hint` of the calling thread (0: none), then the others.
     #[inline(always)]
-    pub fn remove_pooled(&self, key: u64, hint: usize) -> Option<Entry> {
-        self.lanes
-            .remove(key, hint)
-            .or_else(|| self.shared.remove(key))
+    pub fn remove_pooled(&self, key: u64, hint: usize, open: fn(usize)) -> Option<Entry> {
+        match self.lanes.remove(key, hint, open) {
+            Some(entry) => Some(entry),
+            None => self.shared.remove(key),
+        }
     }
 }
 
@@ -76,10 +77,11 @@ impl Table for PointerMap {
     }
 
     #[inline]
-    fn remove(&self, key: u64) -> Option<Entry> {
-        self.shared
-            .remove(key)
-            .or_else(|| self.lanes.remove(key, 0))
+    fn remove(&self, key: u64, open: fn(usize)) -> Option<Entry> {
+        match self.shared.remove(key) {
+            Some(entry) => Some(entry),
+            None => self.lanes.remove_elsewhere(key, 0, open),
+        }
     }
 }
 

@@ -7,6 +7,21 @@ use super::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+thread_local! {
+    /// The lanes this test thread's removals opened (bit L for lane L).
+    static OPENED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// What the library's `gate::open_lane` is to a removal: here, a record of it.
+fn record_open(lane: usize) {
+    OPENED.with(|o| o.set(o.get() | 1 << lane));
+}
+
+/// The lanes opened since the last call.
+fn opened() -> u32 {
+    OPENED.with(|o| o.replace(0))
+}
+
 fn device(budget: u64) -> DeviceLedger {
     let d = DeviceLedger::new();
     d.set_budget(Budget::Bytes(budget));
@@ -232,13 +247,20 @@ fn a_lane_holds_a_bucket_of_entries_and_the_map_takes_the_rest() {
         T.insert(same[BUCKET], pooled(9), other),
         "another lane has room"
     );
-    // Found from any lane's point of view, once.
-    assert_eq!(T.remove(same[1], lane), Some(pooled(1)));
-    assert_eq!(T.remove(same[1], lane), None);
-    assert_eq!(T.remove(same[2], other), Some(pooled(2)));
-    assert_eq!(T.remove(same[BUCKET], 0), Some(pooled(9)));
+    // Found from any lane's point of view, once; a lane is opened before a block is
+    // taken from it by a thread that does not hold it, and only then.
+    opened();
+    assert_eq!(T.remove(same[1], lane, record_open), Some(pooled(1)));
+    assert_eq!(opened(), 0, "its own lane is not opened");
+    assert_eq!(T.remove(same[1], lane, record_open), None);
+    assert_eq!(opened(), 0, "nor one where nothing is found");
+    assert_eq!(T.remove(same[2], other, record_open), Some(pooled(2)));
+    assert_eq!(opened(), 1 << lane, "the lane it was taken from");
+    assert_eq!(T.remove(same[BUCKET], 0, record_open), Some(pooled(9)));
+    assert_eq!(opened(), 1 << other);
     assert!(T.insert(same[BUCKET], pooled(7), lane));
-    assert_eq!(T.remove(same[BUCKET], other), Some(pooled(7)));
+    assert_eq!(T.remove(same[BUCKET], other, record_open), Some(pooled(7)));
+    assert_eq!(opened(), 1 << lane);
 
     static M: PointerMap = PointerMap::new();
     let keys: Vec<u64> = (1..100_000u64)
@@ -251,10 +273,16 @@ fn a_lane_holds_a_bucket_of_entries_and_the_map_takes_the_rest() {
     }
     M.insert_in_lane(0x7000_0000, pooled(99), 0);
     for (i, &k) in keys.iter().enumerate().rev() {
-        assert_eq!(M.remove_pooled(k, other), Some(pooled(i as u64)));
+        assert_eq!(
+            M.remove_pooled(k, other, record_open),
+            Some(pooled(i as u64))
+        );
     }
-    assert_eq!(Table::remove(&M, 0x7000_0000), Some(pooled(99)));
-    assert_eq!(Table::remove(&M, 0x7000_0000), None);
+    assert_eq!(
+        Table::remove(&M, 0x7000_0000, record_open),
+        Some(pooled(99))
+    );
+    assert_eq!(Table::remove(&M, 0x7000_0000, record_open), None);
     release_lane(lane);
     release_lane(other);
 }
@@ -286,7 +314,11 @@ fn a_lane_given_again_keeps_its_old_threads_blocks() {
     .unwrap();
     assert_eq!(first, second);
     for k in 1..=2000u64 {
-        assert_eq!(M.remove_pooled(k << 16, 0), Some(pooled(k)), "{k}");
+        assert_eq!(
+            M.remove_pooled(k << 16, 0, record_open),
+            Some(pooled(k)),
+            "{k}"
+        );
     }
     release_lane(second);
 }
@@ -314,7 +346,10 @@ fn blocks_freed_by_other_threads_are_found_once_each() {
                     m.insert_in_lane(key, pooled(key & 0xffff_ffff), lane);
                     to_next.send(key).unwrap();
                     while let Ok(k) = mine.try_recv() {
-                        assert_eq!(m.remove_pooled(k, lane), Some(pooled(k & 0xffff_ffff)));
+                        assert_eq!(
+                            m.remove_pooled(k, lane, record_open),
+                            Some(pooled(k & 0xffff_ffff))
+                        );
                         found += 1;
                     }
                 }
@@ -330,11 +365,57 @@ fn blocks_freed_by_other_threads_are_found_once_each() {
         let (found, mine) = h.join().unwrap();
         total += found;
         for k in mine.iter() {
-            assert_eq!(M.remove_pooled(k, 0), Some(pooled(k & 0xffff_ffff)));
+            assert_eq!(
+                M.remove_pooled(k, 0, record_open),
+                Some(pooled(k & 0xffff_ffff))
+            );
             total += 1;
         }
     }
     assert_eq!(total, 8 * PER);
+}
+
+/// Two threads freeing one block at once (a double free: the driver refuses one): of
+/// their removals exactly one gets the entry, in a lane's region and in the shared table.
+/// Were both to get it, the one whose free is refused would put back an entry no charge
+/// stands behind, which a later free would give back a second time.
+#[test]
+fn of_two_threads_taking_one_entry_at_once_exactly_one_gets_it() {
+    let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    static M: PointerMap = PointerMap::new();
+    static A: AddrTable<1024> = AddrTable::new();
+    const ROUNDS: u64 = 20_000;
+    let lane = claim_lane();
+    let region = M.own_region(lane).unwrap();
+    // This thread records each round's entry; the two racers take it at once.
+    let barrier = std::sync::Barrier::new(3);
+    let (region_wins, table_wins) = std::thread::scope(|s| {
+        let racers = [(); 2].map(|()| {
+            s.spawn(|| {
+                let mut wins = (0u64, 0u64);
+                for k in 1..=ROUNDS {
+                    barrier.wait();
+                    wins.0 += region.take(k << 12).is_some() as u64;
+                    wins.1 += A.remove(k << 12).is_some() as u64;
+                    barrier.wait();
+                }
+                wins
+            })
+        });
+        for k in 1..=ROUNDS {
+            assert!(region.insert(k << 12, pooled(k)));
+            A.insert(k << 12, pooled(k));
+            barrier.wait();
+            barrier.wait();
+        }
+        racers
+            .map(|r| r.join().unwrap())
+            .into_iter()
+            .fold((0, 0), |(r, t), (a, b)| (r + a, t + b))
+    });
+    assert_eq!(region_wins, ROUNDS, "one taker per entry of a region");
+    assert_eq!(table_wins, ROUNDS, "one per entry of the shared table");
+    release_lane(lane);
 }
 
 #[test]
@@ -804,7 +885,7 @@ fn a_threads_lane_holds_a_thousand_spread_blocks() {
         assert!(T.insert(k, pooled(i as u64), lane), "no room for {k:#x}");
     }
     for (i, &k) in keys.iter().enumerate() {
-        assert_eq!(T.remove(k, lane), Some(pooled(i as u64)));
+        assert_eq!(T.remove(k, lane, record_open), Some(pooled(i as u64)));
     }
     release_lane(lane);
 }
@@ -817,13 +898,13 @@ fn lanes_never_record_or_find_addresses_zero_and_all_ones() {
     let lane = claim_lane();
     for key in [EMPTY, BUSY] {
         assert!(!T.insert(key, pooled(1), lane));
-        assert_eq!(T.remove(key, lane), None);
-        assert_eq!(T.remove(key, 0), None);
+        assert_eq!(T.remove(key, lane, record_open), None);
+        assert_eq!(T.remove(key, 0, record_open), None);
         let region = M.own_region(lane).unwrap();
         assert!(!region.insert(key, pooled(1)));
         assert_eq!(region.take(key), None);
-        assert_eq!(M.remove_pooled(key, lane), None);
-        assert_eq!(Table::remove(&M, key), None);
+        assert_eq!(M.remove_pooled(key, lane, record_open), None);
+        assert_eq!(Table::remove(&M, key, record_open), None);
     }
     release_lane(lane);
 }
@@ -844,7 +925,7 @@ fn a_block_recorded_in_its_threads_lane_is_found_there() {
     assert!(M.own_region(LANES).is_none(), "nor one past the table");
     // A block left in the lane by its thread is found by another's.
     assert!(own.insert(key, pooled(6)));
-    assert_eq!(M.remove_pooled(key, other), Some(pooled(6)));
+    assert_eq!(M.remove_pooled(key, other, record_open), Some(pooled(6)));
     release_lane(lane);
     release_lane(other);
 }
@@ -868,8 +949,16 @@ fn purging_a_device_drops_its_blocks_from_the_lanes_and_the_shared_table() {
     M.purge_device(4);
     for k in 1..=40u64 {
         let want = (device_of(k) == 5).then_some(e(5));
-        assert_eq!(M.remove_pooled(k << 21, lane), want, "lane, {k}");
-        assert_eq!(Table::remove(&M, shared(k)), want, "shared, {k}");
+        assert_eq!(
+            M.remove_pooled(k << 21, lane, record_open),
+            want,
+            "lane, {k}"
+        );
+        assert_eq!(
+            Table::remove(&M, shared(k), record_open),
+            want,
+            "shared, {k}"
+        );
     }
     release_lane(lane);
 }
