@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::gate;
-use crate::books::ledger::{self, DeviceLedger, OwnRegion, Packed};
+use crate::books::ledger::{self, DeviceLedger, Packed};
 use crate::runtime;
 
 /// Most of what a thread has freed to the pools, kept for its own next stream-ordered
@@ -32,39 +32,12 @@ pub(super) struct PrivateCredit {
     /// the compiler too) to fit an address-table entry as it is. The word's other half
     /// is padding.
     bytes: Cell<u32>,
-    /// What the thread writes alone for its lane, as [`PrivateCredit::hold_lane`] set it
-    /// with the lane: one pointer the fast paths follow instead of working it out from
-    /// the lane. `None` without a lane of its own.
-    pub(super) own: Cell<Option<&'static OwnLane>>,
+    /// What the thread writes alone for its lane (its line in the gate: the count, the
+    /// region of the pointer table), as [`PrivateCredit::hold_lane`] set it with the
+    /// lane: one pointer the fast paths follow instead of working it out from the lane.
+    /// `None` without a lane of its own.
+    pub(super) own: Cell<Option<&'static gate::Inside>>,
 }
-
-/// What the thread that holds a lane writes alone: its counter in the gate and its region
-/// of the pointer table.
-#[derive(Clone, Copy)]
-pub(super) struct OwnLane {
-    pub(super) inside: &'static gate::Inside,
-    pub(super) region: &'static OwnRegion,
-}
-
-/// The [`OwnLane`] of each lane a thread can hold (1..[`ledger::LANES`]), lane L at L − 1.
-static OWN_LANES: [OwnLane; ledger::LANES - 1] = {
-    const fn of(lane: usize) -> OwnLane {
-        OwnLane {
-            inside: gate::inside_at(lane),
-            region: match runtime::pointers().own_region(lane) {
-                Some(region) => region,
-                None => panic!("every lane but 0 has a region"),
-            },
-        }
-    }
-    let mut lanes = [of(1); ledger::LANES - 1];
-    let mut lane = 2;
-    while lane < ledger::LANES {
-        lanes[lane - 1] = of(lane);
-        lane += 1;
-    }
-    lanes
-};
 
 const PRIVATE_MAX: u64 = 8 << 20;
 const _: () = assert!(PRIVATE_MAX <= u32::MAX as u64);
@@ -106,11 +79,10 @@ impl PrivateCredit {
         lane
     }
 
-    /// Holds `lane`, with its counter in the gate and its region of the pointer table
+    /// Holds `lane`, with its line in the gate (its count and its region of the pointer table)
     /// (none for a value that is no lane of its own); returns the lane held before.
     fn hold_lane(&self, lane: usize) -> usize {
-        self.own
-            .set(lane.checked_sub(1).and_then(|index| OWN_LANES.get(index)));
+        self.own.set(gate::own_line(lane));
         self.lane.replace(lane)
     }
 
@@ -490,11 +462,11 @@ mod tests {
         for lane in [1, 7, ledger::LANES - 1] {
             let own = fresh(lane).own.get().expect("a lane of its own");
             assert!(
-                std::ptr::eq(own.inside, gate::inside_at(lane)),
+                std::ptr::eq(own, gate::own_line(lane).unwrap()),
                 "lane {lane}"
             );
             let region = runtime::pointers().own_region(lane).unwrap();
-            assert!(std::ptr::eq(own.region, region), "lane {lane}");
+            assert!(std::ptr::eq(own.region(), region), "lane {lane}");
         }
         let p = fresh(3);
         assert_eq!(p.hold_lane(EXITED), 3);

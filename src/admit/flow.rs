@@ -400,32 +400,32 @@ pub fn free_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     let Some(p) = private() else {
         return Fast::Declined(real);
     };
-    // What the thread writes alone for its lane (its counter in the gate, its region of
-    // the table), held with the lane.
+    // The lane's line in the gate (its count, whether it is open, its region of the
+    // table), held with the lane.
     let Some(own) = p.own.get() else {
         return Fast::Declined(real);
     };
     // Inside the gate from before the look at the captures (the gate's word of reasons,
     // read as it is entered) until the driver's answer: a capture of the stream starts
     // before the look or after the free (crate::admit::capture).
-    if !gate::enter_own::<FENCED>(own.inside, gate::FOR_FREE) {
+    if !gate::enter_own::<FENCED>(own, gate::FOR_FREE) {
         return Fast::Declined(real);
     }
     let mark = ledger::clears();
     // Plain stores while the thread alone takes from its region; once another thread
     // has freed a block of it (the lane is open), a compare-and-swap, so that two frees
     // of one block never both take its entry.
-    let taken = if gate::lane_open(own.inside) {
-        own.region.take(ptr)
+    let taken = if gate::lane_open(own) {
+        own.region().take(ptr)
     } else {
-        own.region.take_own(ptr)
+        own.region().take_own(ptr)
     };
     let Some(entry) = taken else {
-        gate::leave_own(own.inside);
+        gate::leave_own(own);
         return Fast::Declined(real);
     };
     let rc = real();
-    gate::leave_own(own.inside);
+    gate::leave_own(own);
     // A clear that starts after this check moves the device's epoch when it ends, which
     // voids credit given under the old one.
     if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(entry) {
@@ -576,24 +576,24 @@ pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     if dptr.is_null() {
         return Fast::Declined(real);
     }
-    // What the thread writes alone for its lane (its counter in the gate, its region of
-    // the table), held with the lane.
+    // The lane's line in the gate (its count, whether it is open, its region of the
+    // table), held with the lane.
     let Some(own) = p.own.get() else {
         return Fast::Declined(real);
     };
     // Inside the gate before the reasons for the full path are looked at (one word: a
     // capture, a detour, more than one device): a switch of the device's current pool
     // waits for this call to reach the driver, or turns the detour on first.
-    if !gate::enter_own::<FENCED>(own.inside, gate::FOR_ALLOC) {
+    if !gate::enter_own::<FENCED>(own, gate::FOR_ALLOC) {
         return Fast::Declined(real);
     }
     let d0 = runtime::ledger().device(0);
     if !d0.is_some_and(|d| prepaid_by_thread(p, 0, d, bytes)) {
-        gate::leave_own(own.inside);
+        gate::leave_own(own);
         return Fast::Declined(real);
     }
     let rc = real();
-    gate::leave_own(own.inside);
+    gate::leave_own(own);
     let entry = Entry {
         bytes,
         device: 0,
@@ -602,7 +602,7 @@ pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     if rc.is_ok()
         // SAFETY: the driver succeeded, so it wrote the new address through `dptr` (not
         // null, looked at above).
-        && own.region.insert(unsafe { *dptr }, entry)
+        && own.region().insert(unsafe { *dptr }, entry)
     {
         return Fast::Done(rc);
     }

@@ -21,10 +21,12 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, compiler_fence};
 
-use crate::books::ledger::LANES;
+use crate::books::ledger::{LANES, OwnRegion};
+use crate::runtime;
 
 /// One line per lane, each a cache line of its own: lane 0 is shared by the threads that
-/// have no lane of their own.
+/// have no lane of their own. The fast paths reach their lane's through one pointer
+/// ([`own_line`]): its count, whether it is open, its region of the pointer table.
 #[repr(align(128))]
 pub struct Inside {
     /// Who is inside: [`FAST`] for the lane's thread on its fast path ([`enter_own`]),
@@ -33,6 +35,17 @@ pub struct Inside {
     /// Whether threads other than the lane's take blocks from its region of the pointer
     /// table ([`open_lane`]): [`SHUT`], [`OPENING`], [`OPEN`].
     open: AtomicU32,
+    /// The lane's region of the pointer table, where its thread records its
+    /// stream-ordered blocks (lane 0's is nobody's: no thread holds lane 0).
+    region: &'static OwnRegion,
+}
+
+impl Inside {
+    /// The lane's region of the pointer table.
+    #[inline(always)]
+    pub fn region(&self) -> &'static OwnRegion {
+        self.region
+    }
 }
 
 /// What the fast path counts in its lane's [`Inside::count`]: apart from a [`Pass`]'s
@@ -48,18 +61,36 @@ const OPENING: u32 = 1;
 /// Every thread takes from it with a compare-and-swap, the lane's own too.
 const OPEN: u32 = 2;
 
-/// Lane `lane`'s own counter (`lane` < [`LANES`]), for the thread that holds it: the fast
-/// paths reach it through their lane's one pointer (`credit::OwnLane`).
-pub const fn inside_at(lane: usize) -> &'static Inside {
-    &INSIDE[lane]
+/// Lane `lane`'s own line (1..[`LANES`]), for the thread that holds it; `None` for lane 0
+/// (nobody's) or past the table.
+pub const fn own_line(lane: usize) -> Option<&'static Inside> {
+    if lane >= 1 && lane < LANES {
+        Some(&INSIDE[lane])
+    } else {
+        None
+    }
 }
 
-static INSIDE: [Inside; LANES] = [const {
+/// Lane `lane`'s line as it starts.
+const fn line(lane: usize) -> Inside {
     Inside {
         count: AtomicU32::new(0),
         open: AtomicU32::new(SHUT),
+        region: match runtime::pointers().region(lane) {
+            Some(region) => region,
+            None => panic!("every lane has a region"),
+        },
     }
-}; LANES];
+}
+
+/// The lines, one per lane, spelled out (atomics are not `Copy`; the array's type
+/// checks that there are [`LANES`]).
+macro_rules! lines {
+    ($($lane:literal)*) => { [$(line($lane)),*] };
+}
+
+static INSIDE: [Inside; LANES] =
+    lines!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
 
 /// What every stream-ordered call reads once it is inside: each reason for the full
 /// path, counted in one word, on a cache line that nothing written often shares. The
@@ -267,7 +298,7 @@ fn slot(lane: usize) -> usize {
 }
 
 /// The fast path's way in: [`enter`] for the thread's own lane (its counter, from
-/// [`inside_at`]), with no guard, and with no reason for the full path among `asked`
+/// [`own_line`]), with no guard, and with no reason for the full path among `asked`
 /// ([`FOR_ALLOC`], [`FOR_FREE`]); the caller [`leave_own`]s once the driver has answered,
 /// whatever it did. False, and nothing entered, when the gate is closed or another reason
 /// asked about is raised.
@@ -508,7 +539,7 @@ mod tests {
         let was = asymmetric();
         for asymmetric in [false, true] {
             set_asymmetric(asymmetric);
-            let own = inside_at(4);
+            let own = own_line(4).unwrap();
             assert!(
                 enter_own::<true>(own, FOR_FREE),
                 "open: in (asymmetric {asymmetric})"
@@ -535,7 +566,11 @@ mod tests {
             assert!(!quick, "closed: turned away the quick way too");
             assert!(!fences_would, "closed: fences would not get in either");
             assert_eq!(counted, 0, "and not counted");
-            assert!(std::ptr::eq(inside_at(LANES - 1), &INSIDE[LANES - 1]));
+            assert!(std::ptr::eq(
+                own_line(LANES - 1).unwrap(),
+                &INSIDE[LANES - 1]
+            ));
+            assert!(own_line(0).is_none() && own_line(LANES).is_none());
         }
         set_asymmetric(was);
     }
@@ -723,7 +758,7 @@ mod tests {
     fn the_allocations_way_in_opens_once_one_device_is_known() {
         let _turn = serial();
         REASONS.0.fetch_or(DEVICES_UNKNOWN, Ordering::SeqCst);
-        let own = inside_at(4);
+        let own = own_line(4).unwrap();
         assert!(
             !enter_own::<true>(own, FOR_ALLOC),
             "devices not known: no way in"
@@ -767,7 +802,7 @@ mod tests {
     fn opening_a_lane_waits_for_its_fast_path_and_not_for_a_pass() {
         let _turn = serial();
         let lane = LANES - 2;
-        let own = inside_at(lane);
+        let own = own_line(lane).unwrap();
         assert!(!lane_open(own), "shut until a thread opens it");
         assert!(enter_own::<true>(own, FOR_FREE));
         let opened = AtomicBool::new(false);
@@ -800,7 +835,7 @@ mod tests {
         let lane = LANES - 3;
         let pass = enter(lane).expect("open");
         open_lane(lane);
-        assert!(lane_open(inside_at(lane)));
+        assert!(lane_open(own_line(lane).unwrap()));
         drop(pass);
         open_lane(LANES + 3); // no lane: nothing to open, no panic
     }

@@ -104,6 +104,15 @@ impl<const B: usize> LaneTable<B> {
         }
     }
 
+    /// Lane `lane`'s region (0..[`LANES`]; lane 0's is nobody's and stays empty).
+    pub const fn region(&self, lane: usize) -> Option<&Region<B>> {
+        if lane < LANES {
+            Some(&self.regions[lane])
+        } else {
+            None
+        }
+    }
+
     /// Lane `lane`'s region, for the thread that holds it (1..[`LANES`]).
     #[inline]
     pub const fn own_region(&self, lane: usize) -> Option<&Region<B>> {

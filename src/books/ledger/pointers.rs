@@ -39,8 +39,15 @@ impl PointerMap {
     /// stream-ordered blocks itself ([`OwnRegion::insert`]) and finds them again
     /// ([`OwnRegion::take`]); `None` for no lane. A block not found there may still be
     /// elsewhere ([`PointerMap::remove_pooled`]).
+    #[cfg(test)]
     pub const fn own_region(&self, lane: usize) -> Option<&OwnRegion> {
         self.lanes.own_region(lane)
+    }
+
+    /// Lane `lane`'s region (0..[`LANES`]), whoever holds it: what the gate's line of
+    /// the lane points to. Lane 0's is nobody's and stays empty.
+    pub const fn region(&self, lane: usize) -> Option<&OwnRegion> {
+        self.lanes.region(lane)
     }
 
     pub fn purge_device(&self, device: usize) {
