@@ -24,7 +24,10 @@ pub(super) struct PrivateCredit {
     /// The thread's lane in the address table ([`ledger::claim_lane`]): [`NO_LANE_YET`]
     /// before the first claim, 0 when none was free, [`EXITED`] once [`thread_exit`] ran.
     pub(super) lane: Cell<usize>,
-    device: Cell<usize>,
+    /// The device the credit is for, as the top byte of its stream-ordered blocks'
+    /// entries ([`ledger::pooled_tag`]), so that a free's entry is matched and its size
+    /// read in one subtraction; [`ledger::NO_TAG`] before the first credit.
+    tag: Cell<u64>,
     /// The device's epoch when the credit was given: credit from before its books were
     /// cleared (the context went away) is void.
     epoch: Cell<u64>,
@@ -37,6 +40,9 @@ pub(super) struct PrivateCredit {
     /// lane: one pointer the fast paths follow instead of working it out from the lane.
     /// `None` without a lane of its own.
     pub(super) own: Cell<Option<&'static gate::Inside>>,
+    /// The books of the device the credit is for (whose epoch it was given in); `None`
+    /// before the first credit.
+    books: Cell<Option<&'static DeviceLedger>>,
 }
 
 const PRIVATE_MAX: u64 = 8 << 20;
@@ -79,8 +85,8 @@ impl PrivateCredit {
         lane
     }
 
-    /// Holds `lane`, with its line in the gate (its count and its region of the pointer table)
-    /// (none for a value that is no lane of its own); returns the lane held before.
+    /// Holds `lane`, with its line in the gate (its count, its region of the pointer
+    /// table; none for a value that is no lane of its own); returns the lane held before.
     fn hold_lane(&self, lane: usize) -> usize {
         self.own.set(gate::own_line(lane));
         self.lane.replace(lane)
@@ -92,11 +98,15 @@ impl PrivateCredit {
         lane != NO_LANE_YET && lane != EXITED
     }
 
-    /// Takes `bytes` from the thread's credit for `device`, if it holds that much.
+    /// Takes `bytes` from the thread's credit for the device whose books `d` are, if it
+    /// holds that much.
     #[inline(always)]
-    pub(super) fn take(&self, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
+    pub(super) fn take(&self, d: &DeviceLedger, bytes: u64) -> bool {
         let held = self.held();
-        let ok = self.device.get() == device && held >= bytes && self.epoch.get() == d.epoch();
+        // The books name the device: no tag needed.
+        let ok = self.books.get().is_some_and(|b| std::ptr::eq(b, d))
+            && held >= bytes
+            && self.epoch.get() == d.epoch();
         if ok {
             self.keep(held - bytes);
         }
@@ -107,13 +117,15 @@ impl PrivateCredit {
     /// room below [`PRIVATE_MAX`]; false leaves everything as it was.
     #[inline(always)]
     pub(super) fn give_fast(&self, entry: Packed) -> bool {
-        // No overflow: at most PRIVATE_MAX plus an entry's 56 bits.
-        let held = self.held() + entry.bytes();
-        let device = self.device.get();
-        let ok = entry.is_pooled_on(device)
-            && held <= PRIVATE_MAX
-            && runtime::ledger()
-                .device(device)
+        let Some(bytes) = entry.pooled_bytes(self.tag.get(), PRIVATE_MAX) else {
+            return false;
+        };
+        // No overflow: at most twice PRIVATE_MAX.
+        let held = self.held() + bytes;
+        let ok = held <= PRIVATE_MAX
+            && self
+                .books
+                .get()
                 .is_some_and(|d| d.epoch() == self.epoch.get());
         if ok {
             self.keep(held);
@@ -136,14 +148,15 @@ impl PrivateCredit {
         self.bytes.set(bytes as u32);
     }
 
-    pub(super) fn give(&self, device: usize, d: &DeviceLedger, bytes: u64) {
+    pub(super) fn give(&self, device: usize, d: &'static DeviceLedger, bytes: u64) {
         if !self.keeps_credit() {
             d.pool.give(runtime::shard(), bytes);
             return;
         }
-        if self.device.get() != device || self.epoch.get() != d.epoch() {
+        if self.tag.get() != ledger::pooled_tag(device) || self.epoch.get() != d.epoch() {
             self.flush();
-            self.device.set(device);
+            self.tag.set(ledger::pooled_tag(device));
+            self.books.set(Some(d));
             self.epoch.set(d.epoch());
         }
         let held = self.held().saturating_add(bytes);
@@ -162,7 +175,7 @@ impl PrivateCredit {
     /// device's books were cleared since.
     pub(super) fn flush(&self) {
         let held = u64::from(self.bytes.replace(0));
-        let Some(d) = runtime::ledger().device(self.device.get()) else {
+        let Some(d) = self.books.get() else {
             return;
         };
         let given = self.epoch.get();
@@ -178,7 +191,7 @@ impl PrivateCredit {
 }
 
 /// What a thread's credit is before its first use (the `.tdata` image below spells the
-/// same words: lane, device, epoch, bytes, and no lane of its own).
+/// same words: lane, tag, epoch, bytes, no lane of its own and no books).
 #[cfg_attr(
     all(target_arch = "x86_64", target_os = "linux", not(test)),
     expect(dead_code, reason = "the TLS image's twin, compared in a test")
@@ -186,10 +199,11 @@ impl PrivateCredit {
 const fn private_init() -> PrivateCredit {
     PrivateCredit {
         lane: Cell::new(NO_LANE_YET),
-        device: Cell::new(usize::MAX),
+        tag: Cell::new(ledger::NO_TAG),
         epoch: Cell::new(0),
         bytes: Cell::new(0),
         own: Cell::new(None),
+        books: Cell::new(None),
     }
 }
 
@@ -197,7 +211,7 @@ const fn private_init() -> PrivateCredit {
 // instructions (the thread pointer plus an offset the loader wrote once), where Rust's
 // `thread_local!` in a shared object calls `__tls_get_addr` on every access. A library
 // with initial-exec TLS must be loaded at start-up (LD_PRELOAD, as ours is) or fit the
-// static TLS surplus glibc keeps for `dlopen` (these 40 bytes do).
+// static TLS surplus glibc keeps for `dlopen` (these 48 bytes do).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 std::arch::global_asm!(
     ".pushsection .tdata.cudabudget_private,\"awT\",@progbits",
@@ -205,22 +219,24 @@ std::arch::global_asm!(
     ".globl cudabudget_private_credit",
     ".hidden cudabudget_private_credit",
     ".type cudabudget_private_credit, @object",
-    ".size cudabudget_private_credit, 40",
+    ".size cudabudget_private_credit, 48",
     "cudabudget_private_credit:",
-    ".quad -1, -1, 0, 0, 0",
+    ".quad -1, 0xff00000000000000, 0, 0, 0, 0",
     ".popsection",
 );
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 const _: () = {
     // The image above is private_init()'s words, in PrivateCredit's order.
-    assert!(std::mem::size_of::<PrivateCredit>() == 40);
+    assert!(std::mem::size_of::<PrivateCredit>() == 48);
     assert!(std::mem::offset_of!(PrivateCredit, lane) == 0);
-    assert!(std::mem::offset_of!(PrivateCredit, device) == 8);
+    assert!(std::mem::offset_of!(PrivateCredit, tag) == 8);
+    assert!(ledger::NO_TAG == 0xff00_0000_0000_0000);
     assert!(std::mem::offset_of!(PrivateCredit, epoch) == 16);
     assert!(std::mem::offset_of!(PrivateCredit, bytes) == 24);
     // `None` of an `Option<&T>` is the null pointer: the image's zeros.
     assert!(std::mem::offset_of!(PrivateCredit, own) == 32);
+    assert!(std::mem::offset_of!(PrivateCredit, books) == 40);
     assert!(NO_LANE_YET == usize::MAX);
 };
 
@@ -231,7 +247,7 @@ pub(super) fn private() -> Option<&'static PrivateCredit> {
     let p: *const PrivateCredit;
     // SAFETY: reads the thread pointer (%fs:0, the TCB's pointer to itself) and the GOT
     // word the loader filled with our block's offset from it; the sum is this thread's
-    // copy of `cudabudget_private_credit`, 40 bytes of the static TLS block.
+    // copy of `cudabudget_private_credit`, 48 bytes of the static TLS block.
     unsafe {
         std::arch::asm!(
             "mov {p}, qword ptr fs:[0]",
@@ -321,7 +337,7 @@ pub fn after_fork() {
 }
 
 /// Credit back from a stream-ordered free (or an allocation that failed).
-pub(super) fn give_pooled(device: usize, d: &DeviceLedger, bytes: u64) {
+pub(super) fn give_pooled(device: usize, d: &'static DeviceLedger, bytes: u64) {
     match private() {
         Some(p) => p.give(device, d, bytes),
         None => d.pool.give(runtime::shard(), bytes),
@@ -367,15 +383,12 @@ mod tests {
         p.give(device, d, 3 * MIB);
         assert_eq!(p.held(), 3 * MIB, "kept by the thread");
         assert_eq!(shared_credit(d), 0, "nothing went to the shards");
-        assert!(!p.take(device + 1, runtime::ledger().device(51).unwrap(), MIB));
-        assert!(!p.take(device, d, 4 * MIB), "more than it holds");
-        assert!(p.take(device, d, 2 * MIB));
+        assert!(!p.take(runtime::ledger().device(51).unwrap(), MIB));
+        assert!(!p.take(d, 4 * MIB), "more than it holds");
+        assert!(p.take(d, 2 * MIB));
         assert_eq!(p.held(), MIB);
         d.retire_credit();
-        assert!(
-            !p.take(device, d, MIB),
-            "credit of an older epoch is not spent"
-        );
+        assert!(!p.take(d, MIB), "credit of an older epoch is not spent");
         assert_eq!(p.held(), MIB);
     }
 
@@ -480,10 +493,10 @@ mod tests {
             let p = private().expect("every thread has one");
             let words = (
                 p.lane.get(),
-                p.device.get(),
+                p.tag.get(),
                 p.epoch.get(),
                 p.held(),
-                p.own.get().is_none(),
+                p.own.get().is_none() && p.books.get().is_none(),
             );
             p.bytes.set(12345);
             (words, std::ptr::from_ref(p) as usize, p.held())
@@ -493,7 +506,7 @@ mod tests {
         let init = private_init();
         let init = (
             init.lane.get(),
-            init.device.get(),
+            init.tag.get(),
             init.epoch.get(),
             init.held(),
             true,

@@ -588,7 +588,7 @@ pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
         return Fast::Declined(real);
     }
     let d0 = runtime::ledger().device(0);
-    if !d0.is_some_and(|d| prepaid_by_thread(p, 0, d, bytes)) {
+    if !d0.is_some_and(|d| prepaid_by_thread(p, d, bytes)) {
         gate::leave_own(own);
         return Fast::Declined(real);
     }
@@ -688,7 +688,7 @@ fn record_pooled(
     dptr: *mut DevicePtr,
     bytes: u64,
     device: usize,
-    d: &DeviceLedger,
+    d: &'static DeviceLedger,
     lane: usize,
     paid: Paid,
 ) {

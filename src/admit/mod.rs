@@ -220,7 +220,7 @@ pub fn within_reach(call: &str, dev: &DeviceCx, bytes: u64) -> Result<(), CuResu
 /// left, and the pools' growth must be admitted now.
 #[inline]
 fn prepaid(dev: &DeviceCx, p: Option<&PrivateCredit>, bytes: u64) -> Option<Paid> {
-    if p.is_some_and(|p| p.take(dev.ordinal, dev.ledger, bytes)) {
+    if p.is_some_and(|p| p.take(dev.ledger, bytes)) {
         Some(Paid::Thread)
     } else if dev.ledger.pool.take(crate::runtime::shard(), bytes) {
         Some(Paid::Shard)
@@ -230,10 +230,11 @@ fn prepaid(dev: &DeviceCx, p: Option<&PrivateCredit>, bytes: u64) -> Option<Paid
 }
 
 /// [`prepaid`] on the stream-ordered fast path (`flow`'s `alloc_async_fast`): `bytes` from
-/// the thread's own credit for `device`, if it holds that much; nothing else is looked at.
+/// the thread's own credit for the device whose books `d` are, if it holds that much;
+/// nothing else is looked at.
 #[inline(always)]
-fn prepaid_by_thread(p: &PrivateCredit, device: usize, d: &DeviceLedger, bytes: u64) -> bool {
-    p.take(device, d, bytes)
+fn prepaid_by_thread(p: &PrivateCredit, d: &DeviceLedger, bytes: u64) -> bool {
+    p.take(d, bytes)
 }
 
 /// Where a stream-ordered allocation's credit came from: an allocation that fails gives

@@ -32,7 +32,7 @@ mod pointers;
 
 pub use addresses::{AddrTable, Table};
 pub use credit::{BankGuard, POOL_SHARDS, PoolCredit, clamp_i64};
-pub use entries::{Entry, Kind, Packed};
+pub use entries::{Entry, Kind, NO_TAG, Packed, pooled_tag};
 pub use lanes::{LANES, claim_lane, lane_free, lanes_after_fork, release_lane};
 pub use pointers::{OwnRegion, PointerMap};
 

@@ -58,16 +58,35 @@ impl Packed {
         Entry::unpack(self.0)
     }
 
+    #[cfg(test)]
     pub fn bytes(self) -> u64 {
         self.0 & SIZE_MASK
     }
 
-    /// Whether it is a stream-ordered block of `device`: one comparison of its top byte.
+    /// Its bytes, when it is the stream-ordered block `tag` ([`pooled_tag`]) stands for
+    /// and holds at most `max` (below 2^56); `None` otherwise. One subtraction and one
+    /// comparison: an entry of another kind or device differs in its top byte, so what is
+    /// left is at least 2^56 (or wraps past it, since no tag is above [`NO_TAG`]).
     #[inline(always)]
-    pub fn is_pooled_on(self, device: usize) -> bool {
-        device < 64 && self.0 >> SIZE_BITS == (Kind::Pooled as u64) << 6 | device as u64
+    pub fn pooled_bytes(self, tag: u64, max: u64) -> Option<u64> {
+        debug_assert!(max <= SIZE_MASK && tag & SIZE_MASK == 0);
+        let bytes = self.0.wrapping_sub(tag);
+        (bytes <= max).then_some(bytes)
     }
 }
+
+/// The top byte, in place, of a stream-ordered block of `device`'s entry (see
+/// [`Packed::pooled_bytes`]); [`NO_TAG`] for a device no entry names.
+pub const fn pooled_tag(device: usize) -> u64 {
+    if device < 64 {
+        ((Kind::Pooled as u64) << 6 | device as u64) << SIZE_BITS
+    } else {
+        NO_TAG
+    }
+}
+
+/// A tag no entry has: its kind bits are neither kind's.
+pub const NO_TAG: u64 = 0xFF << SIZE_BITS;
 
 pub(super) const EMPTY: u64 = 0;
 pub(super) const BUSY: u64 = u64::MAX;

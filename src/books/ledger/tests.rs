@@ -975,24 +975,53 @@ fn retiring_credit_never_carries_into_the_books_epoch() {
 }
 
 #[test]
-fn a_packed_entry_is_pooled_on_its_own_device_only() {
+fn a_packed_entry_gives_its_bytes_to_its_own_devices_tag_only() {
+    const MAX: u64 = 8 << 20;
+    assert_eq!(pooled_tag(64), NO_TAG, "no entry names device 64");
+    assert_eq!(pooled_tag(usize::MAX), NO_TAG);
     for device in [0usize, 1, 5, 63] {
-        let packed = pooled(7).packed();
-        let entry = Entry {
-            device,
-            ..packed.entry()
-        };
-        let packed = entry.packed();
-        assert!(packed.is_pooled_on(device), "device {device}");
-        assert_eq!(packed.bytes(), 7);
-        assert_eq!(packed.entry(), entry);
-        for other in [device ^ 1, device + 64, usize::MAX] {
-            assert!(!packed.is_pooled_on(other), "{device} on {other}");
+        let tag = pooled_tag(device);
+        for bytes in [0, 7, MAX] {
+            let entry = Entry {
+                device,
+                ..pooled(bytes)
+            };
+            let packed = entry.packed();
+            assert_eq!(
+                packed.pooled_bytes(tag, MAX),
+                Some(bytes),
+                "device {device}"
+            );
+            assert_eq!(packed.bytes(), bytes);
+            assert_eq!(packed.entry(), entry);
+            for other in [device ^ 1, device ^ 32, device + 64, usize::MAX] {
+                let other_tag = pooled_tag(other);
+                assert_eq!(
+                    packed.pooled_bytes(other_tag, MAX),
+                    None,
+                    "{device} as {other}"
+                );
+            }
+            let direct = Entry {
+                kind: Kind::Direct,
+                ..entry
+            };
+            assert_eq!(direct.packed().pooled_bytes(tag, MAX), None, "direct");
         }
-        let direct = Entry {
-            kind: Kind::Direct,
-            ..entry
+        // More than `max`: none, on the right device too.
+        let big = Entry {
+            device,
+            ..pooled(MAX + 1)
         };
-        assert!(!direct.packed().is_pooled_on(device), "direct on {device}");
+        assert_eq!(big.packed().pooled_bytes(tag, MAX), None);
+        // The largest entry of the device just below: its top byte is one less, and
+        // what is left wraps past 2^56.
+        if device > 0 {
+            let below = Entry {
+                device: device - 1,
+                ..pooled(SIZE_MASK)
+            };
+            assert_eq!(below.packed().pooled_bytes(tag, MAX), None);
+        }
     }
 }
