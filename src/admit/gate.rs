@@ -71,26 +71,27 @@ pub const fn own_line(lane: usize) -> Option<&'static Inside> {
     }
 }
 
-/// Lane `lane`'s line as it starts.
-const fn line(lane: usize) -> Inside {
-    Inside {
-        count: AtomicU32::new(0),
-        open: AtomicU32::new(SHUT),
-        region: match runtime::pointers().region(lane) {
+static INSIDE: [Inside; LANES] = {
+    const fn region(lane: usize) -> &'static OwnRegion {
+        match runtime::pointers().region(lane) {
             Some(region) => region,
             None => panic!("every lane has a region"),
-        },
+        }
     }
-}
-
-/// The lines, one per lane, spelled out (atomics are not `Copy`; the array's type
-/// checks that there are [`LANES`]).
-macro_rules! lines {
-    ($($lane:literal)*) => { [$(line($lane)),*] };
-}
-
-static INSIDE: [Inside; LANES] =
-    lines!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+    let mut lines = [const {
+        Inside {
+            count: AtomicU32::new(0),
+            open: AtomicU32::new(SHUT),
+            region: region(0),
+        }
+    }; LANES];
+    let mut lane = 1;
+    while lane < LANES {
+        lines[lane].region = region(lane);
+        lane += 1;
+    }
+    lines
+};
 
 /// What every stream-ordered call reads once it is inside: each reason for the full
 /// path, counted in one word, on a cache line that nothing written often shares. The

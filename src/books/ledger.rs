@@ -85,10 +85,12 @@ pub struct DeviceLedger {
     /// footprint reconciliation found beyond the tracked allocations.
     overhead: AtomicU64,
     /// Which pool credit is good: the high 32 bits count the times the books were
-    /// cleared ([`DeviceLedger::clear`]: credit from before is void), the low 32 bits the
+    /// cleared ([`DeviceLedger::clear`]: credit from before is void), the next 26 the
     /// times the pools' charge went down ([`DeviceLedger::retire_credit`]: credit a
     /// thread kept from before may be memory the pools no longer hold, so it goes back
-    /// to the bank before it is spent).
+    /// to the bank before it is spent), and the lowest [`DEVICE_BITS`] are the device's
+    /// index ([`Ledger::new`]), so that no two devices ever share an epoch: credit given
+    /// under one is known to be that device's by its epoch alone.
     epoch: AtomicU64,
     /// In a job (`CUDABUDGET_SCOPE=job:…`): the device's index in the job's books
     /// ([`NO_JOB`]: the budget is the process's own).
@@ -97,6 +99,10 @@ pub struct DeviceLedger {
 }
 
 const NO_JOB: u64 = u64::MAX;
+
+/// The low bits of an epoch that name its device.
+const DEVICE_BITS: u32 = 6;
+const _: () = assert!(MAX_DEVICES <= 1 << DEVICE_BITS);
 
 impl DeviceLedger {
     const fn new() -> Self {
@@ -308,6 +314,7 @@ impl DeviceLedger {
 
     /// Changes whenever the device's books are cleared or its pools' charge goes down:
     /// credit a thread holds is spendable only while this is what it was given under.
+    /// No other device's ever equals it.
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Relaxed)
     }
@@ -326,11 +333,12 @@ impl DeviceLedger {
     /// The pools' charge went down (a trim, or the driver's figure was lower than ours):
     /// credit that threads kept for themselves stops being spendable as it is.
     pub fn retire_credit(&self) {
-        // The low half wraps on its own: it never carries into the books' count.
+        // The low half wraps on its own: it never carries into the books' count, nor
+        // touches the device's index below the retirements.
         let _ = self
             .epoch
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |e| {
-                Some((e & !0xffff_ffff) | (e.wrapping_add(1) & 0xffff_ffff))
+                Some((e & !0xffff_ffff) | (e.wrapping_add(1 << DEVICE_BITS) & 0xffff_ffff))
             });
     }
 
@@ -454,9 +462,14 @@ pub struct Ledger {
 
 impl Ledger {
     pub const fn new() -> Self {
-        Self {
-            devices: [const { DeviceLedger::new() }; MAX_DEVICES],
+        let mut devices = [const { DeviceLedger::new() }; MAX_DEVICES];
+        // Each device's epochs carry its index (see `DeviceLedger::epoch`).
+        let mut device = 0;
+        while device < MAX_DEVICES {
+            devices[device].epoch = AtomicU64::new(device as u64);
+            device += 1;
         }
+        Self { devices }
     }
 
     /// The ledger of `device`, or `None` past [`MAX_DEVICES`].

@@ -963,6 +963,37 @@ fn purging_a_device_drops_its_blocks_from_the_lanes_and_the_shared_table() {
     release_lane(lane);
 }
 
+/// Credit is spent on the fast path by comparing its epoch with the device's alone: no
+/// two devices' epochs are ever equal, however often each retires credit or is cleared.
+#[test]
+fn no_two_devices_ever_share_an_epoch() {
+    let ledger = Ledger::new();
+    let seen = |ledger: &Ledger| {
+        let epochs: std::collections::BTreeSet<u64> =
+            ledger.devices().map(|(_, d)| d.epoch()).collect();
+        assert_eq!(epochs.len(), MAX_DEVICES);
+        for (device, d) in ledger.devices() {
+            assert_eq!(d.epoch() % 64, device as u64, "the epoch names its device");
+        }
+    };
+    seen(&ledger);
+    for (device, d) in ledger.devices() {
+        for _ in 0..device {
+            d.retire_credit();
+        }
+        if device % 3 == 0 {
+            d.clear();
+        }
+    }
+    seen(&ledger);
+    // Retirements wrap within their bits, never into the device's or the books'.
+    let d = ledger.device(5).unwrap();
+    d.epoch.store((3 << 32) | 0xffff_ffc5, Ordering::Relaxed);
+    d.retire_credit();
+    assert_eq!(d.epoch(), (3 << 32) | 5);
+    seen(&ledger);
+}
+
 #[test]
 fn retiring_credit_never_carries_into_the_books_epoch() {
     let d = device(100);
