@@ -383,38 +383,58 @@ fn blocks_freed_by_other_threads_are_found_once_each() {
 fn of_two_threads_taking_one_entry_at_once_exactly_one_gets_it() {
     let _turn = LANE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
     static M: PointerMap = PointerMap::new();
-    static A: AddrTable<1024> = AddrTable::new();
-    const ROUNDS: u64 = 20_000;
+    static A: AddrTable<{ 1 << 14 }> = AddrTable::new();
+    const ROUNDS: u64 = 2000;
+    const BATCH: u64 = 2048;
     let lane = claim_lane();
     let region = M.own_region(lane).unwrap();
-    // This thread records each round's entry; the two racers take it at once.
-    let barrier = std::sync::Barrier::new(3);
+    // This thread records a batch of entries each round, then starts both racers at once
+    // (they spin on the round's number); they take the whole batch in the same order, so
+    // that they meet on its slots again and again.
+    let started = AtomicU64::new(u64::MAX);
+    let done = std::sync::Barrier::new(3);
+    let keys = |round: u64| (round * BATCH + 1..=(round + 1) * BATCH).map(|k| k << 12);
     let (region_wins, table_wins) = std::thread::scope(|s| {
         let racers = [(); 2].map(|()| {
             s.spawn(|| {
                 let mut wins = (0u64, 0u64);
-                for k in 1..=ROUNDS {
-                    barrier.wait();
-                    wins.0 += region.take(k << 12).is_some() as u64;
-                    wins.1 += A.remove(k << 12).is_some() as u64;
-                    barrier.wait();
+                for round in 0..ROUNDS {
+                    while started.load(Ordering::Acquire) != round {
+                        std::hint::spin_loop();
+                    }
+                    for key in keys(round) {
+                        wins.0 += region.take(key).is_some() as u64;
+                    }
+                    for key in keys(round) {
+                        wins.1 += A.remove(key).is_some() as u64;
+                    }
+                    done.wait();
                 }
                 wins
             })
         });
-        for k in 1..=ROUNDS {
-            assert!(region.insert(k << 12, pooled(k)));
-            A.insert(k << 12, pooled(k));
-            barrier.wait();
-            barrier.wait();
+        for round in 0..ROUNDS {
+            for key in keys(round) {
+                assert!(region.insert(key, pooled(key)), "room for {key:#x}");
+                A.insert(key, pooled(key));
+            }
+            started.store(round, Ordering::Release);
+            done.wait();
         }
         racers
             .map(|r| r.join().unwrap())
             .into_iter()
             .fold((0, 0), |(r, t), (a, b)| (r + a, t + b))
     });
-    assert_eq!(region_wins, ROUNDS, "one taker per entry of a region");
-    assert_eq!(table_wins, ROUNDS, "one per entry of the shared table");
+    const ROUNDS_X_BATCH: u64 = ROUNDS * BATCH;
+    assert_eq!(
+        region_wins, ROUNDS_X_BATCH,
+        "one taker per entry of a region"
+    );
+    assert_eq!(
+        table_wins, ROUNDS_X_BATCH,
+        "one per entry of the shared table"
+    );
     release_lane(lane);
 }
 
