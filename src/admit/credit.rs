@@ -115,7 +115,7 @@ impl PrivateCredit {
     /// room below [`PRIVATE_MAX`]; false leaves everything as it was.
     #[inline(always)]
     pub(super) fn give_fast(&self, entry: Packed) -> bool {
-        let Some(bytes) = entry.pooled_bytes(self.tag.get(), PRIVATE_MAX) else {
+        let Some(bytes) = entry.bytes_if(self.tag.get(), PRIVATE_MAX) else {
             return false;
         };
         // No overflow: at most twice PRIVATE_MAX.

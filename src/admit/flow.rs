@@ -1,17 +1,21 @@
 //! What every allocation hook does: resolve the device, ask [`crate::admit::admit`], call
 //! the driver, commit or roll back; and on the way back, release what a free gives back.
 //! The stream-ordered fast paths ([`alloc_async_fast`], [`free_async_fast`]) spend and
-//! give the thread's own credit ([`crate::admit::credit`]) and decide nothing else.
+//! give the thread's own credit ([`crate::admit::credit`]) and decide nothing else; the
+//! synchronous ones ([`alloc_direct_fast`], [`free_direct_fast`]) take what `admit` grants
+//! at once ([`super::admitted_at_once`]) and record the block in the thread's lane.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::credit::{PrivateCredit, give_pooled, private};
 use super::{
-    Ask, Fixed, Growth, POOL_STEP, Paid, admit, collect_all, growth_lock, make_room,
-    prepaid_by_thread, settle_charge, trim_quietly, with_growth,
+    Ask, Fixed, Growth, POOL_STEP, Paid, admit, admitted_at_once, collect_all, growth_lock,
+    make_room, prepaid_by_thread, settle_charge, trim_quietly, with_growth,
 };
 use crate::admit::{capture, footprint, gate, graphs, pools};
-use crate::books::ledger::{self, BankGuard, DeviceLedger, Entry, Kind, Packed, Table};
+use crate::books::ledger::{
+    self, BankGuard, DeviceLedger, Entry, Kind, Packed, Reservation, Table,
+};
 use crate::books::vmm;
 use crate::runtime::{self, Cx, DeviceCx};
 use crate::sys::driver::{
@@ -197,6 +201,129 @@ pub fn alloc_direct(
     alloc_into(&dev, runtime::pointers(), call, bytes, out, real)
 }
 
+/// The calling thread's credit and its lane's line in the gate (its count, whether it is
+/// open, its region of the pointer table): what every fast path starts from. `None` for
+/// a thread without a lane, which only a budgeted process gives (so no mode is asked).
+#[inline(always)]
+fn with_lane() -> Option<(&'static PrivateCredit, &'static gate::Inside)> {
+    let p = private()?;
+    Some((p, p.own.get()?))
+}
+
+/// `cuMemAlloc` where [`alloc_direct_fast`] declined it: [`alloc_direct`], then the
+/// calling thread holds a lane (if one is free), so that its next allocation may take
+/// the fast path.
+pub fn alloc_plain(cx: Cx, bytes: u64, out: *mut u64, real: impl FnOnce() -> CuResult) -> CuResult {
+    let rc = alloc_direct(cx, "cuMemAlloc", bytes, None, out, real);
+    if rc.is_ok()
+        && let Some(p) = private()
+    {
+        p.lane();
+    }
+    rc
+}
+
+/// A synchronous allocation (`cuMemAlloc`) in a process that sees one device, admitted
+/// at once against the device's own budget ([`super::admitted_at_once`]) and recorded in
+/// the thread's own lane: one compare-and-swap on the device's counter, a few loads and
+/// stores, and the driver's call. Declines whatever else, `real` untouched; the full
+/// path ([`alloc_direct`]) then decides and gives the thread a lane.
+///
+/// Its entry is taken back as the full path's are, by exactly one thread (a
+/// compare-and-swap on its slot: [`free_direct_fast`], or another thread's free through
+/// the pointer map, which opens the lane first).
+#[inline(always)]
+pub fn alloc_direct_fast<F: FnOnce() -> CuResult>(
+    bytes: u64,
+    dptr: *mut DevicePtr,
+    real: F,
+) -> Fast<F, DirectLeft> {
+    let Some((_, own)) = with_lane() else {
+        return Fast::Declined(real);
+    };
+    // A null `dptr` the driver refuses: the full path passes it on.
+    if dptr.is_null() || !runtime::known_single_device() {
+        return Fast::Declined(real);
+    }
+    let Some(reservation) = runtime::ledger()
+        .device(0)
+        .and_then(|d| admitted_at_once(d, bytes))
+    else {
+        return Fast::Declined(real);
+    };
+    let rc = real();
+    if !rc.is_ok() {
+        // Dropped: the reservation goes back.
+        return Fast::Done(rc);
+    }
+    // SAFETY: the driver succeeded, so it wrote the new address through `dptr` (not
+    // null, looked at above).
+    let key = unsafe { *dptr };
+    let entry = Entry {
+        bytes,
+        device: 0,
+        kind: Kind::Direct,
+    };
+    if !own.region().insert(key, entry) {
+        return Fast::Settle(DirectLeft {
+            key,
+            entry,
+            reservation,
+        });
+    }
+    reservation.commit();
+    Fast::Done(rc)
+}
+
+/// The books of a synchronous allocation that [`alloc_direct_fast`] left: the driver
+/// succeeded, and the block's bucket in the thread's lane was full.
+pub struct DirectLeft {
+    key: DevicePtr,
+    entry: Entry,
+    reservation: Reservation<'static>,
+}
+
+impl DirectLeft {
+    /// Records the block in the shared table and keeps what was reserved for it.
+    pub fn settle(self) {
+        runtime::pointers().insert(self.key, self.entry);
+        self.reservation.commit();
+    }
+}
+
+/// A synchronous free (`cuMemFree`) of a block the calling thread's lane holds, on the
+/// device whose books no job shares: the entry taken (a compare-and-swap on its slot,
+/// so that of two frees of one block one alone gets it), the driver's call, the bytes
+/// given back. Declines a block the lane does not hold, `real` untouched, for the full
+/// path ([`free`]); what the driver refused or a clear came between goes to
+/// [`FreeLeft::settle`].
+#[inline(always)]
+pub fn free_direct_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Fast<F, FreeLeft> {
+    let Some((_, own)) = with_lane() else {
+        return Fast::Declined(real);
+    };
+    let mark = ledger::clears();
+    let Some(entry) = own.region().take(ptr) else {
+        return Fast::Declined(real);
+    };
+    let rc = real();
+    if rc.is_ok()
+        && ledger::no_clear_since(mark)
+        && let Some(bytes) = entry.bytes_if(ledger::direct_tag(0), ledger::ENTRY_MAX)
+        && runtime::ledger()
+            .device(0)
+            .is_some_and(|d| d.release_alone(bytes))
+    {
+        return Fast::Done(rc);
+    }
+    Fast::Settle(FreeLeft {
+        ptr,
+        entry,
+        rc,
+        mark,
+    })
+}
+
 /// As [`alloc_direct`], for array handles ([`Array`], [`MipmappedArray`]).
 ///
 /// [`Array`]: crate::sys::driver::Array
@@ -360,8 +487,9 @@ impl AllocLeft {
     }
 }
 
-/// The books of a free the fast path left: the driver refused it, a clear came between,
-/// or the credit is past what a thread keeps.
+/// The books of a free a fast path left: the driver refused it, a clear came between,
+/// the credit is past what a thread keeps, or the block is not of the kind the path
+/// gives back itself (a job's, another device's).
 pub struct FreeLeft {
     pub ptr: DevicePtr,
     pub entry: Packed,
@@ -395,14 +523,7 @@ pub fn free_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     ptr: DevicePtr,
     real: F,
 ) -> Fast<F, FreeLeft> {
-    // No mode is asked: a thread claims a lane only in a budgeted process (on the full
-    // path, after the hook's entry), and without one this path declines.
-    let Some(p) = private() else {
-        return Fast::Declined(real);
-    };
-    // The lane's line in the gate (its count, whether it is open, its region of the
-    // table), held with the lane.
-    let Some(own) = p.own.get() else {
+    let Some((p, own)) = with_lane() else {
         return Fast::Declined(real);
     };
     // Inside the gate from before the look at the captures (the gate's word of reasons,
@@ -469,9 +590,10 @@ fn free_async_slow(
     free_async_rest(ptr, entry, rc, mark)
 }
 
-/// The books after the driver's answer to a stream-ordered free whose entry was removed
-/// after `mark` (see [`settle_free`]).
-/// Credit goes to the freeing thread.
+/// The books after the driver's answer to a free whose entry was removed after `mark`
+/// (see [`settle_free`]): a stream-ordered one, or a fast path's ([`FreeLeft`]). A
+/// stream-ordered block's credit goes to the freeing thread, a synchronous block's bytes
+/// back to its device.
 #[inline(never)]
 fn free_async_rest(ptr: DevicePtr, entry: Entry, rc: CuResult, mark: u64) -> CuResult {
     settle_free(runtime::pointers(), ptr, entry, rc, mark, |entry| {
@@ -567,20 +689,14 @@ pub fn alloc_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     real: F,
 ) -> Fast<F, AllocLeft> {
     // Credit for a device is only ever given in a budgeted process, for a budgeted
-    // device, and a lane claimed only there, so holding both answers both questions
-    // (no mode is asked).
-    let Some(p) = private() else {
+    // device, and a lane claimed only there, so holding both answers both questions.
+    let Some((p, own)) = with_lane() else {
         return Fast::Declined(real);
     };
     // A null `dptr` the driver refuses: the full path passes it on.
     if dptr.is_null() {
         return Fast::Declined(real);
     }
-    // The lane's line in the gate (its count, whether it is open, its region of the
-    // table), held with the lane.
-    let Some(own) = p.own.get() else {
-        return Fast::Declined(real);
-    };
     // Inside the gate before the reasons for the full path are looked at (one word: a
     // capture, a detour, more than one device): a switch of the device's current pool
     // waits for this call to reach the driver, or turns the detour on first.

@@ -429,6 +429,18 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) -> bool {
     true
 }
 
+/// Whether an admission on `device` has nothing to do first: the charge of its first
+/// context settled ([`settle_before_admission`]) and no routine re-read due
+/// ([`maybe_reconcile`]). Two loads, for the synchronous fast path, which leaves both to
+/// the full one.
+#[inline(always)]
+pub fn admission_ready(device: usize) -> bool {
+    is_settled(device)
+        && ROUTINE_DUE
+            .get(device)
+            .is_some_and(|flag| !flag.load(Ordering::Relaxed))
+}
+
 /// Re-reads the footprint if the routine interval has passed.
 #[inline]
 pub fn maybe_reconcile(dev: &DeviceCx) {
@@ -539,5 +551,25 @@ mod tests {
         assert_eq!(model_estimate("NVIDIA H200"), Some(518 * 1024 * 1024));
         assert!(model_estimate("NVIDIA H200").unwrap() < DEFAULT_CONTEXT);
         assert_eq!(model_estimate("Tesla T4"), None);
+    }
+
+    /// The synchronous fast path admits only when nothing is due first: a context's
+    /// charge pending or being measured, or the routine re-read, sends it to the full
+    /// path. (Device 60: no other test touches it.)
+    #[test]
+    fn an_admission_is_ready_only_with_the_charge_settled_and_no_reread_due() {
+        const D: usize = 60;
+        // (A unit-test process runs no background thread to raise the re-read.)
+        assert!(admission_ready(D));
+        for state in [PENDING, CHARGING] {
+            CHARGE[D].store(state, Ordering::Release);
+            assert!(!admission_ready(D), "charge {state}");
+        }
+        CHARGE[D].store(SETTLED, Ordering::Release);
+        ROUTINE_DUE[D].store(true, Ordering::Release);
+        assert!(!admission_ready(D), "a re-read due");
+        ROUTINE_DUE[D].store(false, Ordering::Release);
+        assert!(admission_ready(D));
+        assert!(!admission_ready(MAX_DEVICES), "no such device");
     }
 }

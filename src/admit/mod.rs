@@ -237,6 +237,20 @@ fn prepaid_by_thread(p: &PrivateCredit, d: &DeviceLedger, bytes: u64) -> bool {
     p.take(d, bytes)
 }
 
+/// A synchronous allocation of `bytes` on device 0 admitted on the fast path
+/// (`flow`'s `alloc_direct_fast`), in a process that sees one device: when the device has
+/// a budget of its own in bytes, nothing is due before an admission (the context's
+/// charge, the routine re-read: [`footprint::admission_ready`]) and the bytes fit. What
+/// this declines, nothing taken, [`admit`] decides on the full path (a job's budget, a
+/// wait, a warning, a refusal).
+#[inline(always)]
+fn admitted_at_once(d: &'static DeviceLedger, bytes: u64) -> Option<Reservation<'static>> {
+    if !footprint::admission_ready(0) {
+        return None;
+    }
+    d.reserve_own(bytes)
+}
+
 /// Where a stream-ordered allocation's credit came from: an allocation that fails gives
 /// it back there, so that a debt left in the shards is never repaid into a thread's own
 /// credit (which the fast path spends without looking at the shards or the bank).

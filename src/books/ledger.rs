@@ -15,10 +15,11 @@
 //! the pools' reserve, which the hooks charge through [`PoolCredit`] (see there).
 //!
 //! The hot paths (an allocation that fits, a free) take no lock and make no system call.
-//! A synchronous allocation costs one compare-and-swap on the device's counter and one
-//! on a slot of the address table, its free one on the slot; a stream-ordered pair that
-//! fits in its thread's pool credit costs none while no other thread frees a block of
-//! that thread's (see `lanes.rs`).
+//! A synchronous allocation costs one compare-and-swap on the device's counter (its
+//! entry goes to the thread's lane with plain stores, or to the address table with a
+//! compare-and-swap), its free one on the entry's slot and one on the counter; a
+//! stream-ordered pair that fits in its thread's pool credit costs none while no other
+//! thread frees a block of that thread's (see `lanes.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -32,7 +33,7 @@ mod pointers;
 
 pub use addresses::{AddrTable, Table};
 pub use credit::{BankGuard, POOL_SHARDS, PoolCredit, clamp_i64};
-pub use entries::{Entry, Kind, NO_TAG, Packed, pooled_tag};
+pub use entries::{ENTRY_MAX, Entry, Kind, NO_TAG, Packed, direct_tag, pooled_tag};
 pub use lanes::{LANES, claim_lane, lane_free, lanes_after_fork, release_lane};
 pub use pointers::{OwnRegion, PointerMap};
 
@@ -200,44 +201,63 @@ impl DeviceLedger {
     /// [`Reservation::commit`] gives the bytes back.
     pub fn reserve(&self, bytes: u64, budget: InForce) -> Result<Reservation<'_>, Denial> {
         let InForce { bytes: budget, job } = budget;
+        let denial = |used| Denial {
+            requested: bytes,
+            used,
+            budget,
+        };
+        let after = self.take_within(bytes, budget).map_err(denial)?;
+        // In a job the job's total decides, for every process at once.
+        if let Some((job, index)) = job
+            && let Err(job_used) = job.reserve(index, bytes, budget)
+        {
+            self.release_own(bytes);
+            return Err(denial(job_used));
+        }
+        Ok(self.reserved(bytes, after))
+    }
+
+    /// [`Self::reserve`] against the device's own budget in bytes, when it has one and
+    /// no job shares it (the synchronous fast path: `admit::admitted_at_once`); `None`,
+    /// nothing taken, for a device without such a budget or bytes that do not fit.
+    #[inline(always)]
+    pub fn reserve_own(&self, bytes: u64) -> Option<Reservation<'_>> {
+        let budget = self.limit();
+        if budget >= UNRESOLVED || self.job_device.load(Ordering::Relaxed) != NO_JOB {
+            return None;
+        }
+        let after = self.take_within(bytes, budget).ok()?;
+        Some(self.reserved(bytes, after))
+    }
+
+    /// Adds `bytes` to `used` if the sum stays within `budget`: the sum, or what `used`
+    /// was when it did not fit.
+    #[inline(always)]
+    fn take_within(&self, bytes: u64, budget: u64) -> Result<u64, u64> {
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let after = match used.checked_add(bytes) {
                 Some(after) if after <= budget => after,
-                _ => {
-                    return Err(Denial {
-                        requested: bytes,
-                        used,
-                        budget,
-                    });
-                }
+                _ => return Err(used),
             };
             match self
                 .used
                 .compare_exchange_weak(used, after, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) => {
-                    // In a job the job's total decides, for every process at once.
-                    if let Some((job, index)) = job
-                        && let Err(job_used) = job.reserve(index, bytes, budget)
-                    {
-                        self.release_own(bytes);
-                        return Err(Denial {
-                            requested: bytes,
-                            used: job_used,
-                            budget,
-                        });
-                    }
-                    self.note_peak(after);
-                    return Ok(Reservation {
-                        device: self,
-                        bytes,
-                        committed: false,
-                        epoch: self.epoch(),
-                    });
-                }
+                Ok(_) => return Ok(after),
                 Err(now) => used = now,
             }
+        }
+    }
+
+    /// The reservation of `bytes` just taken, which brought `used` to `after`.
+    #[inline(always)]
+    fn reserved(&self, bytes: u64, after: u64) -> Reservation<'_> {
+        self.note_peak(after);
+        Reservation {
+            device: self,
+            bytes,
+            epoch: self.epoch(),
         }
     }
 
@@ -249,7 +269,6 @@ impl DeviceLedger {
         Reservation {
             device: self,
             bytes,
-            committed: false,
             epoch: self.epoch(),
         }
     }
@@ -264,6 +283,14 @@ impl DeviceLedger {
         if let Some((job, index)) = self.job() {
             job.charge(index, bytes);
         }
+    }
+
+    /// [`Self::charge`], for a reservation the books lost while the driver allocated
+    /// ([`Reservation::commit`]).
+    #[cold]
+    #[inline(never)]
+    fn charge_again(&self, bytes: u64) {
+        self.charge(bytes);
     }
 
     /// Raises the peak; a plain load first, so that threads allocating below the peak
@@ -281,6 +308,18 @@ impl DeviceLedger {
             job.release(index, given);
         }
         crate::sys::wait::freed();
+    }
+
+    /// [`Self::release`] when no job shares the device's books (the synchronous fast
+    /// path); false, nothing given, in a job.
+    #[inline(always)]
+    pub fn release_alone(&self, bytes: u64) -> bool {
+        if self.job_device.load(Ordering::Relaxed) != NO_JOB {
+            return false;
+        }
+        self.release_own(bytes);
+        crate::sys::wait::freed();
+        true
     }
 
     /// Gives back `bytes` of the process's own use, stopping at zero; returns how much.
@@ -417,12 +456,12 @@ pub fn no_clear_since(mark: u64) -> bool {
     mark as u32 == 0 && CLEARS.load(Ordering::SeqCst) == mark
 }
 
-/// Bytes taken from a device's budget, given back on drop unless committed.
+/// Bytes taken from a device's budget, given back on drop unless committed
+/// ([`Reservation::commit`] keeps them).
 #[must_use = "a reservation is rolled back when dropped"]
 pub struct Reservation<'a> {
     device: &'a DeviceLedger,
     bytes: u64,
-    committed: bool,
     /// The device's epoch when the bytes were taken.
     epoch: u64,
 }
@@ -436,11 +475,13 @@ impl Reservation<'_> {
     /// The allocation happened: the bytes stay charged. When the device's books were
     /// cleared meanwhile (its last context went away while the driver allocated), they
     /// were wiped with them and are charged again.
-    #[inline]
-    pub fn commit(mut self) {
-        self.committed = true;
-        if !self.device.same_books(self.epoch) {
-            self.device.charge(self.bytes);
+    #[inline(always)]
+    pub fn commit(self) {
+        let (device, bytes, epoch) = (self.device, self.bytes, self.epoch);
+        // Kept: nothing goes back on drop.
+        std::mem::forget(self);
+        if !device.same_books(epoch) {
+            device.charge_again(bytes);
         }
     }
 }
@@ -448,7 +489,7 @@ impl Reservation<'_> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         // Books cleared since hold none of it: nothing to give back.
-        if !self.committed && self.device.same_books(self.epoch) {
+        if self.device.same_books(self.epoch) {
             self.device.release(self.bytes);
         }
     }

@@ -3,7 +3,7 @@
 //! [`crate::admit::flow`]: resolve → admit → real call → commit or roll back.
 
 use super::guard;
-use crate::admit::flow::{self, AllocLeft, Fast, FreeLeft};
+use crate::admit::flow::{self, AllocLeft, DirectLeft, Fast, FreeLeft};
 use crate::admit::gate;
 use crate::books::ledger::Packed;
 use crate::sys::driver::{CuResult, DevicePtr, MemPool, Stream, real};
@@ -12,11 +12,34 @@ use crate::sys::driver::{CuResult, DevicePtr, MemPool, Stream, real};
 /// As the driver's `cuMemAlloc_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize) -> CuResult {
+    // SAFETY: the caller's arguments.
+    let real = move || unsafe { real::cuMemAlloc_v2(dptr, bytes) };
+    // As the stream-ordered fast path, before the guard: it neither indexes nor unwraps.
+    match flow::alloc_direct_fast(bytes as u64, dptr, real) {
+        Fast::Done(rc) => rc,
+        Fast::Settle(left) => settle_direct(left),
+        Fast::Declined(_) => alloc_full(dptr, bytes),
+    }
+}
+
+/// `cuMemAlloc` past the fast path, out of its way.
+#[inline(never)]
+fn alloc_full(dptr: *mut DevicePtr, bytes: usize) -> CuResult {
     guard("cuMemAlloc", || {
         // SAFETY: the caller's arguments.
         let alloc = move || unsafe { real::cuMemAlloc_v2(dptr, bytes) };
         let cx = enter!(alloc);
-        flow::alloc_direct(cx, "cuMemAlloc", bytes as u64, None, dptr, alloc)
+        flow::alloc_plain(cx, bytes as u64, dptr, alloc)
+    })
+}
+
+/// The books the synchronous fast path left of an allocation, under the guard.
+#[cold]
+#[inline(never)]
+fn settle_direct(left: DirectLeft) -> CuResult {
+    guard("cuMemAlloc", || {
+        left.settle();
+        CuResult::SUCCESS
     })
 }
 
@@ -60,6 +83,19 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 /// As the driver's `cuMemFree_v2`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CuResult {
+    // SAFETY: the caller's argument.
+    let real = move || unsafe { real::cuMemFree_v2(dptr) };
+    // As `cuMemAlloc_v2`'s.
+    match flow::free_direct_fast(dptr, real) {
+        Fast::Done(rc) => rc,
+        Fast::Settle(left) => settle_direct_free(left),
+        Fast::Declined(_) => free_full(dptr),
+    }
+}
+
+/// `cuMemFree` past the fast path, out of its way.
+#[inline(never)]
+fn free_full(dptr: DevicePtr) -> CuResult {
     guard("cuMemFree", || {
         // SAFETY: the caller's argument.
         let free = move || unsafe { real::cuMemFree_v2(dptr) };
@@ -149,6 +185,13 @@ fn settle_free(ptr: DevicePtr, entry: Packed, rc: CuResult, mark: u64) -> CuResu
         }
         .settle()
     })
+}
+
+/// As [`settle_free`], for a synchronous free.
+#[cold]
+#[inline(never)]
+fn settle_direct_free(left: FreeLeft) -> CuResult {
+    guard("cuMemFree", || left.settle())
 }
 
 /// `cuMemAllocAsync` past the fast path, out of its way: the arguments in registers,

@@ -211,18 +211,35 @@ fn the_cu_mem_create_probe_never_takes_the_process_past_its_budget() {
 }
 
 /// The driver's refusal of a synchronous allocation (here the card itself is full)
-/// leaves nothing charged: the budget is whole afterwards.
+/// leaves nothing charged: the budget is whole afterwards. A thread's first allocation
+/// takes the full path; after one of 512 MiB, its next take the fast path (its lane).
 #[test]
 fn a_synchronous_allocation_the_driver_refuses_charges_nothing() {
-    let run = budget_run(
-        "gpa",
-        &["alloc:1536Mi", "info", "alloc:1Gi", "info"],
-        &[("CUDABUDGET_LIMIT", "2Gi"), ("FAKE_CUDA_MEM", "1073741824")],
-    );
-    assert_eq!(run.rc("alloc", 0), 2, "the card has 1 GiB\n{run:?}");
-    assert_eq!(run.num("info", 0, "free"), GI, "nothing charged\n{run:?}");
-    assert_eq!(run.rc("alloc", 1), 0, "{run:?}");
-    assert_eq!(run.num("info", 1, "free"), 0, "{run:?}");
+    for held in [0, 512 * MI] {
+        let first = format!("alloc:{}Mi", held / MI);
+        let fits = format!("alloc:{}Mi", (GI - held) / MI);
+        let ops = [
+            first.as_str(),
+            "alloc:1536Mi",
+            "info",
+            fits.as_str(),
+            "info",
+        ];
+        let run = budget_run(
+            "gpa",
+            &ops[usize::from(held == 0)..],
+            &[("CUDABUDGET_LIMIT", "2Gi"), ("FAKE_CUDA_MEM", "1073741824")],
+        );
+        let k = usize::from(held > 0);
+        assert_eq!(run.rc("alloc", k), 2, "the card is full\n{run:?}");
+        assert_eq!(
+            run.num("info", 0, "free"),
+            GI - held,
+            "nothing charged\n{run:?}"
+        );
+        assert_eq!(run.rc("alloc", k + 1), 0, "{run:?}");
+        assert_eq!(run.num("info", 1, "free"), 0, "{run:?}");
+    }
 }
 
 /// `cuMemAllocPitch`: the driver picks the pitch. The reservation assumes 512-byte rows;
@@ -362,4 +379,60 @@ assert rcs == [0, 0, 0], rcs
         &script,
         "FAKE_CUDA_PAUSE_AFTER",
     );
+}
+
+/// After a thread's first allocation its next ones take the fast path (the thread's own
+/// lane): there too a request past the budget is refused before the driver sees it.
+#[test]
+fn a_threads_later_allocations_are_held_to_the_budget() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "alloc:512Mi",
+            "alloc:1536Mi",
+            "info",
+            "alloc:256Mi",
+            "alloc:256Mi",
+            "info",
+        ],
+        &[
+            ("CUDABUDGET_LIMIT", "768Mi"),
+            ("FAKE_CUDA_MEM", "1073741824"),
+        ],
+    );
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 2, "past the budget: refused\n{run:?}");
+    assert_eq!(
+        run.num("info", 0, "free"),
+        256 * MI,
+        "nothing charged\n{run:?}"
+    );
+    assert_eq!(run.rc("alloc", 2), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 3), 2, "the budget is spent\n{run:?}");
+    assert_eq!(run.num("info", 1, "free"), 0, "{run:?}");
+}
+
+/// Eight threads each allocate 4000 blocks of 64 KiB with `cuMemAlloc` (2 GiB in all,
+/// against a 1 GiB budget) and hand every block to the next thread, which frees it with
+/// `cuMemFree`. A block is recorded in its allocating thread's lane: freed by another
+/// thread it must still be found and its bytes given back, or the budget runs out.
+#[test]
+fn synchronous_blocks_freed_by_other_threads_give_their_bytes_back() {
+    for mode in ["gpa", "dlsym"] {
+        let run = budget_run(
+            mode,
+            &["syncrelay:8:4000:64Ki", "info", "alloc:1000Mi", "phys"],
+            &[("CUDABUDGET_LIMIT", "1Gi")],
+        );
+        assert_eq!(run.num("syncrelay", 0, "ok"), 32_000, "{mode}\n{run:?}");
+        assert_eq!(run.num("syncrelay", 0, "denied"), 0, "{mode}\n{run:?}");
+        assert_eq!(run.num("syncrelay", 0, "other"), 0, "{mode}\n{run:?}");
+        assert_eq!(
+            run.num("info", 0, "free"),
+            GI,
+            "{mode}: all given back\n{run:?}"
+        );
+        assert_eq!(run.rc("alloc", 0), 0, "{mode}\n{run:?}");
+        assert!(run.num("phys", 0, "peak") <= GI, "{mode}\n{run:?}");
+    }
 }

@@ -403,7 +403,8 @@ static void *racehold_thread(void *arg) {
 
 /* asyncrelay: each thread allocates stream-ordered blocks and hands them to the next
  * thread, which frees them (as PyTorch's autograd thread frees what the forward pass
- * allocated). Mailboxes are small stacks under one mutex. */
+ * allocated). Mailboxes are small stacks under one mutex. syncrelay: the same with
+ * cuMemAlloc and cuMemFree. */
 #define RELAY_MAX_THREADS 64
 #define RELAY_BOX 256
 static struct relay_box {
@@ -412,6 +413,15 @@ static struct relay_box {
 } g_boxes[RELAY_MAX_THREADS];
 static pthread_mutex_t g_relay_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_relay_threads, g_relay_next;
+static int g_relay_sync;
+
+static int relay_alloc(CUdeviceptr *p, u64 size) {
+    return g_relay_sync ? api.cuMemAlloc_v2(p, size) : api.cuMemAllocAsync(p, size, NULL);
+}
+
+static int relay_free(CUdeviceptr p) {
+    return g_relay_sync ? api.cuMemFree_v2(p) : api.cuMemFreeAsync(p, NULL);
+}
 
 static void relay_drain(struct race *r, unsigned me) {
     for (;;) {
@@ -419,7 +429,7 @@ static void relay_drain(struct race *r, unsigned me) {
         CUdeviceptr p = g_boxes[me].n ? g_boxes[me].p[--g_boxes[me].n] : 0;
         pthread_mutex_unlock(&g_relay_mu);
         if (!p) return;
-        if (api.cuMemFreeAsync(p, NULL) != CUDA_SUCCESS) __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
+        if (relay_free(p) != CUDA_SUCCESS) __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
     }
 }
 
@@ -431,14 +441,14 @@ static void *relay_thread(void *arg) {
     pthread_barrier_wait(&r->start);
     for (u64 i = 0; i < r->iters; i++) {
         CUdeviceptr p;
-        int rc = api.cuMemAllocAsync(&p, r->size, NULL);
+        int rc = relay_alloc(&p, r->size);
         if (rc == CUDA_SUCCESS) {
             __atomic_add_fetch(&r->ok, 1, __ATOMIC_RELAXED);
             pthread_mutex_lock(&g_relay_mu);
             int full = g_boxes[next].n == RELAY_BOX;
             if (!full) g_boxes[next].p[g_boxes[next].n++] = p;
             pthread_mutex_unlock(&g_relay_mu);
-            if (full && api.cuMemFreeAsync(p, NULL) != CUDA_SUCCESS) __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
+            if (full && relay_free(p) != CUDA_SUCCESS) __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
         } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
             __atomic_add_fetch(&r->denied, 1, __ATOMIC_RELAXED);
         } else {
@@ -989,15 +999,16 @@ static void run_op(const char *text) {
         if (threads == 0 || threads > 1024) usage_error(text, "THREADS must be 1..1024");
         struct race *r = run_threads(threads, iters, size, race_thread);
         out("race rc=0 ok=%llu denied=%llu other=%llu", r->ok, r->denied, r->other);
-    } else if (!strcmp(name, "asyncrelay")) {
+    } else if (!strcmp(name, "asyncrelay") || !strcmp(name, "syncrelay")) {
         need_fields(op, 4);
         u64 threads = num_field(op, 1), iters = num_field(op, 2), size = num_field(op, 3);
         if (threads == 0 || threads > RELAY_MAX_THREADS) usage_error(text, "THREADS must be 1..64");
         memset(g_boxes, 0, sizeof g_boxes);
         g_relay_threads = (unsigned)threads;
         g_relay_next = 0;
+        g_relay_sync = !strcmp(name, "syncrelay");
         struct race *r = run_threads(threads, iters, size, relay_thread);
-        out("asyncrelay rc=0 ok=%llu denied=%llu other=%llu", r->ok, r->denied, r->other);
+        out("%s rc=0 ok=%llu denied=%llu other=%llu", name, r->ok, r->denied, r->other);
     } else if (!strcmp(name, "keydtor")) {
         need_fields(op, 3);
         u64 threads = num_field(op, 1), size = num_field(op, 2);
@@ -1268,7 +1279,7 @@ static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "queries", "race",
-    "racehold", "asyncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "clock", "waitfile", "pagesize", "stream", "streaminfo", "streamsync",
+    "racehold", "asyncrelay", "syncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "clock", "waitfile", "pagesize", "stream", "streaminfo", "streamsync",
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",

@@ -63,30 +63,44 @@ impl Packed {
         self.0 & SIZE_MASK
     }
 
-    /// Its bytes, when it is the stream-ordered block `tag` ([`pooled_tag`]) stands for
-    /// and holds at most `max` (below 2^56); `None` otherwise. One subtraction and one
-    /// comparison: an entry of another kind or device differs in its top byte, so what is
-    /// left is at least 2^56 (or wraps past it, since no tag is above [`NO_TAG`]).
+    /// Its bytes, when it is an entry of the kind and device `tag` stands for
+    /// ([`pooled_tag`], [`direct_tag`]) and holds at most `max` (below 2^56); `None`
+    /// otherwise. One subtraction and one comparison: an entry of another kind or device
+    /// differs in its top byte, so what is left is at least 2^56 (or wraps past it, since
+    /// no tag is above [`NO_TAG`]).
     #[inline(always)]
-    pub fn pooled_bytes(self, tag: u64, max: u64) -> Option<u64> {
+    pub fn bytes_if(self, tag: u64, max: u64) -> Option<u64> {
         debug_assert!(max <= SIZE_MASK && tag & SIZE_MASK == 0);
         let bytes = self.0.wrapping_sub(tag);
         (bytes <= max).then_some(bytes)
     }
 }
 
-/// The top byte, in place, of a stream-ordered block of `device`'s entry (see
-/// [`Packed::pooled_bytes`]); [`NO_TAG`] for a device no entry names.
-pub const fn pooled_tag(device: usize) -> u64 {
+/// The top byte, in place, of an entry of `kind` on `device`: what [`Packed::bytes_if`]
+/// matches; [`NO_TAG`] for a device no entry names.
+pub const fn tag(kind: Kind, device: usize) -> u64 {
     if device < 64 {
-        ((Kind::Pooled as u64) << 6 | device as u64) << SIZE_BITS
+        ((kind as u64) << 6 | device as u64) << SIZE_BITS
     } else {
         NO_TAG
     }
 }
 
+/// The tag of `device`'s stream-ordered blocks ([`tag`]).
+pub const fn pooled_tag(device: usize) -> u64 {
+    tag(Kind::Pooled, device)
+}
+
+/// The tag of `device`'s synchronous blocks ([`tag`]).
+pub const fn direct_tag(device: usize) -> u64 {
+    tag(Kind::Direct, device)
+}
+
 /// A tag no entry has: its kind bits are neither kind's.
 pub const NO_TAG: u64 = 0xFF << SIZE_BITS;
+
+/// The most bytes an entry holds as it is.
+pub const ENTRY_MAX: u64 = SIZE_MASK;
 
 pub(super) const EMPTY: u64 = 0;
 pub(super) const BUSY: u64 = u64::MAX;

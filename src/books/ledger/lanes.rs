@@ -1,4 +1,5 @@
-//! Lanes: each thread's own buckets of stream-ordered blocks, written by it alone.
+//! Lanes: each thread's own buckets of the blocks its fast paths record (stream-ordered,
+//! and synchronous), written by it alone.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 

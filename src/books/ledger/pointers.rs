@@ -1,5 +1,6 @@
-//! The pointer map: stream-ordered blocks in their threads' lanes, the rest in the
-//! address table.
+//! The pointer map: the blocks the fast paths record (stream-ordered ones, and
+//! `cuMemAlloc`'s past a thread's first) in their threads' lanes, the rest in the address
+//! table.
 
 use super::addresses::*;
 use super::entries::*;
@@ -10,8 +11,9 @@ const LANE_BUCKETS: usize = 4096;
 /// A lane's region of the [`PointerMap`].
 pub type OwnRegion = Region<LANE_BUCKETS>;
 
-/// Device pointers from every allocation path: stream-ordered blocks of threads with a
-/// lane in the [`LaneTable`], everything else in the [`AddrTable`].
+/// Device pointers from every allocation path: what the fast paths record (stream-ordered
+/// blocks, synchronous ones) of threads with a lane in the [`LaneTable`], everything else
+/// in the [`AddrTable`].
 pub struct PointerMap {
     /// 4096 buckets of 4 slots a lane: 16 384 blocks a thread (16 MiB of address space,
     /// touched only where used).

@@ -60,6 +60,46 @@ fn a_reservation_that_fits_is_charged_and_one_that_does_not_is_refused() {
     assert_eq!(d.peak(), 100);
 }
 
+/// The synchronous fast path's reservation: what fits the device's own budget, with
+/// its peak; nothing taken for what does not fit, for a budget not worked out or none,
+/// and in a job (whose books the full path keeps).
+#[test]
+fn a_reservation_on_the_fast_path_fits_the_devices_own_budget_or_takes_nothing() {
+    let d = device(100);
+    d.reserve_own(60).unwrap().commit();
+    assert_eq!((d.used(), d.peak()), (60, 60));
+    assert!(d.reserve_own(41).is_none(), "past the budget");
+    assert_eq!(d.used(), 60, "nothing taken");
+    drop(d.reserve_own(40).unwrap());
+    assert_eq!((d.used(), d.peak()), (60, 100), "dropped: given back");
+    assert!(d.reserve_own(u64::MAX).is_none(), "no overflow");
+    for budget in [Budget::Unresolved, Budget::Unbudgeted] {
+        d.set_budget(budget);
+        assert!(d.reserve_own(1).is_none(), "{budget:?}: the full path's");
+    }
+    assert_eq!(d.used(), 60);
+    d.set_budget(Budget::Bytes(1000));
+    d.join_job(0);
+    assert!(d.reserve_own(1).is_none(), "a job's: the full path's");
+    assert_eq!(d.used(), 60);
+}
+
+/// The synchronous fast path's release: the bytes back, stopping at zero; in a job
+/// nothing is given here (the full path gives the job's books theirs too).
+#[test]
+fn a_release_on_the_fast_path_stops_at_zero_and_leaves_a_jobs_books_to_the_full_path() {
+    let d = device(100);
+    d.reserve_own(60).unwrap().commit();
+    assert!(d.release_alone(20));
+    assert_eq!(d.used(), 40);
+    assert!(d.release_alone(50));
+    assert_eq!(d.used(), 0, "never below zero");
+    d.reserve_own(30).unwrap().commit();
+    d.join_job(0);
+    assert!(!d.release_alone(30));
+    assert_eq!(d.used(), 30, "nothing given");
+}
+
 #[test]
 fn a_reservation_past_the_budget_is_charged_and_rolled_back_like_any_other() {
     let d = device(100);
@@ -1032,6 +1072,7 @@ fn retiring_credit_never_carries_into_the_books_epoch() {
 #[test]
 fn a_packed_entry_gives_its_bytes_to_its_own_devices_tag_only() {
     const MAX: u64 = 8 << 20;
+    assert_eq!(direct_tag(64), NO_TAG);
     assert_eq!(pooled_tag(64), NO_TAG, "no entry names device 64");
     assert_eq!(pooled_tag(usize::MAX), NO_TAG);
     for device in [0usize, 1, 5, 63] {
@@ -1042,33 +1083,38 @@ fn a_packed_entry_gives_its_bytes_to_its_own_devices_tag_only() {
                 ..pooled(bytes)
             };
             let packed = entry.packed();
-            assert_eq!(
-                packed.pooled_bytes(tag, MAX),
-                Some(bytes),
-                "device {device}"
-            );
+            assert_eq!(packed.bytes_if(tag, MAX), Some(bytes), "device {device}");
             assert_eq!(packed.bytes(), bytes);
             assert_eq!(packed.entry(), entry);
             for other in [device ^ 1, device ^ 32, device + 64, usize::MAX] {
                 let other_tag = pooled_tag(other);
-                assert_eq!(
-                    packed.pooled_bytes(other_tag, MAX),
-                    None,
-                    "{device} as {other}"
-                );
+                assert_eq!(packed.bytes_if(other_tag, MAX), None, "{device} as {other}");
             }
             let direct = Entry {
                 kind: Kind::Direct,
                 ..entry
             };
-            assert_eq!(direct.packed().pooled_bytes(tag, MAX), None, "direct");
+            assert_eq!(direct.packed().bytes_if(tag, MAX), None, "direct");
+            // The synchronous fast free matches a direct entry by its own tag.
+            assert_eq!(
+                direct.packed().bytes_if(direct_tag(device), MAX),
+                Some(bytes),
+                "direct on {device}"
+            );
+            assert_eq!(packed.bytes_if(direct_tag(device), MAX), None, "pooled");
+            assert_eq!(
+                direct.packed().bytes_if(direct_tag(device ^ 1), MAX),
+                None,
+                "direct on {device} as {}",
+                device ^ 1
+            );
         }
         // More than `max`: none, on the right device too.
         let big = Entry {
             device,
             ..pooled(MAX + 1)
         };
-        assert_eq!(big.packed().pooled_bytes(tag, MAX), None);
+        assert_eq!(big.packed().bytes_if(tag, MAX), None);
         // The largest entry of the device just below: its top byte is one less, and
         // what is left wraps past 2^56.
         if device > 0 {
@@ -1076,7 +1122,7 @@ fn a_packed_entry_gives_its_bytes_to_its_own_devices_tag_only() {
                 device: device - 1,
                 ..pooled(SIZE_MASK)
             };
-            assert_eq!(below.packed().pooled_bytes(tag, MAX), None);
+            assert_eq!(below.packed().bytes_if(tag, MAX), None);
         }
     }
 }
