@@ -412,8 +412,9 @@ fn resolve_budget(
                     ),
                 );
             }
-            d.set_budget(Budget::Bytes(in_force));
+            // Joined first: a fast path that sees the budget sees the job too.
             d.join_job(device);
+            d.set_budget(Budget::Bytes(in_force));
         }
         None => d.set_budget(Budget::Bytes(bytes)),
     }

@@ -211,11 +211,16 @@ fn with_lane() -> Option<(&'static PrivateCredit, &'static gate::Inside)> {
 }
 
 /// `cuMemAlloc` where [`alloc_direct_fast`] declined it: [`alloc_direct`], then the
-/// calling thread holds a lane (if one is free), so that its next allocation may take
-/// the fast path.
+/// calling thread holds a lane (if one is free) where its next allocation may take the
+/// fast path: in a process that sees one device whose budget is its own. (Elsewhere a
+/// lane would serve nothing, and there are 31.)
 pub fn alloc_plain(cx: Cx, bytes: u64, out: *mut u64, real: impl FnOnce() -> CuResult) -> CuResult {
     let rc = alloc_direct(cx, "cuMemAlloc", bytes, None, out, real);
     if rc.is_ok()
+        && runtime::known_single_device()
+        && runtime::ledger()
+            .device(0)
+            .is_some_and(|d| d.own_budget().is_some())
         && let Some(p) = private()
     {
         p.lane();

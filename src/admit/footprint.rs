@@ -418,14 +418,22 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) -> bool {
     let Some(d) = runtime::ledger().device(device) else {
         return false;
     };
-    runtime::pointers().purge_device(device);
-    runtime::arrays().purge_device(device);
-    forget();
+    // The purge is part of the clear (a free refused meanwhile puts nothing back).
     // Memory from cuMemCreate belongs to the process, not to a context: it outlives the
-    // teardown and stays charged.
-    let vmm = vmm::lock();
-    d.clear();
-    super::after::charge_after(d, 0, vmm.bytes_on(device));
+    // teardown and stays charged, by what the VMM books hold under their lock.
+    let mut forget = Some(forget);
+    let mut vmm = None;
+    d.clear_after(&mut || {
+        runtime::pointers().purge_device(device);
+        runtime::arrays().purge_device(device);
+        if let Some(forget) = forget.take() {
+            forget();
+        }
+        vmm = Some(vmm::lock());
+    });
+    if let Some(vmm) = vmm {
+        super::after::charge_after(d, 0, vmm.bytes_on(device));
+    }
     true
 }
 

@@ -86,7 +86,7 @@ pub struct DeviceLedger {
     /// footprint reconciliation found beyond the tracked allocations.
     overhead: AtomicU64,
     /// Which pool credit is good: the high 32 bits count the times the books were
-    /// cleared ([`DeviceLedger::clear`]: credit from before is void), the next 26 the
+    /// cleared ([`DeviceLedger::clear_after`]: credit from before is void), the next 26 the
     /// times the pools' charge went down ([`DeviceLedger::retire_credit`]: credit a
     /// thread kept from before may be memory the pools no longer hold, so it goes back
     /// to the bank before it is spent), and the lowest [`DEVICE_BITS`] are the device's
@@ -122,6 +122,7 @@ impl DeviceLedger {
     }
 
     /// The budget is the job's, on the job's device `index` (the process's ordinal).
+    /// Joined before the budget is stored ([`Self::own_budget`]).
     pub fn join_job(&self, index: usize) {
         self.job_device.store(index as u64, Ordering::Release);
     }
@@ -165,7 +166,9 @@ impl DeviceLedger {
             Budget::Unresolved => UNRESOLVED,
             Budget::Bytes(bytes) => bytes.min(UNRESOLVED - 1),
         };
-        self.budget.store(raw, Ordering::Relaxed);
+        // Released: whoever sees the budget sees the job the device joined before it
+        // ([`Self::own_budget`]).
+        self.budget.store(raw, Ordering::Release);
     }
 
     pub fn used(&self) -> u64 {
@@ -206,6 +209,9 @@ impl DeviceLedger {
             used,
             budget,
         };
+        // The epoch before the bytes: a clear between the two leaves the reservation
+        // older than the books, so that it is charged again (never lost) when committed.
+        let epoch = self.epoch();
         let after = self.take_within(bytes, budget).map_err(denial)?;
         // In a job the job's total decides, for every process at once.
         if let Some((job, index)) = job
@@ -214,7 +220,7 @@ impl DeviceLedger {
             self.release_own(bytes);
             return Err(denial(job_used));
         }
-        Ok(self.reserved(bytes, after))
+        Ok(self.reserved(bytes, after, epoch))
     }
 
     /// [`Self::reserve`] against the device's own budget in bytes, when it has one and
@@ -222,12 +228,19 @@ impl DeviceLedger {
     /// nothing taken, for a device without such a budget or bytes that do not fit.
     #[inline(always)]
     pub fn reserve_own(&self, bytes: u64) -> Option<Reservation<'_>> {
-        let budget = self.limit();
-        if budget >= UNRESOLVED || self.job_device.load(Ordering::Relaxed) != NO_JOB {
-            return None;
-        }
+        let budget = self.own_budget()?;
+        let epoch = self.epoch();
         let after = self.take_within(bytes, budget).ok()?;
-        Some(self.reserved(bytes, after))
+        Some(self.reserved(bytes, after, epoch))
+    }
+
+    /// The device's budget in bytes when it is its own: worked out, and no job's
+    /// ([`Self::reserve_own`]). Read before the job: a device joins its job before its
+    /// budget is stored ([`Self::join_job`], [`Self::set_budget`]).
+    #[inline(always)]
+    pub fn own_budget(&self) -> Option<u64> {
+        let budget = self.budget.load(Ordering::Acquire);
+        (budget < UNRESOLVED && self.job_device.load(Ordering::Relaxed) == NO_JOB).then_some(budget)
     }
 
     /// Adds `bytes` to `used` if the sum stays within `budget`: the sum, or what `used`
@@ -250,14 +263,15 @@ impl DeviceLedger {
         }
     }
 
-    /// The reservation of `bytes` just taken, which brought `used` to `after`.
+    /// The reservation of `bytes` just taken, which brought `used` to `after`; `epoch`
+    /// was read before they were.
     #[inline(always)]
-    fn reserved(&self, bytes: u64, after: u64) -> Reservation<'_> {
+    fn reserved(&self, bytes: u64, after: u64, epoch: u64) -> Reservation<'_> {
         self.note_peak(after);
         Reservation {
             device: self,
             bytes,
-            epoch: self.epoch(),
+            epoch,
         }
     }
 
@@ -265,11 +279,13 @@ impl DeviceLedger {
     /// that did not fit is admitted anyway): the books, the job's too, then hold more
     /// than the budget. Rolled back on drop unless committed, as [`Self::reserve`].
     pub fn reserve_past_budget(&self, bytes: u64) -> Reservation<'_> {
+        // As in `reserve`: the epoch before the bytes.
+        let epoch = self.epoch();
         self.charge(bytes);
         Reservation {
             device: self,
             bytes,
-            epoch: self.epoch(),
+            epoch,
         }
     }
 
@@ -402,13 +418,23 @@ impl DeviceLedger {
     }
 
     /// Forgets everything the device held (its last context is gone, and its memory
-    /// with it). The budget and the statistics stay.
+    /// with it), once `first` (the work that belongs to the clear: the tables' purge)
+    /// has run with the clear under way: a mark taken before or meanwhile never passes
+    /// [`no_clear_since`], so a free that took its entry out before the purge and is
+    /// refused by the driver puts nothing back. The budget and the statistics stay.
     ///
     /// The epoch changes after the books are zeroed: a reservation made under the old
     /// epoch may have been wiped, so its commit charges it again (at worst twice: never
     /// less than held).
-    pub fn clear(&self) {
+    ///
+    /// Not generic: code compiled elsewhere with a reference to the clears' counter
+    /// (a generic or exported function) made the fast paths reach it through the global
+    /// offset table (+5 instructions on a stream-ordered free).
+    pub fn clear_after(&self, first: &mut dyn FnMut()) {
         CLEARS.fetch_add(CLEAR_STARTED | CLEAR_UNDER_WAY, Ordering::SeqCst);
+        // Whatever `first` does, the clear ends: one left under way would void every
+        // free's release from then on.
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(first));
         self.used.store(0, Ordering::Release);
         self.overhead.store(0, Ordering::Release);
         self.pool.clear();
@@ -417,9 +443,18 @@ impl DeviceLedger {
         }
         self.epoch.fetch_add(1 << 32, Ordering::AcqRel);
         CLEARS.fetch_sub(CLEAR_UNDER_WAY, Ordering::SeqCst);
+        if let Err(panic) = first {
+            std::panic::resume_unwind(panic);
+        }
     }
 
-    /// As [`Self::clear`], in the child of `fork()`: takes no lock and never waits, even
+    /// [`Self::clear_after`] with nothing first.
+    #[cfg(test)]
+    pub fn clear(&self) {
+        self.clear_after(&mut || ());
+    }
+
+    /// As [`Self::clear_after`], in the child of `fork()`: takes no lock and never waits, even
     /// when a thread of the parent held the pool's lock at the fork.
     ///
     /// # Safety

@@ -436,3 +436,68 @@ fn synchronous_blocks_freed_by_other_threads_give_their_bytes_back() {
         assert!(run.num("phys", 0, "peak") <= GI, "{mode}\n{run:?}");
     }
 }
+
+/// Eight threads each allocate 50 blocks of 2 MiB with `cuMemAlloc` and exit with them
+/// live; eight more threads (given the lanes the first ones left) allocate and free;
+/// then the main thread frees the first threads' blocks. Every block is found whoever
+/// frees it and whenever, and the budget is whole at the end.
+#[test]
+fn synchronous_blocks_outlive_the_threads_that_allocated_them() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "synckeep:8:50:2Mi",
+            "race:8:200:1Mi",
+            "info",
+            "freekept",
+            "info",
+            "alloc:1000Mi",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.num("synckeep", 0, "ok"), 400, "{run:?}");
+    assert_eq!(run.num("race", 0, "ok"), 1600, "{run:?}");
+    assert_eq!(run.num("race", 0, "other"), 0, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), GI - 800 * MI, "{run:?}");
+    assert_eq!(run.num("freekept", 0, "ok"), 400, "{run:?}");
+    assert_eq!(run.num("info", 1, "free"), GI, "all given back\n{run:?}");
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+}
+
+/// A free the driver refuses on the fast path (`cuMemFree` is not allowed while a global
+/// capture runs) leaves the block charged and recorded: the free after the capture gives
+/// its bytes back, once.
+#[test]
+fn a_synchronous_free_the_driver_refuses_keeps_the_block_charged_for_the_next() {
+    let run = budget_run(
+        "gpa",
+        &[
+            "alloc:256Mi",
+            "alloc:256Mi",
+            "stream",
+            "capture:0:global",
+            "free:1",
+            "endcapture:0",
+            "info",
+            "free:1",
+            "info",
+            "free:1",
+            "info",
+        ],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_ne!(run.rc("free", 0), 0, "refused in the capture\n{run:?}");
+    assert_eq!(
+        run.num("info", 0, "free"),
+        512 * MI,
+        "still charged\n{run:?}"
+    );
+    assert_eq!(run.rc("free", 1), 0, "{run:?}");
+    assert_eq!(run.num("info", 1, "free"), 768 * MI, "{run:?}");
+    assert_ne!(run.rc("free", 2), 0, "freed already\n{run:?}");
+    assert_eq!(
+        run.num("info", 2, "free"),
+        768 * MI,
+        "given back once\n{run:?}"
+    );
+}

@@ -461,6 +461,38 @@ static void *relay_thread(void *arg) {
     return NULL;
 }
 
+/* synckeep: each thread allocates ITERS blocks with cuMemAlloc, keeps them in one list
+ * and exits with them live; `freekept` frees the list from the calling thread (as a
+ * program frees what its finished workers allocated). */
+#define KEPT_MAX 65536
+static CUdeviceptr g_kept[KEPT_MAX];
+static unsigned g_nkept;
+
+static void *keep_thread(void *arg) {
+    struct race *r = arg;
+    api.cuCtxSetCurrent(g_ctx);
+    pthread_barrier_wait(&r->start);
+    for (u64 i = 0; i < r->iters; i++) {
+        CUdeviceptr p;
+        int rc = api.cuMemAlloc_v2(&p, r->size);
+        if (rc == CUDA_SUCCESS) {
+            pthread_mutex_lock(&g_relay_mu);
+            int full = g_nkept == KEPT_MAX;
+            if (!full) g_kept[g_nkept++] = p;
+            pthread_mutex_unlock(&g_relay_mu);
+            if (full) {
+                api.cuMemFree_v2(p);
+                __atomic_add_fetch(&r->other, 1, __ATOMIC_RELAXED);
+            } else {
+                __atomic_add_fetch(&r->ok, 1, __ATOMIC_RELAXED);
+            }
+        } else {
+            __atomic_add_fetch(rc == CUDA_ERROR_OUT_OF_MEMORY ? &r->denied : &r->other, 1, __ATOMIC_RELAXED);
+        }
+    }
+    return NULL;
+}
+
 /* keydtor: each thread's only CUDA calls are made from a pthread-key destructor, which
  * glibc runs after the thread-local destructors (as a library cleaning up per-thread
  * state at thread exit would): a stream-ordered pair, then the thread is gone. */
@@ -1009,6 +1041,21 @@ static void run_op(const char *text) {
         g_relay_sync = !strcmp(name, "syncrelay");
         struct race *r = run_threads(threads, iters, size, relay_thread);
         out("%s rc=0 ok=%llu denied=%llu other=%llu", name, r->ok, r->denied, r->other);
+    } else if (!strcmp(name, "synckeep")) {
+        need_fields(op, 4);
+        u64 threads = num_field(op, 1), iters = num_field(op, 2), size = num_field(op, 3);
+        if (threads == 0 || threads > 1024) usage_error(text, "THREADS must be 1..1024");
+        struct race *r = run_threads(threads, iters, size, keep_thread);
+        out("synckeep rc=0 ok=%llu denied=%llu other=%llu", r->ok, r->denied, r->other);
+    } else if (!strcmp(name, "freekept")) {
+        need_fields(op, 1);
+        u64 ok = 0, other = 0;
+        for (unsigned i = 0; i < g_nkept; i++) {
+            if (api.cuMemFree_v2(g_kept[i]) == CUDA_SUCCESS) ok++;
+            else other++;
+        }
+        g_nkept = 0;
+        out("freekept rc=0 ok=%llu other=%llu", ok, other);
     } else if (!strcmp(name, "keydtor")) {
         need_fields(op, 3);
         u64 threads = num_field(op, 1), size = num_field(op, 2);
@@ -1279,7 +1326,7 @@ static const char *const k_ops[] = {
     "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "queries", "race",
-    "racehold", "asyncrelay", "syncrelay", "keydtor", "nvml", "sym", "nextsym", "sleep", "clock", "waitfile", "pagesize", "stream", "streaminfo", "streamsync",
+    "racehold", "asyncrelay", "syncrelay", "synckeep", "freekept", "keydtor", "nvml", "sym", "nextsym", "sleep", "clock", "waitfile", "pagesize", "stream", "streaminfo", "streamsync",
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",

@@ -711,6 +711,24 @@ fn a_reservation_dropped_after_a_clear_gives_back_nothing_of_the_new_books() {
     assert_eq!(d.used(), 50, "the 50 charged after the clear stay");
 }
 
+/// A context's teardown purges the tables before it clears the books: a free that took
+/// its entry out before the purge and whose driver call failed must not put it back, so
+/// the clear is under way from the purge on.
+#[test]
+fn a_clear_is_under_way_from_the_work_before_it() {
+    let d = device(1000);
+    let mark = clears();
+    let mut during = None;
+    d.clear_after(&mut || {
+        assert!(!no_clear_since(mark), "a mark from before");
+        during = Some(clears());
+    });
+    assert!(
+        !no_clear_since(during.unwrap()),
+        "a mark taken while it was under way"
+    );
+}
+
 #[test]
 fn a_free_that_straddles_a_clear_is_told_so() {
     let d = device(1000);
