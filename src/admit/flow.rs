@@ -321,12 +321,7 @@ pub fn free_direct_fast<F: FnOnce() -> CuResult>(ptr: DevicePtr, real: F) -> Fas
     {
         return Fast::Done(rc);
     }
-    Fast::Settle(FreeLeft {
-        ptr,
-        entry,
-        rc,
-        mark,
-    })
+    FreeLeft::left(ptr, entry, rc, mark)
 }
 
 /// As [`alloc_direct`], for array handles ([`Array`], [`MipmappedArray`]).
@@ -503,6 +498,17 @@ pub struct FreeLeft {
 }
 
 impl FreeLeft {
+    /// What a fast path leaves to [`Self::settle`].
+    #[inline(always)]
+    fn left<F>(ptr: DevicePtr, entry: Packed, rc: CuResult, mark: u64) -> Fast<F, Self> {
+        Fast::Settle(FreeLeft {
+            ptr,
+            entry,
+            rc,
+            mark,
+        })
+    }
+
     /// Keeps the books of the driver's answer and returns that answer.
     pub fn settle(self) -> CuResult {
         free_async_rest(self.ptr, self.entry.entry(), self.rc, self.mark)
@@ -557,12 +563,7 @@ pub fn free_async_fast<const FENCED: bool, F: FnOnce() -> CuResult>(
     if rc.is_ok() && ledger::no_clear_since(mark) && p.give_fast(entry) {
         return Fast::Done(rc);
     }
-    Fast::Settle(FreeLeft {
-        ptr,
-        entry,
-        rc,
-        mark,
-    })
+    FreeLeft::left(ptr, entry, rc, mark)
 }
 
 /// A stream-ordered free that is not [`free_async_fast`]'s: a block of another thread or
