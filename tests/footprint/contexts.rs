@@ -186,6 +186,36 @@ fn in_a_real_pid_namespace_memory_no_call_names_is_reconciled_within_a_second() 
     );
 }
 
+/// The routine re-read of the footprint (once a second) is taken by the next admission,
+/// on the synchronous fast path too: a thread that has allocated before (and so holds a
+/// lane) finds the 300 MiB a kernel launch grew outside the hooks at its next
+/// allocation, which then no longer fits. (The re-read is due after a second; the
+/// library's thread raises it within 0.2 s of that, so 2 s leave room on a busy
+/// machine.)
+#[test]
+fn a_threads_later_allocation_takes_the_routine_reread_too() {
+    let run = budget_run(
+        "gpa",
+        &["alloc:1Mi", "kernel", "sleep:2000", "alloc:250Mi", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "1Gi"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+            ("FAKE_CUDA_LAUNCH_LOCAL_BYTES", "314572800"),
+        ],
+    );
+    assert_eq!(run.rc("kernel", 0), 0, "{run:?}");
+    assert_eq!(
+        run.rc("alloc", 1),
+        2,
+        "512 MiB of context, 300 MiB of the kernel's, 1 MiB: 250 MiB more do not fit\n{run:?}"
+    );
+    assert_eq!(
+        run.num("info", 0, "free"),
+        GI - 512 * MI - 300 * MI - MI,
+        "{run:?}"
+    );
+}
+
 #[test]
 fn in_a_real_pid_namespace_a_context_nvml_was_too_slow_to_measure_is_charged_the_estimate() {
     // NVML starts after the 2 s the first context waits for it: nothing measured the
