@@ -501,3 +501,27 @@ fn a_synchronous_free_the_driver_refuses_keeps_the_block_charged_for_the_next() 
         "given back once\n{run:?}"
     );
 }
+
+/// One thread holds 20 000 blocks, more than its lane has room for (16 384, four to a
+/// bucket): those whose bucket is full go to the shared table, each charged and found
+/// by its free like the others.
+#[test]
+fn a_thread_holding_more_blocks_than_its_lane_has_room_for_is_charged_for_each() {
+    let run = budget_run(
+        "gpa",
+        &["synckeep:1:20000:4Ki", "info", "freekept", "info"],
+        &[("CUDABUDGET_LIMIT", "1Gi")],
+    );
+    assert_eq!(run.num("synckeep", 0, "ok"), 20_000, "{run:?}");
+    assert_eq!(
+        run.num("info", 0, "free"),
+        GI - 20_000 * 4096,
+        "every block charged\n{run:?}"
+    );
+    assert_eq!(run.num("freekept", 0, "ok"), 20_000, "{run:?}");
+    assert_eq!(
+        run.num("info", 1, "free"),
+        GI,
+        "every block given back\n{run:?}"
+    );
+}
