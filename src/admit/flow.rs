@@ -210,6 +210,17 @@ fn with_lane() -> Option<(&'static PrivateCredit, &'static gate::Inside)> {
     Some((p, p.own.get()?))
 }
 
+/// Device 0's books in a process known to see one device: the one device the
+/// synchronous fast path admits on.
+#[inline(always)]
+fn only_device() -> Option<&'static DeviceLedger> {
+    if runtime::known_single_device() {
+        runtime::ledger().device(0)
+    } else {
+        None
+    }
+}
+
 /// `cuMemAlloc` where [`alloc_direct_fast`] declined it: [`alloc_direct`], then the
 /// calling thread holds a lane (if one is free) where its next allocation may take the
 /// fast path: in a process that sees one device whose budget is its own. (Elsewhere a
@@ -217,10 +228,7 @@ fn with_lane() -> Option<(&'static PrivateCredit, &'static gate::Inside)> {
 pub fn alloc_plain(cx: Cx, bytes: u64, out: *mut u64, real: impl FnOnce() -> CuResult) -> CuResult {
     let rc = alloc_direct(cx, "cuMemAlloc", bytes, None, out, real);
     if rc.is_ok()
-        && runtime::known_single_device()
-        && runtime::ledger()
-            .device(0)
-            .is_some_and(|d| d.own_budget().is_some())
+        && only_device().is_some_and(|d| d.own_budget().is_some())
         && let Some(p) = private()
     {
         p.lane();
@@ -247,13 +255,10 @@ pub fn alloc_direct_fast<F: FnOnce() -> CuResult>(
         return Fast::Declined(real);
     };
     // A null `dptr` the driver refuses: the full path passes it on.
-    if dptr.is_null() || !runtime::known_single_device() {
+    if dptr.is_null() {
         return Fast::Declined(real);
     }
-    let Some(reservation) = runtime::ledger()
-        .device(0)
-        .and_then(|d| admitted_at_once(d, bytes))
-    else {
+    let Some(reservation) = only_device().and_then(|d| admitted_at_once(d, bytes)) else {
         return Fast::Declined(real);
     };
     let rc = real();
