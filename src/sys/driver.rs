@@ -273,13 +273,13 @@ macro_rules! real_fn {
             #[inline(never)]
             #[allow(clippy::too_many_arguments)]
             unsafe fn loading($($arg: $ty),*) -> CuResult {
-                if !load() || REAL.0[Sym::$name as usize].load(Ordering::Acquire).is_null() {
+                if !load() || REAL[Sym::$name as usize].load(Ordering::Acquire).is_null() {
                     return CuResult::NOT_INITIALIZED;
                 }
                 // SAFETY: the caller's arguments; the table's entry, once set, stays.
                 unsafe { $name($($arg),*) }
             }
-            let f = REAL.0[Sym::$name as usize].load(Ordering::Acquire);
+            let f = REAL[Sym::$name as usize].load(Ordering::Acquire);
             if f.is_null() {
                 // SAFETY: the caller's arguments, passed on.
                 return unsafe { loading($($arg),*) };
@@ -295,11 +295,6 @@ macro_rules! real_fn {
 }
 
 driver_table! {
-    // The fast paths' four first: their pointers share one cache line (see `REAL`).
-    cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize);
-    cuMemFree_v2(dptr: DevicePtr);
-    cuMemAllocAsync + ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Stream);
-    cuMemFreeAsync + ptsz(dptr: DevicePtr, stream: Stream);
     cuInit(flags: u32);
     cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64);
     cuGetProcAddress_v2 + ptsz(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
@@ -320,8 +315,10 @@ driver_table! {
     cuCtxCreate_v3(ctx: *mut Context, params: *mut c_void, num: c_int, flags: u32, device: Device);
     cuCtxCreate_v4(ctx: *mut Context, params: *mut c_void, flags: u32, device: Device);
     cuCtxDestroy_v2(ctx: Context);
+    cuMemAlloc_v2(dptr: *mut DevicePtr, bytes: usize);
     cuMemAllocPitch_v2(dptr: *mut DevicePtr, pitch: *mut usize, width: usize, height: usize, elem: u32);
     cuMemAllocManaged(dptr: *mut DevicePtr, bytes: usize, flags: u32);
+    cuMemFree_v2(dptr: DevicePtr);
     cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
     cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, flags: u64);
     cuMemRelease(handle: u64);
@@ -329,7 +326,9 @@ driver_table! {
     cuMemUnmap(ptr: DevicePtr, size: usize);
     cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void);
     cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const MemAllocationProp, option: c_int);
+    cuMemAllocAsync + ptsz(dptr: *mut DevicePtr, bytes: usize, stream: Stream);
     cuMemAllocFromPoolAsync + ptsz(dptr: *mut DevicePtr, bytes: usize, pool: MemPool, stream: Stream);
+    cuMemFreeAsync + ptsz(dptr: DevicePtr, stream: Stream);
     cuMemPoolCreate(pool: *mut MemPool, props: *const MemPoolProps);
     cuMemPoolDestroy(pool: MemPool);
     cuMemPoolTrimTo(pool: MemPool, keep: usize);
@@ -382,10 +381,7 @@ driver_table! {
 #[allow(clippy::declare_interior_mutable_const)]
 const NULL_FN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 /// The driver's own function for each [`Sym`], from our handle.
-/// Aligned to a cache line: the fast paths' functions, first in the table, share one.
-#[repr(align(64))]
-struct Table([AtomicPtr<c_void>; SYMS]);
-static REAL: Table = Table([NULL_FN; SYMS]);
+static REAL: [AtomicPtr<c_void>; SYMS] = [NULL_FN; SYMS];
 
 /// The driver's own pointer for `sym` (null when the driver lacks it).
 /// Takes `p` as the driver's function for `sym` when the table has none (the loader's
@@ -393,13 +389,13 @@ static REAL: Table = Table([NULL_FN; SYMS]);
 /// names exactly); false when the table already had one.
 pub fn adopt(sym: Sym, p: *mut c_void) -> bool {
     !p.is_null()
-        && REAL.0[sym as usize]
+        && REAL[sym as usize]
             .compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
 }
 
 pub fn real_ptr(sym: Sym) -> *mut c_void {
-    REAL.0[sym as usize].load(Ordering::Acquire)
+    REAL[sym as usize].load(Ordering::Acquire)
 }
 
 /// The variant whose real function is exactly `p`, if it is one in our table.
@@ -493,7 +489,7 @@ fn load_now() -> bool {
         return false;
     }
     for &sym in Sym::ALL {
-        REAL.0[sym as usize].store(lookup(handle, sym.name()), Ordering::Release);
+        REAL[sym as usize].store(lookup(handle, sym.name()), Ordering::Release);
     }
     true
 }
