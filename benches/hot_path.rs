@@ -140,6 +140,7 @@ fn main() {
         "untouched functions resolve to libcuda.so.1 under the library: the driver's own pointer, +0 ns by construction"
     );
     instructions();
+    cache_lines();
 }
 
 /// Instructions the hooks add per pair, counted by callgrind (exact, unlike time on a
@@ -194,6 +195,69 @@ fn instructions() {
         let (driver, hook) = (per_pair("driver"), per_pair("hook"));
         println!(
             "| {kind} 4 KiB | {driver:.0} | {hook:.0} | {:+.0} |",
+            hook - driver
+        );
+    }
+}
+
+/// Cache lines of data the hooks miss per pair when nothing of theirs is left in cache: a
+/// model of the real driver's work between two calls (its own threads and data evict
+/// ours), where each such line costs a trip to memory. `pair_loop … evict` reads 4 MiB
+/// before every call, cachegrind simulates fixed caches (32 KiB L1, 2 MiB last level),
+/// and the figure is the difference of differences of the last level's data misses, as
+/// [`instructions`]. The background thread's wake-ups move it by a few tenths.
+fn cache_lines() {
+    let valgrind = Command::new("valgrind").arg("--version").output();
+    if !valgrind.is_ok_and(|o| o.status.success()) {
+        println!();
+        println!("(valgrind not found: cache lines per pair not counted)");
+        return;
+    }
+    let misses = |arm: &str, kind: &str, n: u64| -> f64 {
+        let out = Command::new("valgrind")
+            .args([
+                "--tool=cachegrind",
+                "--cache-sim=yes",
+                "--cachegrind-out-file=/dev/null",
+                "--I1=32768,8,64",
+                "--D1=32768,8,64",
+                "--LL=2097152,16,64",
+            ])
+            .arg(cudabudget_fake_driver::FAKE_PAIR_LOOP)
+            .args([arm, kind, &n.to_string(), "evict"])
+            .env("LD_LIBRARY_PATH", util::fake_dir())
+            .env("LD_PRELOAD", util::lib_path())
+            .env("CUDABUDGET_LIMIT", "100Gi")
+            .output()
+            .expect("valgrind runs");
+        assert!(
+            out.status.success(),
+            "pair_loop {arm} {kind} {n} evict failed"
+        );
+        let log = String::from_utf8_lossy(&out.stderr);
+        let line = log
+            .lines()
+            .find_map(|l| l.split("LLd misses:").nth(1))
+            .expect("cachegrind reports the last level's data misses");
+        let total = line.split('(').next().unwrap_or_default();
+        total.trim().replace(',', "").parse().expect("a count")
+    };
+    const N: u64 = 1_000;
+    // The 4 MiB read before each of a pair's two calls, a line at a time.
+    const SWEEP_LINES: f64 = (2 * (4 << 20) / 64) as f64;
+    println!();
+    println!(
+        "Data cache lines missed per pair with 4 MiB read before each call (cachegrind, {N} and {} pairs):",
+        2 * N
+    );
+    println!("| pair | driver's own | through the hooks | added |");
+    println!("|---|---|---|---|");
+    for kind in ["async", "sync"] {
+        let per_pair =
+            |arm| (misses(arm, kind, 2 * N) - misses(arm, kind, N)) / N as f64 - SWEEP_LINES;
+        let (driver, hook) = (per_pair("driver"), per_pair("hook"));
+        println!(
+            "| {kind} 4 KiB | {driver:.1} | {hook:.1} | {:+.1} |",
             hook - driver
         );
     }
