@@ -72,19 +72,12 @@ pub struct Denial {
     pub budget: u64,
 }
 
-/// One device's budget and usage.
+/// One device's budget and usage. In C's order, so that what an allocation reads and
+/// writes (the budget, the count, the epoch, the job) shares the first cache line.
+#[repr(C)]
 pub struct DeviceLedger {
     budget: AtomicU64,
     used: AtomicU64,
-    peak: AtomicU64,
-    denials: AtomicU64,
-    /// Allocations that waited for room (`CUDABUDGET_ON_EXCEED=wait:…`).
-    waits: AtomicU64,
-    /// Allocations admitted past the budget (`CUDABUDGET_ON_EXCEED=warn`).
-    overruns: AtomicU64,
-    /// The part of `used` that no hook saw: the context, modules, and whatever the
-    /// footprint reconciliation found beyond the tracked allocations.
-    overhead: AtomicU64,
     /// Which pool credit is good: the high 32 bits count the times the books were
     /// cleared ([`DeviceLedger::clear_after`]: credit from before is void), the next 26 the
     /// times the pools' charge went down ([`DeviceLedger::retire_credit`]: credit a
@@ -96,6 +89,15 @@ pub struct DeviceLedger {
     /// In a job (`CUDABUDGET_SCOPE=job:…`): the device's index in the job's books
     /// ([`NO_JOB`]: the budget is the process's own).
     job_device: AtomicU64,
+    peak: AtomicU64,
+    denials: AtomicU64,
+    /// Allocations that waited for room (`CUDABUDGET_ON_EXCEED=wait:…`).
+    waits: AtomicU64,
+    /// Allocations admitted past the budget (`CUDABUDGET_ON_EXCEED=warn`).
+    overruns: AtomicU64,
+    /// The part of `used` that no hook saw: the context, modules, and whatever the
+    /// footprint reconciliation found beyond the tracked allocations.
+    overhead: AtomicU64,
     pub pool: PoolCredit,
 }
 
