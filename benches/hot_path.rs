@@ -139,8 +139,30 @@ fn main() {
     println!(
         "untouched functions resolve to libcuda.so.1 under the library: the driver's own pointer, +0 ns by construction"
     );
+    let valgrind = Command::new("valgrind").arg("--version").output();
+    if !valgrind.is_ok_and(|o| o.status.success()) {
+        println!();
+        println!("(valgrind not found: instructions and cache lines per pair not counted)");
+        return;
+    }
     instructions();
     cache_lines();
+}
+
+/// `pair_loop ARGS` under valgrind with `tool` (its options), through the library on the
+/// fake driver; what valgrind reports (its standard error).
+fn pair_loop_under(tool: &[&str], args: &[&str]) -> String {
+    let out = Command::new("valgrind")
+        .args(tool)
+        .arg(cudabudget_fake_driver::FAKE_PAIR_LOOP)
+        .args(args)
+        .env("LD_LIBRARY_PATH", util::fake_dir())
+        .env("LD_PRELOAD", util::lib_path())
+        .env("CUDABUDGET_LIMIT", "100Gi")
+        .output()
+        .expect("valgrind runs");
+    assert!(out.status.success(), "pair_loop {args:?} failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Instructions the hooks add per pair, counted by callgrind (exact, unlike time on a
@@ -150,32 +172,17 @@ fn main() {
 /// loop's thread then takes one slower admission: over 100 000 pairs that moves the
 /// figure by less than one (over 10 000 it moved it by two or three).
 fn instructions() {
-    let valgrind = Command::new("valgrind").arg("--version").output();
-    if !valgrind.is_ok_and(|o| o.status.success()) {
-        println!();
-        println!("(valgrind not found: instructions per pair not counted)");
-        return;
-    }
     let count = |arm: &str, kind: &str, n: u64| -> f64 {
-        let out = Command::new("valgrind")
-            // Only what the program's main thread runs inside `main`: the library's
-            // background thread wakes by the clock, and valgrind's clock is slow, so
-            // counting it would make the figure depend on the machine's speed.
-            .args([
-                "--tool=callgrind",
-                "--callgrind-out-file=/dev/null",
-                "--collect-atstart=no",
-                "--toggle-collect=main",
-            ])
-            .arg(cudabudget_fake_driver::FAKE_PAIR_LOOP)
-            .args([arm, kind, &n.to_string()])
-            .env("LD_LIBRARY_PATH", util::fake_dir())
-            .env("LD_PRELOAD", util::lib_path())
-            .env("CUDABUDGET_LIMIT", "100Gi")
-            .output()
-            .expect("valgrind runs");
-        assert!(out.status.success(), "pair_loop {arm} {kind} {n} failed");
-        let log = String::from_utf8_lossy(&out.stderr);
+        // Only what the program's main thread runs inside `main`: the library's
+        // background thread wakes by the clock, and valgrind's clock is slow, so
+        // counting it would make the figure depend on the machine's speed.
+        let tool = [
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            "--collect-atstart=no",
+            "--toggle-collect=main",
+        ];
+        let log = pair_loop_under(&tool, &[arm, kind, &n.to_string()]);
         let collected = log
             .lines()
             .find_map(|l| l.split("Collected : ").nth(1))
@@ -207,34 +214,16 @@ fn instructions() {
 /// and the figure is the difference of differences of the last level's data misses, as
 /// [`instructions`]. The background thread's wake-ups move it by a few tenths.
 fn cache_lines() {
-    let valgrind = Command::new("valgrind").arg("--version").output();
-    if !valgrind.is_ok_and(|o| o.status.success()) {
-        println!();
-        println!("(valgrind not found: cache lines per pair not counted)");
-        return;
-    }
     let misses = |arm: &str, kind: &str, n: u64| -> f64 {
-        let out = Command::new("valgrind")
-            .args([
-                "--tool=cachegrind",
-                "--cache-sim=yes",
-                "--cachegrind-out-file=/dev/null",
-                "--I1=32768,8,64",
-                "--D1=32768,8,64",
-                "--LL=2097152,16,64",
-            ])
-            .arg(cudabudget_fake_driver::FAKE_PAIR_LOOP)
-            .args([arm, kind, &n.to_string(), "evict"])
-            .env("LD_LIBRARY_PATH", util::fake_dir())
-            .env("LD_PRELOAD", util::lib_path())
-            .env("CUDABUDGET_LIMIT", "100Gi")
-            .output()
-            .expect("valgrind runs");
-        assert!(
-            out.status.success(),
-            "pair_loop {arm} {kind} {n} evict failed"
-        );
-        let log = String::from_utf8_lossy(&out.stderr);
+        let tool = [
+            "--tool=cachegrind",
+            "--cache-sim=yes",
+            "--cachegrind-out-file=/dev/null",
+            "--I1=32768,8,64",
+            "--D1=32768,8,64",
+            "--LL=2097152,16,64",
+        ];
+        let log = pair_loop_under(&tool, &[arm, kind, &n.to_string(), "evict"]);
         let line = log
             .lines()
             .find_map(|l| l.split("LLd misses:").nth(1))
