@@ -209,11 +209,14 @@ const fn private_init() -> PrivateCredit {
 // instructions (the thread pointer plus an offset the loader wrote once), where Rust's
 // `thread_local!` in a shared object calls `__tls_get_addr` on every access. A library
 // with initial-exec TLS must be loaded at start-up (LD_PRELOAD, as ours is) or fit the
-// static TLS surplus glibc keeps for `dlopen` (these 48 bytes do).
+// static TLS surplus glibc keeps for `dlopen` (these 48 bytes do). Aligned to a cache
+// line, so that they are one line in every program: where the block lands depends on the
+// TLS of the program and the libraries before ours, and at 32 bytes' alignment it could
+// straddle two (one more line for every call to miss).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 std::arch::global_asm!(
     ".pushsection .tdata.cudabudget_private,\"awT\",@progbits",
-    ".p2align 5",
+    ".p2align 6",
     ".globl cudabudget_private_credit",
     ".hidden cudabudget_private_credit",
     ".type cudabudget_private_credit, @object",
