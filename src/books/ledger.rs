@@ -72,9 +72,10 @@ pub struct Denial {
     pub budget: u64,
 }
 
-/// One device's budget and usage. In C's order, so that what an allocation reads and
-/// writes (the budget, the count, the epoch, the job) shares the first cache line.
-#[repr(C)]
+/// One device's budget and usage. In C's order and aligned to a line, so that what an
+/// allocation reads and writes (the budget, the count, the epoch, the job) shares the
+/// first cache line (asserted below).
+#[repr(C, align(64))]
 pub struct DeviceLedger {
     budget: AtomicU64,
     used: AtomicU64,
@@ -106,6 +107,11 @@ const NO_JOB: u64 = u64::MAX;
 /// The low bits of an epoch that name its device.
 const DEVICE_BITS: u32 = 6;
 const _: () = assert!(MAX_DEVICES <= 1 << DEVICE_BITS);
+const _: () = assert!(
+    std::mem::offset_of!(DeviceLedger, job_device) + 8 <= 64
+        && std::mem::offset_of!(DeviceLedger, epoch) < 64
+        && std::mem::offset_of!(DeviceLedger, used) < 64
+);
 
 impl DeviceLedger {
     const fn new() -> Self {
