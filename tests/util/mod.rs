@@ -5,6 +5,7 @@
 //! Output format of the client: `<op> rc=<int> [key=value]...`, one line per op, then `done`.
 #![allow(dead_code)]
 
+pub mod cargo;
 pub mod cli;
 pub mod handoff;
 pub mod scripts;
@@ -230,29 +231,26 @@ pub fn client_bin(mode: &str) -> &'static str {
     }
 }
 
-/// The cdylib under test. `cargo test` builds it as `target/<profile>/deps/libcudabudget.so`
-/// (next to the test executables) and only `cargo build` copies it up to
-/// `target/<profile>/`; the `deps/` one is preferred because it is always the newest.
-/// `CB_TEST_LIB` names another build to test instead (`scripts/dist.sh` runs part of the
-/// suite against `dist/libcudabudget.so` so; not a `CUDABUDGET_` name, which the library
-/// would refuse as unknown).
+/// The cdylib under test: `target/<profile>/libcudabudget.so`, which the first call in a
+/// test binary has cargo build (`cargo build --lib`: a `cdylib` alone is no dependency of
+/// a test, so `cargo test` does not build it, and a copy left by an earlier build would be
+/// tested in its place). `CB_TEST_LIB` names another build to test instead
+/// (`scripts/dist.sh` runs part of the suite against `dist/libcudabudget.so` so; not a
+/// `CUDABUDGET_` name, which the library would refuse as unknown).
 pub fn lib_path() -> PathBuf {
     if let Some(lib) = std::env::var_os("CB_TEST_LIB") {
         return std::fs::canonicalize(&lib)
             .unwrap_or_else(|e| panic!("CB_TEST_LIB={}: {e}", Path::new(&lib).display()));
     }
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().expect("test binary has a parent dir");
-    let in_deps = dir.join("libcudabudget.so");
-    if in_deps.is_file() {
-        return in_deps;
-    }
-    let profile = if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.parent().unwrap()
-    } else {
-        dir
-    };
-    profile.join("libcudabudget.so")
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let profile_dir = cargo::profile_dir();
+            let lib = profile_dir.join("libcudabudget.so");
+            cargo::build(&profile_dir, &["-p", "cudabudget", "--lib"], &lib);
+            lib
+        })
+        .clone()
 }
 
 pub const KIB: u64 = 1 << 10;

@@ -15,60 +15,18 @@ use std::time::{Duration, Instant};
 /// The node services' binary, `cudabudget-node`, beside the `cudabudget` cargo built for
 /// these tests (where `cudabudget webhook|exporter` find it too). Cargo builds another
 /// workspace package's binary for this package's tests only when asked, so the first call
-/// in each test binary asks: `cargo build -p cudabudget-node` with this build's profile
-/// and target directory (at once when it is up to date, as after `.ci/run`'s `cargo
-/// build --workspace`; cargo runs the tests after it has let go of the build directory).
+/// in each test binary asks: `cargo build -p cudabudget-node` (at once when it is up to
+/// date, as after `.ci/run`'s `cargo build -p cudabudget-node`).
 pub fn node_bin() -> &'static Path {
     static NODE: OnceLock<PathBuf> = OnceLock::new();
     NODE.get_or_init(|| {
         let cli = Path::new(env!("CARGO_BIN_EXE_cudabudget"));
         let profile_dir = cli.parent().expect("the CLI's directory");
         let node = profile_dir.join("cudabudget-node");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev",
-            Some(name) => name,
-            None => panic!("{}: no profile directory", cli.display()),
-        };
-        // <target>/<profile>/, or <target>/<triple>/<profile>/ for a --target build.
-        let above = profile_dir.parent().expect("the target directory");
-        let mut command = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
-        command.args([
-            "build",
-            "--quiet",
-            "-p",
-            "cudabudget-node",
-            "--bin",
-            "cudabudget-node",
-        ]);
-        command
-            .arg("--manifest-path")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-        command.args(["--profile", profile]);
-        let is_target_dir =
-            |dir: &Path| dir.join(".rustc_info.json").exists() || dir.join("CACHEDIR.TAG").exists();
-        match above.parent() {
-            Some(target) if !is_target_dir(above) && is_target_dir(target) => {
-                let triple = above.file_name().expect("a target triple");
-                command
-                    .arg("--target")
-                    .arg(triple)
-                    .arg("--target-dir")
-                    .arg(target);
-            }
-            _ => {
-                command.arg("--target-dir").arg(above);
-            }
-        }
-        let out = command
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-        assert!(
-            out.status.success() && node.is_file(),
-            "{command:?} ({}) did not build {}: {}",
-            out.status,
-            node.display(),
-            String::from_utf8_lossy(&out.stderr)
+        super::cargo::build(
+            profile_dir,
+            &["-p", "cudabudget-node", "--bin", "cudabudget-node"],
+            &node,
         );
         node
     })
