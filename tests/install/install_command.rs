@@ -104,6 +104,25 @@ fn install_refuses_a_directory_ld_preload_cannot_name() {
 }
 
 #[test]
+fn install_into_a_file_says_it_is_not_a_directory() {
+    let scratch = closed_scratch("install-file");
+    let file = scratch.join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let out = output(&mut cudabudget(&["install", file.to_str().unwrap()]));
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert_eq!(
+        said.trim_end(),
+        format!(
+            "cudabudget: cannot install into {0}: {0}: Not a directory (os error 20)",
+            file.display()
+        )
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a directory");
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+#[test]
 fn install_says_when_the_library_does_not_load_where_it_was_installed() {
     let dir = closed_scratch("install-glibc");
     let newer = library_for_a_newer_glibc(&dir);

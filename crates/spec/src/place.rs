@@ -104,6 +104,19 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     Ok(st)
 }
 
+/// The metadata of `name` in directory `dir`, without following a link.
+fn stat_nofollow(dir: RawFd, name: &CString) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value of a plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is a live directory descriptor, `name` NUL-terminated and `st` a
+    // valid out-pointer.
+    let rc = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
 fn c_name(path: &Path, name: &OsStr) -> Result<CString, PlaceError> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
@@ -217,16 +230,26 @@ impl Dir {
             };
             walked.push(name);
             let cname = c_name(&walked, name)?;
+            let parent = fd.as_raw_fd();
             fd = openat(
-                fd.as_raw_fd(),
+                parent,
                 &cname,
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                 0,
             )
             .map_err(|e| match e.raw_os_error() {
-                Some(libc::ELOOP) | Some(libc::ENOTDIR) => PlaceError::Untrusted {
-                    path: walked.clone(),
-                    why: "it changed while it was being checked".to_string(),
+                // Not a directory (`install /etc/passwd`: the path was resolved, links
+                // and all, just before), or a link or other thing put there since.
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => match stat_nofollow(parent, &cname) {
+                    Ok(st)
+                        if !matches!(st.st_mode & libc::S_IFMT, libc::S_IFDIR | libc::S_IFLNK) =>
+                    {
+                        PlaceError::io(&walked, e)
+                    }
+                    _ => PlaceError::Untrusted {
+                        path: walked.clone(),
+                        why: "it changed while it was being checked".to_string(),
+                    },
                 },
                 _ => PlaceError::io(&walked, e),
             })?;
@@ -448,21 +471,7 @@ impl Dir {
     /// The metadata of `name` in this directory, without following a link.
     pub fn stat_at(&self, name: &str) -> io::Result<libc::stat> {
         let cname = c_name(&self.path, OsStr::new(name)).map_err(io::Error::other)?;
-        // SAFETY: an all-zero `stat` is a valid value of a plain C struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: live directory descriptor, NUL-terminated name, valid out-pointer.
-        let rc = unsafe {
-            libc::fstatat(
-                self.fd.as_raw_fd(),
-                cname.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(st)
+        stat_nofollow(self.fd.as_raw_fd(), &cname)
     }
 
     /// The path this directory was verified at (for messages, and for a path that must
@@ -492,21 +501,9 @@ impl Dir {
     }
 
     fn what_is(&self, name: &CString) -> String {
-        // SAFETY: an all-zero `stat` is a valid value of a plain C struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: live directory descriptor, NUL-terminated name, valid out-pointer.
-        let rc = unsafe {
-            libc::fstatat(
-                self.fd.as_raw_fd(),
-                name.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        if rc == 0 {
-            describe(&st)
-        } else {
-            "something that cannot be looked at".to_string()
+        match stat_nofollow(self.fd.as_raw_fd(), name) {
+            Ok(st) => describe(&st),
+            Err(_) => "something that cannot be looked at".to_string(),
         }
     }
 }

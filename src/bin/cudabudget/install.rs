@@ -12,7 +12,7 @@ use clap::Args;
 use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 
 use crate::library::{self, EXIT_UNSAFE_LIBRARY, LIBRARY_NAME};
-use cudabudget_cli_common::tell::{Refusal, say, usage};
+use cudabudget_cli_common::tell::{Refusal, outln, say, usage};
 use cudabudget_spec::config;
 
 pub const AFTER_HELP: &str = "Writes DIR/libcudabudget.so (and DIR/cudabudget, unless \
@@ -113,7 +113,12 @@ fn install_dir(dir: &Path) -> Result<Dir, Refusal> {
             Err(e) => return Err(usage(format!("{}: {e}", dir.display()))),
         }
     }
-    let mut verified = Dir::open_closed(&existing).map_err(|e| refuse_place(dir, e))?;
+    let mut verified = Dir::open_closed(&existing).map_err(|e| match e {
+        // Not a place at all (`install /etc/passwd`: not a directory), rather than one
+        // that others could change.
+        PlaceError::Io { .. } => usage(format!("cannot install into {}: {e}", dir.display())),
+        e => refuse_place(dir, e),
+    })?;
     for name in missing.iter().rev() {
         let Some(name) = name.to_str() else {
             return Err(usage(format!(
@@ -199,7 +204,7 @@ pub fn install(args: InstallArgs) -> Result<ExitCode, Refusal> {
             dir.path().display()
         ));
     }
-    println!("LD_PRELOAD={}", target.display());
+    outln(format_args!("LD_PRELOAD={}", target.display()))?;
     Ok(ExitCode::SUCCESS)
 }
 
