@@ -1,5 +1,6 @@
 //! A reader that goes away (`cudabudget doctor | head -c1`) ends the command quietly, as
-//! it ends `cat`: killed by SIGPIPE, or done, never a panic.
+//! it ends `cat`: killed by SIGPIPE, or done, never a panic. Output that cannot be
+//! written (a full disk) is a failure said in one line, never a panic nor a success.
 
 use crate::util::cli::{cudabudget, output, stderr};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -38,5 +39,28 @@ fn every_command_ends_quietly_when_its_reader_has_gone() {
             out.status
         );
         assert!(said.is_empty(), "{args:?} said: {said}");
+    }
+}
+
+#[test]
+fn a_command_whose_output_cannot_be_written_fails_saying_so() {
+    for args in [
+        &["doctor"][..],
+        &["doctor", "--json"],
+        &["status"],
+        &["status", "--json"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let out = output(cudabudget(args).stdout(full));
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {said}");
+        assert_eq!(
+            said.trim_end(),
+            "cudabudget: cannot write the output: No space left on device (os error 28)",
+            "{args:?}"
+        );
     }
 }

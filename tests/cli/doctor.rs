@@ -79,6 +79,25 @@ fn where_all_is_well_every_check_passes_and_the_exit_status_is_0() {
 }
 
 #[test]
+fn doctor_help_names_every_check_doctor_runs_in_its_order() {
+    let out = output(cudabudget(&["doctor", "--json"]).env("CUDABUDGET_LIMIT", "1Gi"));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
+    let help = stdout(&output(&mut cudabudget(&["doctor", "--help"])));
+    let list = help
+        .split_once("Checks, in order: ")
+        .map(|(_, rest)| rest.split_once("\n\n").map_or(rest, |(list, _)| list))
+        .unwrap_or_else(|| panic!("no list of checks: {help}"));
+    let mut from = 0;
+    for check in report["checks"].as_array().unwrap() {
+        let name = check["name"].as_str().unwrap();
+        let at = list[from..]
+            .find(name)
+            .unwrap_or_else(|| panic!("{name:?} is not in --help after {:?}", &list[..from]));
+        from += at + name.len();
+    }
+}
+
+#[test]
 fn the_text_report_has_a_line_per_check_and_per_problem() {
     let out = output(cudabudget(&["doctor"]).env("CUDABUDGET_LIMIT", "10XB"));
     assert_eq!(out.status.code(), Some(1));

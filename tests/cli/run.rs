@@ -263,6 +263,42 @@ fn a_bad_quantity_is_refused_before_anything_runs() {
 }
 
 #[test]
+fn a_negative_or_missing_budget_is_refused_naming_what_was_given() {
+    // A value that starts with '-' is the option's: refused as what it is, never taken
+    // for an option nor answered with clap's tip of passing it after `--`.
+    for (test, options, said) in [
+        (
+            "negative",
+            &["--limit", "-1G"][..],
+            "cudabudget: --limit \"-1G\": negative values are not allowed",
+        ),
+        (
+            "negative-device",
+            &["--limit-device", "1=-1G"],
+            "cudabudget: --limit-device \"1=-1G\": negative values are not allowed",
+        ),
+        (
+            "negative-ordinal",
+            &["--limit-device", "-1=1G"],
+            "cudabudget: --limit-device \"-1=1G\": \"-1\" is not a device ordinal",
+        ),
+        (
+            "missing",
+            &["--limit", "--scope", "job:a"],
+            "cudabudget: --limit needs a value before \"--scope\"",
+        ),
+        (
+            "missing-device",
+            &["--limit-device", "--limit", "1Gi"],
+            "cudabudget: --limit-device needs a value before \"--limit\"",
+        ),
+    ] {
+        let message = assert_refused_before_running(test, options, &[]);
+        assert!(message.starts_with(said), "{test}: {message}");
+    }
+}
+
+#[test]
 fn a_bad_device_option_is_refused_before_anything_runs() {
     for (test, option) in [
         ("device-quantity", "1=8Gb"),
@@ -358,7 +394,7 @@ fn a_budget_of_zero_is_refused_with_the_reason() {
             "zero-device",
             &["--limit-device", "1=0"],
             &[],
-            "--limit-device \"0\"",
+            "--limit-device \"1=0\"",
         ),
         (
             "zero-env",
@@ -383,8 +419,15 @@ fn a_budget_of_zero_is_refused_with_the_reason() {
 
 #[test]
 fn a_budget_smaller_than_a_context_runs_with_a_warning_saying_so() {
+    // Named as the user gave it: the option, or the inherited variable.
     for (options, envs, named) in [
-        (&["--limit", "100Mi"][..], &[][..], "CUDABUDGET_LIMIT"),
+        (&["--limit", "100Mi"][..], &[][..], "--limit \"100Mi\""),
+        (
+            &["--limit", "8Gi", "--limit-device", "1=64Mi"],
+            &[],
+            "--limit-device \"1=64Mi\"",
+        ),
+        (&[], &[("CUDABUDGET_LIMIT", "100Mi")], "CUDABUDGET_LIMIT"),
         (
             &["--limit", "8Gi"],
             &[("CUDABUDGET_LIMIT_1", "64Mi")],

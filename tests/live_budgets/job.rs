@@ -123,6 +123,29 @@ fn a_member_that_joins_after_a_change_is_held_to_the_changed_budget() {
 }
 
 #[test]
+fn a_budget_of_zero_is_refused_and_the_jobs_budget_stays() {
+    // An operator used to HAMi, whose 0 means no budget, would stop the job instead.
+    let done = Step::new("job-zero", "done");
+    let member = spawn(&["alloc:100Mi", &done.op()], &envs("1Gi", "job:zero"));
+    until_shown(member.id(), |p| p["devices"][0]["used_bytes"] == 100 * MI);
+    for zero in ["0", "0Gi"] {
+        let out = limit(&["--job", "zero", zero]);
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{said}");
+        assert_eq!(said.lines().count(), 1, "{said}");
+        assert!(
+            said.contains("0 bytes would refuse every allocation (HAMi's 0 means no budget)"),
+            "{said}"
+        );
+    }
+    let shown = limit_ok(&["--job", "zero"]);
+    assert!(shown.contains("device 0: budget 1.00 GiB"), "{shown}");
+    done.go();
+    let member = finish(member);
+    assert_eq!(member.rc("alloc", 0), 0, "{member:?}");
+}
+
+#[test]
 fn a_job_that_is_not_there_is_refused_with_one_line() {
     let out = limit(&["--job", "nobody-runs-this", "1Gi"]);
     assert_eq!(out.status.code(), Some(1));

@@ -139,3 +139,24 @@ fn a_process_that_is_not_budgeted_or_belongs_to_a_job_is_refused_with_one_line()
     let out = limit(&["--pid", "1", "20%"]);
     assert_eq!(out.status.code(), Some(2), "a percentage: {}", stderr(&out));
 }
+
+#[test]
+fn limit_asks_for_a_job_or_a_pid_and_takes_a_jobs_owner_only_with_a_job() {
+    for args in [&[][..], &["20Gi"]] {
+        let out = limit(args);
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.contains("<--job <NAME>|--pid <PID>>"),
+            "{args:?}: {said}"
+        );
+    }
+    for owner in [&["--uid", "0"][..], &["--namespace", "team-a"]] {
+        let mut args = vec!["--pid", "1"];
+        args.extend_from_slice(owner);
+        let out = limit(&args);
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(said.contains("cannot be used with"), "{args:?}: {said}");
+    }
+}

@@ -49,6 +49,11 @@ fn status_shows_a_budgeted_process_with_its_figures_and_the_gpu() {
     for cell in ["1.00 GiB", "2.00 GiB", " 1 "] {
         assert!(row.contains(cell), "{cell:?} not in {row:?}");
     }
+    // The program by its file name and its arguments, not the start of a long path.
+    assert!(
+        row.ends_with("  client gpa alloc:1Gi alloc:4Gi sleep:20000"),
+        "{row:?}"
+    );
     assert!(table.contains("GPU 0 GPU-faceb00c"), "{table}");
 }
 
@@ -800,4 +805,23 @@ fn status_reads_the_device_plugins_containers_where_its_root_is_named() {
     assert_eq!(process["devices"][0]["limit_bytes"], 20 * GI, "{process}");
     let without = status_json(&node[..1]);
     assert!(find_process(&without, client.pid()).is_none(), "{without}");
+}
+
+#[test]
+fn a_runtime_directory_that_cannot_be_used_is_said_by_status_and_limit() {
+    // As `run` and `doctor` say it, rather than showing the default places instead.
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["limit", "--job", "j"],
+    ] {
+        let out = output(cudabudget(args).env("CUDABUDGET_RUNTIME_DIR", "relative"));
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.starts_with("cudabudget: CUDABUDGET_RUNTIME_DIR=\"relative\" cannot be used"),
+            "{args:?}: {said}"
+        );
+        assert!(stdout(&out).is_empty(), "{args:?}: {}", stdout(&out));
+    }
 }

@@ -455,8 +455,9 @@ fn a_job_name_in_two_namespaces_is_two_ledgers_and_a_pod_reaches_only_its_namesp
         assert!(ledger.is_file(), "{}: no ledger", ledger.display());
     }
 
-    // Pod B's `limit --job train` is its own namespace's job.
-    let out = b.cli(&["limit", "--job", "train", "0"]);
+    // Pod B's `limit --job train` is its own namespace's job (one byte: were it A's, A's
+    // next allocation would be refused).
+    let out = b.cli(&["limit", "--job", "train", "1"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     std::fs::write(&go, b"").unwrap();
     assert!(trainer.line("waitfile").contains("rc=0"));

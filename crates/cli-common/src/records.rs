@@ -137,11 +137,8 @@ fn child_dir(parent: &Dir, name: &str, skipped: &mut Vec<String>) -> Option<Dir>
 /// (read from this environment's `CUDABUDGET_RUNTIME_DIR`, `XDG_RUNTIME_DIR` and `HOME`
 /// only, so that an unrelated bad variable does not stop `status`).
 pub fn runtime_dirs() -> Vec<PathBuf> {
-    let relevant = std::env::vars_os().filter(|(name, _)| {
-        name == RUNTIME_DIR_VARIABLE || name == "XDG_RUNTIME_DIR" || name == "HOME"
-    });
-    match Config::from_vars_os(relevant) {
-        Ok(config) => config.runtime_dirs,
+    match runtime_dirs_as_set() {
+        Ok(dirs) => dirs,
         // A bad CUDABUDGET_RUNTIME_DIR: the library refuses to run under it, so nothing
         // published there; the default place still holds other processes' records.
         Err(_) => Config::from_vars_os(
@@ -150,6 +147,18 @@ pub fn runtime_dirs() -> Vec<PathBuf> {
         .map(|config| config.runtime_dirs)
         .unwrap_or_else(|_| vec![PathBuf::from(DEFAULT_RUNTIME_DIR)]),
     }
+}
+
+/// [`runtime_dirs`] as this environment sets them, or what is wrong with its
+/// `CUDABUDGET_RUNTIME_DIR` (the line `run` would refuse it with): a user's command says
+/// so, where a node service reads the default places instead.
+pub fn runtime_dirs_as_set() -> Result<Vec<PathBuf>, String> {
+    let relevant = std::env::vars_os().filter(|(name, _)| {
+        name == RUNTIME_DIR_VARIABLE || name == "XDG_RUNTIME_DIR" || name == "HOME"
+    });
+    Config::from_vars_os(relevant)
+        .map(|config| config.runtime_dirs)
+        .map_err(|error| error.problem())
 }
 
 pub fn euid() -> u32 {

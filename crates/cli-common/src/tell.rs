@@ -29,6 +29,35 @@ pub fn say(message: impl std::fmt::Display) {
     eprintln!("cudabudget: {message}");
 }
 
+/// Why a budget of 0 bytes is refused (`run --limit 0`, `limit … 0`): it would refuse
+/// every allocation, which is never what a budget is set for, and HAMi's 0 means the
+/// opposite, no budget (an operator used to it would stop a job meaning to free it).
+pub const ZERO_BUDGET: &str =
+    "a budget of 0 bytes would refuse every allocation (HAMi's 0 means no budget)";
+
+/// A command's status when its output could not be written.
+pub const EXIT_OUTPUT_FAILED: u8 = 1;
+
+/// Writes `text` to stdout, at once. A write that fails (a full disk, a closed
+/// descriptor) is a refusal naming the error ([`EXIT_OUTPUT_FAILED`]), never a panic
+/// nor a success with the output lost. A reader that went away is no such failure: the
+/// default SIGPIPE, which the commands keep, ends the process first, as it ends `cat`.
+pub fn print(text: &str) -> Result<(), Refusal> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|error| Refusal {
+            message: format!("cannot write the output: {error}"),
+            status: EXIT_OUTPUT_FAILED,
+        })
+}
+
+/// [`print`] of one line: `outln(format_args!(…))?` where `println!` would panic.
+pub fn outln(line: std::fmt::Arguments<'_>) -> Result<(), Refusal> {
+    print(&format!("{line}\n"))
+}
+
 /// clap's own messages, in this style: "cudabudget: unexpected argument …" with clap's
 /// tip (the option that was probably meant) and usage below, then `status`; help and
 /// the version as clap prints them.

@@ -16,7 +16,7 @@ use crate::status::bytes;
 use cudabudget_cli_common::gpu::{Cuda, CudaDevice, Nvml, cuda_error};
 use cudabudget_cli_common::preload::PRELOAD_BEFORE;
 use cudabudget_cli_common::records;
-use cudabudget_cli_common::tell::Refusal;
+use cudabudget_cli_common::tell::{Refusal, outln};
 use cudabudget_spec::config;
 
 pub const AFTER_HELP: &str = "Checks, in order: driver (libcuda.so.1 and its version), \
@@ -24,7 +24,8 @@ devices, nvml, library (found, and loads when preloaded into a child), glibc (th
 system's against what the library needs), configuration (the budget this environment \
 gives each visible device), pid-namespace, runtime-dir (where the records status and \
 the exporter read go, and what is in the way), job-ledger (where a job's ledger goes, what is in the way, and \
-whether this environment's job ledger is damaged), mps, and interposition (a child under a 64 MiB budget asks for \
+whether this environment's job ledger is damaged), budgets (whether the budgets on a GPU \
+add up to more than it has: a budget is a cap, not a reservation), mps, and interposition (a child under a 64 MiB budget asks for \
 256 MiB and must be refused).
 
 Exit status: 0 when nothing failed (warnings included), 1 otherwise; every failed \
@@ -115,7 +116,7 @@ pub fn doctor(args: DoctorArgs) -> Result<ExitCode, Refusal> {
     let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
     if args.json {
         let report = json!({ "ok": failed == 0, "checks": checks });
-        println!("{report}");
+        outln(format_args!("{report}"))?;
     } else {
         for check in &checks {
             let status = match check.status {
@@ -124,22 +125,25 @@ pub fn doctor(args: DoctorArgs) -> Result<ExitCode, Refusal> {
                 Status::Fail => "FAIL",
                 Status::Skip => "skip",
             };
-            println!("{status:<5} {:<14} {}", check.name, check.summary);
+            outln(format_args!(
+                "{status:<5} {:<14} {}",
+                check.name, check.summary
+            ))?;
             if let Some(remedy) = &check.remedy {
-                println!("{:<20} -> {remedy}", "");
+                outln(format_args!("{:<20} -> {remedy}", ""))?;
             }
         }
         if failed == 0 {
-            println!("no problems found");
+            outln(format_args!("no problems found"))?;
         } else {
-            println!("{failed} problem(s):");
+            outln(format_args!("{failed} problem(s):"))?;
             for check in checks.iter().filter(|c| c.status == Status::Fail) {
-                println!(
+                outln(format_args!(
                     "  {}: {}; {}",
                     check.name,
                     check.summary,
                     check.remedy.as_deref().unwrap_or("see above")
-                );
+                ))?;
             }
         }
     }
@@ -290,8 +294,8 @@ fn library_check(found: &mut Found) -> Check {
         Ok(library) => library,
         Err(refusal) => {
             return Check::new("library", Status::Fail, refusal.message).remedy(
-                "set CUDABUDGET_LIB to libcudabudget.so, or put it next to this binary \
-                 (cudabudget install DIR)",
+                "install this CLI and the library together where only you or root can change \
+                 them (cudabudget install DIR), or set CUDABUDGET_LIB to such a copy",
             );
         }
     };

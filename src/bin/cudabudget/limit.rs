@@ -35,7 +35,7 @@ use cudabudget_spec::place::{self, Access, Create, Dir, FileOpen, PlaceError};
 use cudabudget_spec::quantity::{Limit, format_bytes, parse_limit};
 
 use cudabudget_cli_common::records;
-use cudabudget_cli_common::tell::{Refusal, usage};
+use cudabudget_cli_common::tell::{Refusal, ZERO_BUDGET, outln, usage};
 
 pub const AFTER_HELP: &str = "Without SIZE, prints the budget in force; with it, changes \
 it while the job or process runs. A job's budget is its ledger's (the first member's \
@@ -61,13 +61,14 @@ Examples:
   cudabudget limit --pid 4242 40Gi";
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("whose").required(true).args(["job", "pid"])))]
 pub struct LimitArgs {
     /// The job (CUDABUDGET_SCOPE=job:NAME) whose budget to show or change.
-    #[arg(long, value_name = "NAME", required_unless_present = "pid")]
+    #[arg(long, value_name = "NAME")]
     job: Option<String>,
 
     /// The budgeted process (not a job's member) whose budget to show or change.
-    #[arg(long, value_name = "PID", conflicts_with = "job")]
+    #[arg(long, value_name = "PID")]
     pid: Option<u32>,
 
     /// Only this device (the ordinal the processes use); default: every budgeted one.
@@ -75,15 +76,15 @@ pub struct LimitArgs {
     device: Option<u32>,
 
     /// As root: whose job it is (default: the one user with a job of that name).
-    #[arg(long, value_name = "UID", requires = "job")]
+    #[arg(long, value_name = "UID", conflicts_with = "pid")]
     uid: Option<u32>,
 
     /// The Kubernetes namespace whose job it is: its directory in the job directory
     /// (`namespaces/NAMESPACE`, the webhook's mount for the namespace's pods).
-    #[arg(long, value_name = "NAMESPACE", requires = "job")]
+    #[arg(long, value_name = "NAMESPACE", conflicts_with = "pid")]
     namespace: Option<String>,
 
-    /// The new budget: a size such as 20Gi or 512Mi (a percentage is not accepted here).
+    /// The new budget: a size such as 20Gi or 512Mi (not 0, nor a percentage).
     size: Option<String>,
 }
 
@@ -96,6 +97,8 @@ fn refused(message: impl Into<String>) -> Refusal {
 }
 
 pub fn limit(args: LimitArgs) -> Result<ExitCode, Refusal> {
+    // A bad CUDABUDGET_RUNTIME_DIR is said, not passed over for the default places.
+    records::runtime_dirs_as_set().map_err(usage)?;
     if args.device.is_some_and(|d| d as usize >= job_file::DEVICES) {
         return Err(usage(format!(
             "--device {}: devices are numbered 0 to {}",
@@ -106,6 +109,12 @@ pub fn limit(args: LimitArgs) -> Result<ExitCode, Refusal> {
     let size = match args.size.as_deref() {
         None => None,
         Some(text) => match parse_limit(text) {
+            Ok(Limit::Bytes(0)) => {
+                return Err(usage(format!(
+                    "{text:?}: {ZERO_BUDGET}; give a size such as 8Gi (one under what is in \
+                     use already refuses every new allocation until the use drops below it)"
+                )));
+            }
             Ok(Limit::Bytes(bytes)) => Some(bytes),
             Ok(Limit::Percent(_)) => {
                 return Err(usage(format!(
@@ -526,7 +535,7 @@ fn job_limit(
             match seen.budget(d) {
                 Some(budget) => {
                     shown += 1;
-                    println!(
+                    outln(format_args!(
                         "job {job} device {d}: budget {}, {} in use{}",
                         format_bytes(budget),
                         format_bytes(used),
@@ -535,19 +544,21 @@ fn job_limit(
                         } else {
                             ""
                         }
-                    );
+                    ))?;
                 }
-                None => println!("job {job} device {d}: no budget set yet"),
+                None => outln(format_args!("job {job} device {d}: no budget set yet"))?,
             }
         }
         if shown == 0 && device.is_none() {
-            println!("job {job}: no budget set yet (its members have not allocated)");
+            outln(format_args!(
+                "job {job}: no budget set yet (its members have not allocated)"
+            ))?;
         }
-        println!(
+        outln(format_args!(
             "job {job}: {} members; ledger {}",
             seen.members(),
             ledger.path.display()
-        );
+        ))?;
         return Ok(ExitCode::SUCCESS);
     };
     // With no device named and none set yet: every device.
@@ -569,7 +580,7 @@ fn job_limit(
             continue;
         }
         let used = now.used(d);
-        println!(
+        outln(format_args!(
             "job {job} device {d}: budget {} -> {}, {} in use{}",
             previous.map_or_else(|| "none".to_string(), format_bytes),
             format_bytes(bytes),
@@ -579,7 +590,7 @@ fn job_limit(
             } else {
                 ""
             }
-        );
+        ))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -637,17 +648,22 @@ fn owner_of(pid: u32) -> Option<u32> {
 
 /// Process `pid` of this PID namespace as its record names it: its pid in its own
 /// (innermost) PID namespace and that namespace's inode. A pod's process, seen from the
-/// node, has another pid inside the pod.
-fn record_identity(pid: u32) -> Option<(u32, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+/// node, has another pid inside the pod. Why not, in words: gone, or its namespace
+/// cannot be read (`/proc/PID/ns` asks for the right to trace the process).
+fn record_identity(pid: u32) -> Result<(u32, u64), String> {
+    let gone = |e: std::io::Error| format!("no process {pid} ({e})");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(gone)?;
     let inner = status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
         .and_then(|l| l.split_whitespace().last()?.parse().ok())
         .unwrap_or(pid);
-    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
-    let namespace = cudabudget_spec::record::namespace_inode(&link.to_string_lossy())?;
-    Some((inner, namespace))
+    let path = format!("/proc/{pid}/ns/pid");
+    let link = std::fs::read_link(&path)
+        .map_err(|e| format!("process {pid}: cannot read its PID namespace ({path}: {e})"))?;
+    let namespace = cudabudget_spec::record::namespace_inode(&link.to_string_lossy())
+        .ok_or_else(|| format!("process {pid}: {path} is not a PID namespace"))?;
+    Ok((inner, namespace))
 }
 
 /// Whether process `pid` runs (exists and is not a zombie).
@@ -674,9 +690,7 @@ fn process_limit(pid: u32, device: Option<u32>, size: Option<u64>) -> Result<Exi
         )));
     }
     let roots = records::runtime_dirs();
-    let Some((inner, namespace)) = record_identity(pid) else {
-        return Err(refused(format!("no process {pid}")));
-    };
+    let (inner, namespace) = record_identity(pid).map_err(refused)?;
     let find = || {
         records::scan(&roots).processes.into_iter().find(|shown| {
             shown.record.pid == inner
@@ -700,7 +714,7 @@ fn process_limit(pid: u32, device: Option<u32>, size: Option<u64>) -> Result<Exi
     };
     let Some(bytes) = size else {
         for d in shown.record.devices.iter().filter(on) {
-            println!(
+            outln(format_args!(
                 "pid {pid} device {}: budget {}, {} in use{}",
                 d.ordinal,
                 format_bytes(d.budget),
@@ -710,7 +724,7 @@ fn process_limit(pid: u32, device: Option<u32>, size: Option<u64>) -> Result<Exi
                 } else {
                     ""
                 }
-            );
+            ))?;
         }
         return Ok(ExitCode::SUCCESS);
     };
@@ -739,7 +753,7 @@ fn process_limit(pid: u32, device: Option<u32>, size: Option<u64>) -> Result<Exi
     loop {
         let now = find();
         if now.is_none() && !running(pid) {
-            println!("pid {pid} ended");
+            outln(format_args!("pid {pid} ended"))?;
             return Ok(ExitCode::SUCCESS);
         }
         let done = now.as_ref().is_some_and(|s| {
@@ -752,7 +766,7 @@ fn process_limit(pid: u32, device: Option<u32>, size: Option<u64>) -> Result<Exi
         if done || Instant::now() >= deadline {
             let shown = now.unwrap_or(shown);
             for d in shown.record.devices.iter().filter(on) {
-                println!(
+                outln(format_args!(
                     "pid {pid} device {}: budget {}{}, {} in use{}",
                     d.ordinal,
                     format_bytes(d.budget),
@@ -767,7 +781,7 @@ fn process_limit(pid: u32, device: Option<u32>, size: Option<u64>) -> Result<Exi
                     } else {
                         ""
                     }
-                );
+                ))?;
             }
             return Ok(if done {
                 ExitCode::SUCCESS

@@ -15,7 +15,9 @@ use std::process::Command;
 use clap::Args;
 
 use crate::library;
-use cudabudget_cli_common::tell::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, say, usage};
+use cudabudget_cli_common::tell::{
+    EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Refusal, ZERO_BUDGET, say, usage,
+};
 use cudabudget_spec::{config, quantity};
 
 /// `run`'s own failures, bad options and usage included: the command did not run.
@@ -23,8 +25,9 @@ pub const EXIT_RUN_FAILED: u8 = 125;
 
 const QUANTITY_EXAMPLES: &str = "examples: 20Gi, 512Mi, 8GB, 40%";
 
-pub const AFTER_HELP: &str = "Quantities: bytes, Ki Mi Gi Ti (1024^n), k M G T (1000^n), \
-KiB/kB spellings of the same units, or a percentage of the device (40%).
+pub const AFTER_HELP: &str = "Quantities: bytes, Ki Mi Gi Ti Pi Ei (1024^n), k M G T P E \
+(1000^n), KiB/kB spellings of the same units, fractions (1.5Gi), or a percentage of the \
+device (40%).
 
 The command starts after `--` or at the first argument that is not an option; a \
 mistyped option is an error, never the command.
@@ -52,11 +55,13 @@ Examples:
 #[derive(Args)]
 pub struct RunArgs {
     /// Budget for every device: bytes, 20Gi, 512Mi, 8GB or 40%.
-    #[arg(long, value_name = "Q")]
+    // A value that starts with '-' is the budget's (`--limit -1G` is refused as negative,
+    // not taken for an option).
+    #[arg(long, value_name = "Q", allow_hyphen_values = true)]
     limit: Option<String>,
 
     /// Budget for device ordinal N (as CMD numbers devices); overrides --limit there.
-    #[arg(long = "limit-device", value_name = "N=Q")]
+    #[arg(long = "limit-device", value_name = "N=Q", allow_hyphen_values = true)]
     limit_device: Vec<String>,
 
     /// Who shares the budget: "process" (the default: this process alone) or
@@ -137,9 +142,9 @@ fn refusal(args: RunArgs) -> Refusal {
         }
         Ok(config) => {
             if let Some(variable) = zero_budget(&config) {
-                return usage(format!("{variable}=0: {ZERO_BUDGET}; nothing was run"));
+                return usage(format!("{variable}=0: {}; nothing was run", zero_for_run()));
             }
-            if let Some(warning) = below_a_context(&config) {
+            if let Some(warning) = below_a_context(&config, &variables) {
                 say(warning);
             }
             // Beside a budget an unknown name is ignored (a newer release's, or a typo
@@ -185,11 +190,16 @@ fn refusal(args: RunArgs) -> Refusal {
 fn budget_variables(args: &RunArgs) -> Result<Vec<(String, String)>, Refusal> {
     let mut variables = Vec::new();
     if let Some(quantity) = &args.limit {
-        check_quantity("--limit", quantity)?;
+        check_quantity("--limit", quantity, quantity)?;
         variables.push((config::LIMIT.to_string(), quantity.clone()));
     }
     let mut devices = Vec::new();
     for option in &args.limit_device {
+        if option.starts_with("--") {
+            return Err(usage(format!(
+                "--limit-device needs a value before {option:?} (e.g. --limit-device 1=8Gi)"
+            )));
+        }
         let Some((ordinal, quantity)) = option.split_once('=') else {
             return Err(usage(format!(
                 "--limit-device {option:?}: expected N=Q, a device ordinal and a quantity \
@@ -208,7 +218,7 @@ fn budget_variables(args: &RunArgs) -> Result<Vec<(String, String)>, Refusal> {
                 "--limit-device {option:?}: device {device} is given more than once"
             )));
         }
-        check_quantity("--limit-device", quantity)?;
+        check_quantity("--limit-device", option, quantity)?;
         devices.push(device);
         variables.push((format!("{}_{device}", config::LIMIT), quantity.to_string()));
     }
@@ -225,22 +235,31 @@ fn budget_variables(args: &RunArgs) -> Result<Vec<(String, String)>, Refusal> {
     Ok(variables)
 }
 
-fn check_quantity(option: &str, quantity: &str) -> Result<(), Refusal> {
+/// `quantity`, the value of `option` as given (`given`: all of it, `1=8Gi` for
+/// `--limit-device`), if it is a budget `run` accepts.
+fn check_quantity(option: &str, given: &str, quantity: &str) -> Result<(), Refusal> {
+    if given.starts_with("--") {
+        // `--limit --scope …`: the value was left out (the option takes what starts with
+        // '-', so that `--limit -1G` is refused as negative).
+        return Err(usage(format!(
+            "{option} needs a value before {given:?} ({QUANTITY_EXAMPLES})"
+        )));
+    }
     match quantity::parse_limit(quantity) {
         Ok(quantity::Limit::Bytes(0)) => {
-            Err(usage(format!("{option} {quantity:?}: {ZERO_BUDGET}")))
+            Err(usage(format!("{option} {given:?}: {}", zero_for_run())))
         }
         Ok(_) => Ok(()),
         Err(e) => Err(usage(format!(
-            "{option} {quantity:?}: {e} ({QUANTITY_EXAMPLES})"
+            "{option} {given:?}: {e} ({QUANTITY_EXAMPLES})"
         ))),
     }
 }
 
-/// Why `run` refuses a budget of 0 bytes: it would refuse every allocation, which is
-/// never what a command is run for (and HAMi's 0 means the opposite, no budget).
-const ZERO_BUDGET: &str = "a budget of 0 bytes would refuse every allocation (HAMi's 0 \
-    means no budget); give a size such as 8Gi, or leave the budget out to run unbudgeted";
+/// `run`'s refusal of a budget of 0 bytes ([`ZERO_BUDGET`]), and what to do instead.
+fn zero_for_run() -> String {
+    format!("{ZERO_BUDGET}; give a size such as 8Gi, or leave the budget out to run unbudgeted")
+}
 
 /// The budget variable that sets a budget of 0 bytes, if one does.
 fn zero_budget(config: &config::Config) -> Option<String> {
@@ -261,16 +280,28 @@ const SMALLEST_CONTEXT: u64 = 256 << 20;
 /// A warning for a budget in bytes smaller than a context: the context alone (charged
 /// at its creation) leaves nothing, so the command's first allocations are refused. A
 /// warning, not a refusal: a command may mean to show exactly that.
-fn below_a_context(config: &config::Config) -> Option<String> {
+/// The budget is named as the user gave it: the option (`--limit "100Mi"`) when `run`'s
+/// own `from_options` set its variable, else the inherited variable.
+fn below_a_context(config: &config::Config, from_options: &[(String, String)]) -> Option<String> {
     let small = |limit: &quantity::Limit| matches!(limit, quantity::Limit::Bytes(b) if *b < SMALLEST_CONTEXT);
-    let variable = if config.default_limit.as_ref().is_some_and(small) {
-        config::LIMIT.to_string()
+    let (variable, device) = if config.default_limit.as_ref().is_some_and(small) {
+        (config::LIMIT.to_string(), None)
     } else {
         let (device, _) = config.device_limits.iter().find(|(_, l)| small(l))?;
-        format!("{}_{device}", config::LIMIT)
+        (format!("{}_{device}", config::LIMIT), Some(*device))
+    };
+    let named = match (
+        from_options.iter().find(|(name, _)| *name == variable),
+        device,
+    ) {
+        (None, _) => variable,
+        (Some((_, value)), None) => format!("--limit {value:?}"),
+        (Some((_, value)), Some(device)) => {
+            format!("--limit-device {:?}", format!("{device}={value}"))
+        }
     };
     Some(format!(
-        "{variable} is less than a CUDA context takes (0.5 GiB on an H200; the context is \
+        "{named} is less than a CUDA context takes (0.5 GiB on an H200; the context is \
          charged to the budget): the command's first allocations will be refused"
     ))
 }

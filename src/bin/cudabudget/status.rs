@@ -2,7 +2,7 @@
 //! device, with each GPU's physical total and use where NVML can say.
 
 use std::collections::BTreeSet;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -10,7 +10,8 @@ use clap::Args;
 
 use cudabudget_cli_common::figures::{JobJson, StatusJson, collect};
 use cudabudget_cli_common::gpu::Nvml;
-use cudabudget_cli_common::tell::{Refusal, usage};
+use cudabudget_cli_common::records;
+use cudabudget_cli_common::tell::{Refusal, print, usage};
 
 pub const AFTER_HELP: &str = "Shows the processes that run under a budget and publish \
 their figures (every budgeted process does, within 0.2 s), for this user, or for every \
@@ -52,6 +53,8 @@ pub struct StatusArgs {
 }
 
 pub fn status(args: StatusArgs) -> Result<ExitCode, Refusal> {
+    // A bad CUDABUDGET_RUNTIME_DIR is said, not passed over for the default places.
+    records::runtime_dirs_as_set().map_err(usage)?;
     let interval = match args.watch {
         None => None,
         Some(seconds) if seconds.is_finite() && seconds >= 0.1 => {
@@ -67,8 +70,7 @@ pub fn status(args: StatusArgs) -> Result<ExitCode, Refusal> {
     let clear = interval.is_some() && !args.json && std::io::stdout().is_terminal();
     loop {
         let status = collect(nvml.as_ref());
-        let mut out = std::io::stdout().lock();
-        let text = if args.json {
+        let mut text = if args.json {
             let mut line = terminal_safe_json(serde_json::to_string(&status).unwrap_or_default());
             line.push('\n');
             line
@@ -76,16 +78,10 @@ pub fn status(args: StatusArgs) -> Result<ExitCode, Refusal> {
             table(&status)
         };
         if clear {
-            let _ = out.write_all(b"\x1b[H\x1b[2J");
+            text.insert_str(0, "\x1b[H\x1b[2J");
         }
-        if out
-            .write_all(text.as_bytes())
-            .and_then(|()| out.flush())
-            .is_err()
-        {
-            return Ok(ExitCode::SUCCESS); // the reader went away (`| head`)
-        }
-        drop(out);
+        // A reader that went away (`| head`) ends the process by SIGPIPE (main.rs).
+        print(&text)?;
         match interval {
             Some(interval) => std::thread::sleep(interval),
             None => return Ok(ExitCode::SUCCESS),
@@ -108,6 +104,16 @@ pub fn bytes(n: u64) -> String {
     format!("{:.2} {}", n as f64 / scale as f64, UNITS[unit])
 }
 
+/// A command as the table shows it: its program by file name (`--json` keeps the path),
+/// so that the program and its first arguments fit the column.
+fn short_command(command: &str) -> &str {
+    let program = command.split(' ').next().unwrap_or_default();
+    match program.rfind('/') {
+        Some(slash) if slash + 1 < program.len() => &command[slash + 1..],
+        _ => command,
+    }
+}
+
 fn table(status: &StatusJson) -> String {
     let mut rows: Vec<[String; 9]> = vec![[
         "JOB".into(),
@@ -122,7 +128,7 @@ fn table(status: &StatusJson) -> String {
     ]];
     for p in &status.processes {
         let job = p.job.as_deref().map_or_else(|| "-".into(), escape);
-        let mut command = escape(&p.command);
+        let mut command = escape(short_command(&p.command));
         if let Some(pod) = &p.pod {
             let namespace = p.namespace.as_deref().map_or_else(|| "-".into(), escape);
             command = format!("[{namespace}/{}] {command}", escape(pod));
