@@ -30,6 +30,12 @@ fn main() {
     println!("cargo:rerun-if-env-changed=RUSTC_WORKSPACE_WRAPPER");
     println!("cargo:rerun-if-env-changed=CUDABUDGET_NO_EMBED");
     println!("cargo:rerun-if-env-changed={NESTED}");
+    // The triple this build is for: the tests' nested builds (tests/util/cargo.rs) tell a
+    // `--target` build's directory (<target>/<triple>/<profile>) by it.
+    println!(
+        "cargo:rustc-env=CB_BUILD_TARGET={}",
+        env::var("TARGET").unwrap_or_default()
+    );
     if env::var_os(NESTED).is_some()
         || env::var_os("CARGO_FEATURE_CLI").is_none()
         || env::var_os("CUDABUDGET_NO_EMBED").is_some_and(|v| v == "1")

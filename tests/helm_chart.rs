@@ -950,19 +950,6 @@ fn post_tls(address: &str, ca_pem: &[u8], server_name: &str, path: &str, body: &
     String::from_utf8_lossy(&response).into_owned()
 }
 
-/// The library cargo built for this run (beside this test executable, in `deps/`).
-fn built_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().expect("its directory");
-    [
-        dir.join("libcudabudget.so"),
-        dir.join("../libcudabudget.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .unwrap_or_else(|| panic!("no libcudabudget.so near {}", dir.display()))
-}
-
 /// The installer's script as rendered, with the container's paths moved under `root`
 /// (the image's /opt/cudabudget and the node's three directories), run by `sh`.
 fn run_installer(script: &str, root: &Path) -> Output {
@@ -991,7 +978,7 @@ fn the_installer_writes_each_version_whole_and_switches_current_by_rename() {
     let image = root.join("image");
     std::fs::create_dir_all(&image).unwrap();
     std::fs::copy(CLI, image.join("cudabudget")).unwrap();
-    std::fs::copy(built_library(), image.join("libcudabudget.so")).unwrap();
+    std::fs::copy(crate::util::lib_path(), image.join("libcudabudget.so")).unwrap();
     std::fs::copy(
         repo().join("deploy/docker/entrypoint.sh"),
         image.join("entrypoint.sh"),
@@ -1094,7 +1081,7 @@ fn the_installer_writes_each_version_whole_and_switches_current_by_rename() {
     assert!(out.status.success(), "{}", text_of(&out));
     assert_eq!(
         std::fs::read(library.join("0.3.0/libcudabudget.so")).unwrap(),
-        std::fs::read(built_library()).unwrap()
+        std::fs::read(crate::util::lib_path()).unwrap()
     );
     assert!(!library.join(".0.3.0.partial").exists());
 }

@@ -332,19 +332,6 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// The library cargo built for this run (beside this test executable, in `deps/`).
-fn built_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().expect("its directory");
-    [
-        dir.join("libcudabudget.so"),
-        dir.join("../libcudabudget.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .unwrap_or_else(|| panic!("no libcudabudget.so near {}", dir.display()))
-}
-
 /// Places `from` at `to`: a hard link where possible (never open for writing, so no
 /// ETXTBSY when it is executed while another test thread forks), else a copy.
 fn place(from: &Path, to: &Path) {
@@ -363,7 +350,7 @@ fn install_dir(test: &str, with_library: bool) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     place(Path::new(CLI), &dir.join("cudabudget"));
     if with_library {
-        place(&built_library(), &dir.join("libcudabudget.so"));
+        place(&crate::util::lib_path(), &dir.join("libcudabudget.so"));
     }
     std::fs::copy(
         deploy().join("docker/entrypoint.sh"),

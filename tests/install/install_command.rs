@@ -347,6 +347,50 @@ fn a_cache_directory_linked_to_a_place_of_ours_is_used_without_a_word() {
     }
 }
 
+#[test]
+#[cfg_attr(
+    not(cudabudget_embed),
+    ignore = "this build does not carry the library (the build script must set cfg(cudabudget_embed))"
+)]
+fn a_cache_place_that_is_a_file_is_named_and_the_next_place_is_used() {
+    #[cfg(cudabudget_embed)]
+    {
+        let (dir, bin) = bare_cli("bare-cache-file");
+        let home = dir.join("home");
+        let file = dir.join("cache-file");
+        std::fs::write(&file, b"not a directory").unwrap();
+        let mut command = bare(
+            &bin,
+            &home,
+            &[
+                "run",
+                "--limit",
+                "1Gi",
+                "--",
+                "sh",
+                "-c",
+                "echo $LD_PRELOAD",
+            ],
+        );
+        command.env("XDG_CACHE_HOME", &file);
+        let out = output(&mut command);
+        let said = stderr(&out);
+        assert!(out.status.success(), "{said}");
+        let file = std::fs::canonicalize(&file).unwrap();
+        assert!(
+            said.starts_with(&format!("cudabudget: {}: Not a directory", file.display())),
+            "{said}"
+        );
+        // The next place: $HOME/.cache.
+        let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
+        assert!(
+            preloaded.starts_with(std::fs::canonicalize(&home).unwrap().join(".cache")),
+            "{preloaded:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// Asserts `install DIR` was refused (125, one line naming `open` and saying `words`)
 /// and wrote nothing.
 fn assert_install_refused(dir: &Path, open: &Path, words: &str) {

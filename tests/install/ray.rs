@@ -72,19 +72,6 @@ fn ray_venv() -> Option<PathBuf> {
     None
 }
 
-/// The library cargo built for this run (beside this test executable, in `deps/`).
-fn built_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().expect("its directory");
-    [
-        dir.join("libcudabudget.so"),
-        dir.join("../libcudabudget.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .unwrap_or_else(|| panic!("no libcudabudget.so near {}", dir.display()))
-}
-
 /// The first of a block of [`Ports::SPAN`] ports below the kernel's ephemeral range, each
 /// free now.
 fn free_ports() -> u16 {
@@ -584,7 +571,7 @@ fn ray_actors_sharing_one_gpu_on_a_second_node_each_see_and_are_held_to_their_ow
     let gpu_node = nodes.iter().find(|n| !n.1).expect("a second node");
     assert_eq!((head.2, gpu_node.2), (0.0, 1.0), "{nodes:?}");
 
-    let library = built_library();
+    let library = crate::util::lib_path();
     let (code, stdout, context) = cluster.recipe(&library, &["--budgets", "6Gi", "4Gi"]);
     let (reports, verdicts) = reports(&stdout);
     assert_eq!(reports.len(), 2, "{context}");
@@ -663,7 +650,7 @@ fn ray_actors_and_tasks_whose_code_names_no_budget_get_the_share_of_the_gpu_ray_
     let Some(venv) = ray_venv() else { return };
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     install_cudabudget_ray(&venv);
-    let library = built_library();
+    let library = crate::util::lib_path();
     let cluster = Cluster::start(venv, "shares", Some(&library));
     let nodes = cluster.nodes();
     let gpu_node = nodes.iter().find(|n| !n.1).expect("a second node");
@@ -702,7 +689,7 @@ fn python_with_cudabudget_ray(script: &str, preload: bool) -> String {
         .env_remove("LD_PRELOAD")
         .env_remove("CUDABUDGET_LIMIT");
     if preload {
-        command.env("LD_PRELOAD", built_library());
+        command.env("LD_PRELOAD", crate::util::lib_path());
     }
     let out = command.output().expect("python3 runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

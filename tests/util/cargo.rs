@@ -8,16 +8,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The profile directory (`<target>/<profile>/`, or `<target>/<triple>/<profile>/`) this
-/// test or bench binary was built in.
+/// The profile directory (`<target>/<profile>/`, or `<target>/<triple>/<profile>/` for
+/// a `--target` build) of this build: the CLI's, which cargo puts there whatever
+/// directory the test binaries themselves are built in.
 pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().expect("a test binary has a directory");
-    if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.parent().expect("deps/ has a parent").to_path_buf()
-    } else {
-        dir.to_path_buf()
-    }
+    Path::new(env!("CARGO_BIN_EXE_cudabudget"))
+        .parent()
+        .expect("the CLI's directory")
+        .to_path_buf()
 }
 
 /// `cargo build --quiet ARGS…` into `profile_dir`'s profile and target directory; panics
@@ -36,11 +34,12 @@ pub fn build(profile_dir: &Path, args: &[&str], output: &Path) {
         .arg("--manifest-path")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
     command.args(["--profile", profile]);
-    let is_target_dir =
-        |dir: &Path| dir.join(".rustc_info.json").exists() || dir.join("CACHEDIR.TAG").exists();
+    // A `--target` build (on the command line or in cargo's configuration) lies under a
+    // directory named by its triple; it is built again for that triple, into the same
+    // target directory.
+    let triple = env!("CB_BUILD_TARGET");
     match above.parent() {
-        Some(target) if !is_target_dir(above) && is_target_dir(target) => {
-            let triple = above.file_name().expect("a target triple");
+        Some(target) if above.file_name().is_some_and(|name| name == triple) => {
             command
                 .arg("--target")
                 .arg(triple)

@@ -45,8 +45,8 @@ pub fn cli_at(bin: &Path, args: &[&str]) -> Command {
     command
 }
 
-/// The CLI cargo built, told where this run's library is (`cargo test` builds it into
-/// `deps/` only).
+/// The CLI cargo built, told where this run's library is ([`fresh_library`]: the one
+/// [`super::lib_path`] has built, not whatever lies beside the CLI).
 pub fn cudabudget(args: &[&str]) -> Command {
     let mut command = cli_at(Path::new(BIN), args);
     command.env("CUDABUDGET_LIB", fresh_library());

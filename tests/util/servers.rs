@@ -20,11 +20,10 @@ use std::time::{Duration, Instant};
 pub fn node_bin() -> &'static Path {
     static NODE: OnceLock<PathBuf> = OnceLock::new();
     NODE.get_or_init(|| {
-        let cli = Path::new(env!("CARGO_BIN_EXE_cudabudget"));
-        let profile_dir = cli.parent().expect("the CLI's directory");
+        let profile_dir = super::cargo::profile_dir();
         let node = profile_dir.join("cudabudget-node");
         super::cargo::build(
-            profile_dir,
+            &profile_dir,
             &["-p", "cudabudget-node", "--bin", "cudabudget-node"],
             &node,
         );

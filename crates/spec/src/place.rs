@@ -105,12 +105,19 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
 }
 
 /// The metadata of `name` in directory `dir`, without following a link.
-fn stat_nofollow(dir: RawFd, name: &CString) -> io::Result<libc::stat> {
+fn stat_nofollow(dir: BorrowedFd<'_>, name: &CString) -> io::Result<libc::stat> {
     // SAFETY: an all-zero `stat` is a valid value of a plain C struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `dir` is a live directory descriptor, `name` NUL-terminated and `st` a
+    // SAFETY: `dir` is a live descriptor (borrowed), `name` NUL-terminated and `st` a
     // valid out-pointer.
-    let rc = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -230,9 +237,8 @@ impl Dir {
             };
             walked.push(name);
             let cname = c_name(&walked, name)?;
-            let parent = fd.as_raw_fd();
             fd = openat(
-                parent,
+                fd.as_raw_fd(),
                 &cname,
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                 0,
@@ -240,17 +246,22 @@ impl Dir {
             .map_err(|e| match e.raw_os_error() {
                 // Not a directory (`install /etc/passwd`: the path was resolved, links
                 // and all, just before), or a link or other thing put there since.
-                Some(libc::ELOOP) | Some(libc::ENOTDIR) => match stat_nofollow(parent, &cname) {
-                    Ok(st)
-                        if !matches!(st.st_mode & libc::S_IFMT, libc::S_IFDIR | libc::S_IFLNK) =>
-                    {
-                        PlaceError::io(&walked, e)
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                    match stat_nofollow(fd.as_fd(), &cname) {
+                        Ok(st)
+                            if !matches!(
+                                st.st_mode & libc::S_IFMT,
+                                libc::S_IFDIR | libc::S_IFLNK
+                            ) =>
+                        {
+                            PlaceError::io(&walked, e)
+                        }
+                        _ => PlaceError::Untrusted {
+                            path: walked.clone(),
+                            why: "it changed while it was being checked".to_string(),
+                        },
                     }
-                    _ => PlaceError::Untrusted {
-                        path: walked.clone(),
-                        why: "it changed while it was being checked".to_string(),
-                    },
-                },
+                }
                 _ => PlaceError::io(&walked, e),
             })?;
             st = fstat(fd.as_fd()).map_err(|e| PlaceError::io(&walked, e))?;
@@ -471,7 +482,7 @@ impl Dir {
     /// The metadata of `name` in this directory, without following a link.
     pub fn stat_at(&self, name: &str) -> io::Result<libc::stat> {
         let cname = c_name(&self.path, OsStr::new(name)).map_err(io::Error::other)?;
-        stat_nofollow(self.fd.as_raw_fd(), &cname)
+        stat_nofollow(self.fd.as_fd(), &cname)
     }
 
     /// The path this directory was verified at (for messages, and for a path that must
@@ -501,7 +512,7 @@ impl Dir {
     }
 
     fn what_is(&self, name: &CString) -> String {
-        match stat_nofollow(self.fd.as_raw_fd(), name) {
+        match stat_nofollow(self.fd.as_fd(), name) {
             Ok(st) => describe(&st),
             Err(_) => "something that cannot be looked at".to_string(),
         }

@@ -105,7 +105,9 @@ pub fn bytes(n: u64) -> String {
 }
 
 /// A command as the table shows it: its program by file name (`--json` keeps the path),
-/// so that the program and its first arguments fit the column.
+/// so that the program and its first arguments fit the column. The record keeps no
+/// argument boundaries: a program path with a space in it shows from its last `/`
+/// before that space.
 fn short_command(command: &str) -> &str {
     let program = command.split(' ').next().unwrap_or_default();
     match program.rfind('/') {
