@@ -2,6 +2,7 @@
 //! when they are not.
 
 use crate::util::cli as util_cli;
+use crate::util::cli::RUN_PRINTING_PRELOAD;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -202,18 +203,7 @@ fn the_command_may_follow_without_a_double_dash() {
 
 #[test]
 fn an_existing_preload_is_kept_after_ours() {
-    let out = output(
-        cudabudget(&[
-            "run",
-            "--limit",
-            "1Gi",
-            "--",
-            "sh",
-            "-c",
-            "echo $LD_PRELOAD",
-        ])
-        .env("LD_PRELOAD", "/lib/other.so"),
-    );
+    let out = output(cudabudget(RUN_PRINTING_PRELOAD).env("LD_PRELOAD", "/lib/other.so"));
     // ld.so only warns about a missing preload, so the child still runs.
     assert!(out.status.success(), "{}", stderr(&out));
     let printed = stdout(&out);
@@ -227,18 +217,7 @@ fn an_existing_preload_is_kept_after_ours() {
 #[test]
 fn the_library_is_not_preloaded_twice() {
     let ours = fresh_library();
-    let out = output(
-        cudabudget(&[
-            "run",
-            "--limit",
-            "1Gi",
-            "--",
-            "sh",
-            "-c",
-            "echo $LD_PRELOAD",
-        ])
-        .env("LD_PRELOAD", &ours),
-    );
+    let out = output(cudabudget(RUN_PRINTING_PRELOAD).env("LD_PRELOAD", &ours));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), format!("{}\n", ours.display()));
 }
@@ -490,18 +469,7 @@ fn a_missing_cudabudget_lib_is_refused() {
 #[test]
 fn cudabudget_lib_names_the_library_to_preload() {
     let ours = fresh_library();
-    let out = output(
-        cudabudget(&[
-            "run",
-            "--limit",
-            "1Gi",
-            "--",
-            "sh",
-            "-c",
-            "echo $LD_PRELOAD",
-        ])
-        .env("CUDABUDGET_LIB", &ours),
-    );
+    let out = output(cudabudget(RUN_PRINTING_PRELOAD).env("CUDABUDGET_LIB", &ours));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), format!("{}\n", ours.display()));
 }

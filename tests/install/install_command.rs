@@ -3,8 +3,8 @@
 //! gives) works alone; `--version` names the commit.
 
 use crate::util::cli::{
-    BIN, cli_at, closed_scratch, cudabudget, fresh_library, library_for_a_newer_glibc, output,
-    scratch, stderr, stdout,
+    BIN, RUN_PRINTING_PRELOAD, cli_at, closed_scratch, cudabudget, fresh_library,
+    library_for_a_newer_glibc, output, scratch, stderr, stdout,
 };
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -45,18 +45,7 @@ fn install_writes_the_library_and_the_cli_and_prints_the_preload_line() {
     );
 
     // The installed CLI finds the library beside it.
-    let out = output(&mut cli_at(
-        &cli,
-        &[
-            "run",
-            "--limit",
-            "1Gi",
-            "--",
-            "sh",
-            "-c",
-            "echo $LD_PRELOAD",
-        ],
-    ));
+    let out = output(&mut cli_at(&cli, RUN_PRINTING_PRELOAD));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim_end(), library.to_str().unwrap());
     let _ = std::fs::remove_dir_all(dir.parent().unwrap().parent().unwrap());
@@ -201,19 +190,7 @@ fn a_cli_alone_writes_the_library_it_carries_once_and_runs_under_it() {
     {
         let (dir, bin) = bare_cli("bare-run");
         let home = dir.join("home");
-        let out = output(&mut bare(
-            &bin,
-            &home,
-            &[
-                "run",
-                "--limit",
-                "1Gi",
-                "--",
-                "sh",
-                "-c",
-                "echo $LD_PRELOAD",
-            ],
-        ));
+        let out = output(&mut bare(&bin, &home, RUN_PRINTING_PRELOAD));
         assert!(out.status.success(), "{}", stderr(&out));
         let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
         let cache = home.join(".cache/cudabudget");
@@ -309,6 +286,25 @@ fn install_refuses_a_directory_others_can_write() {
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
+/// What a CLI without a library beside it (`bin`, `$HOME` at `home`, `XDG_CACHE_HOME` at
+/// `cache` if given) preloads into `run --limit 1Gi`'s command, and what it said; the run
+/// must succeed.
+#[cfg(cudabudget_embed)]
+fn preloaded_by_a_bare_cli(
+    bin: &Path,
+    home: &Path,
+    cache: Option<&Path>,
+) -> (std::path::PathBuf, String) {
+    let mut command = bare(bin, home, RUN_PRINTING_PRELOAD);
+    if let Some(cache) = cache {
+        command.env("XDG_CACHE_HOME", cache);
+    }
+    let out = output(&mut command);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
+    (preloaded, stderr(&out))
+}
+
 #[test]
 #[cfg_attr(
     not(cudabudget_embed),
@@ -323,22 +319,8 @@ fn a_cache_directory_linked_to_a_place_of_ours_is_used_without_a_word() {
         std::fs::create_dir_all(&home).unwrap();
         std::fs::create_dir_all(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, home.join(".cache")).unwrap();
-        let out = output(&mut bare(
-            &bin,
-            &home,
-            &[
-                "run",
-                "--limit",
-                "1Gi",
-                "--",
-                "sh",
-                "-c",
-                "echo $LD_PRELOAD",
-            ],
-        ));
-        assert!(out.status.success(), "{}", stderr(&out));
-        assert!(stderr(&out).is_empty(), "{}", stderr(&out));
-        let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
+        let (preloaded, said) = preloaded_by_a_bare_cli(&bin, &home, None);
+        assert!(said.is_empty(), "{said}");
         assert!(
             preloaded.starts_with(std::fs::canonicalize(&elsewhere).unwrap()),
             "{preloaded:?}"
@@ -359,30 +341,13 @@ fn a_cache_place_that_is_a_file_is_named_and_the_next_place_is_used() {
         let home = dir.join("home");
         let file = dir.join("cache-file");
         std::fs::write(&file, b"not a directory").unwrap();
-        let mut command = bare(
-            &bin,
-            &home,
-            &[
-                "run",
-                "--limit",
-                "1Gi",
-                "--",
-                "sh",
-                "-c",
-                "echo $LD_PRELOAD",
-            ],
-        );
-        command.env("XDG_CACHE_HOME", &file);
-        let out = output(&mut command);
-        let said = stderr(&out);
-        assert!(out.status.success(), "{said}");
+        let (preloaded, said) = preloaded_by_a_bare_cli(&bin, &home, Some(&file));
         let file = std::fs::canonicalize(&file).unwrap();
         assert!(
             said.starts_with(&format!("cudabudget: {}: Not a directory", file.display())),
             "{said}"
         );
         // The next place: $HOME/.cache.
-        let preloaded = std::path::PathBuf::from(stdout(&out).trim_end());
         assert!(
             preloaded.starts_with(std::fs::canonicalize(&home).unwrap().join(".cache")),
             "{preloaded:?}"
@@ -469,19 +434,7 @@ fn a_cli_alone_never_writes_the_library_it_carries_under_a_directory_others_may_
         let runtime = dir.join("runtime");
         std::fs::create_dir(&runtime).unwrap();
         std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let mut command = bare(
-            &bin,
-            &home,
-            &[
-                "run",
-                "--limit",
-                "1Gi",
-                "--",
-                "sh",
-                "-c",
-                "echo $LD_PRELOAD",
-            ],
-        );
+        let mut command = bare(&bin, &home, RUN_PRINTING_PRELOAD);
         command
             .env("TMPDIR", &sticky)
             .env("XDG_RUNTIME_DIR", &runtime);

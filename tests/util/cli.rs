@@ -45,6 +45,17 @@ pub fn cli_at(bin: &Path, args: &[&str]) -> Command {
     command
 }
 
+/// `run` under a budget of 1 GiB of a command that prints the `LD_PRELOAD` it was given.
+pub const RUN_PRINTING_PRELOAD: &[&str] = &[
+    "run",
+    "--limit",
+    "1Gi",
+    "--",
+    "sh",
+    "-c",
+    "echo $LD_PRELOAD",
+];
+
 /// The CLI cargo built, told where this run's library is ([`fresh_library`]: the one
 /// [`super::lib_path`] has built, not whatever lies beside the CLI).
 pub fn cudabudget(args: &[&str]) -> Command {
