@@ -138,8 +138,14 @@ fn a_budget_of_zero_is_refused_and_the_jobs_budget_stays() {
             "{said}"
         );
     }
-    let shown = limit_ok(&["--job", "zero"]);
-    assert!(shown.contains("device 0: budget 1.00 GiB"), "{shown}");
+    for device in [&[][..], &["--device", "0"]] {
+        let mut args = vec!["--job", "zero"];
+        args.extend_from_slice(device);
+        let shown = limit_ok(&args);
+        assert!(shown.contains("device 0: budget 1.00 GiB"), "{shown}");
+        // A budget shown is one set: no word of none.
+        assert!(!shown.contains("no budget set yet"), "{shown}");
+    }
     done.go();
     let member = finish(member);
     assert_eq!(member.rc("alloc", 0), 0, "{member:?}");

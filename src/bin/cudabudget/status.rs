@@ -318,6 +318,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_table_names_a_program_by_its_file_name_and_keeps_its_arguments() {
+        for (command, shown) in [
+            (
+                "/usr/bin/python3 train.py --lr 1e-3",
+                "python3 train.py --lr 1e-3",
+            ),
+            ("/opt/tool", "tool"),
+            ("python3 -c print(1)", "python3 -c print(1)"),
+            // No name after the last slash: shown whole.
+            ("/opt/tool/ --flag", "/opt/tool/ --flag"),
+            ("/", "/"),
+            ("", ""),
+        ] {
+            assert_eq!(short_command(command), shown, "{command:?}");
+        }
+    }
+
+    #[test]
     fn text_is_escaped_for_a_terminal_and_json_keeps_its_values() {
         let text = "\x1b]0;pwned\x07 a\tb \u{7f}\u{9b}31m \u{202e}txt.exe é";
         assert_eq!(
