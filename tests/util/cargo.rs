@@ -1,7 +1,7 @@
 //! Builds of this workspace's outputs that `cargo test` does not make by itself: the
 //! library (a `cdylib` alone, which no test links, so cargo builds it for `cargo build`
 //! only) and the node services' binary (another package's). The first test to need one
-//! asks cargo for it, with the profile and target directory of the running test binary;
+//! asks cargo for it, with the profile and target directory of this build (the CLI's);
 //! cargo runs the tests after it has let go of the build directory, and an output that is
 //! up to date is answered at once.
 

@@ -306,8 +306,8 @@ fn write_to_cache(bytes: &[u8]) -> Result<(PathBuf, Option<String>), String> {
             Err(error) => {
                 // What is there and should not be (another's, open to others, a file
                 // where a directory belongs) is said; a place that does not exist is not.
-                let absent = matches!(&error, PlaceError::Io { error, .. }
-                    if error.kind() == std::io::ErrorKind::NotFound);
+                let absent = matches!(&error, PlaceError::Io { error: io, .. }
+                    if io.kind() == std::io::ErrorKind::NotFound);
                 if !absent {
                     in_the_way.push(error.to_string());
                 }

@@ -190,16 +190,13 @@ fn refusal(args: RunArgs) -> Refusal {
 fn budget_variables(args: &RunArgs) -> Result<Vec<(String, String)>, Refusal> {
     let mut variables = Vec::new();
     if let Some(quantity) = &args.limit {
+        value_given("--limit", quantity, "20Gi")?;
         check_quantity("--limit", quantity, quantity)?;
         variables.push((config::LIMIT.to_string(), quantity.clone()));
     }
     let mut devices = Vec::new();
     for option in &args.limit_device {
-        if option.starts_with("--") {
-            return Err(usage(format!(
-                "--limit-device needs a value before {option:?} (e.g. --limit-device 1=8Gi)"
-            )));
-        }
+        value_given("--limit-device", option, "1=8Gi")?;
         let Some((ordinal, quantity)) = option.split_once('=') else {
             return Err(usage(format!(
                 "--limit-device {option:?}: expected N=Q, a device ordinal and a quantity \
@@ -235,16 +232,21 @@ fn budget_variables(args: &RunArgs) -> Result<Vec<(String, String)>, Refusal> {
     Ok(variables)
 }
 
+/// Whether `option` was given a value: the budget options take one that starts with '-'
+/// (so that `--limit -1G` is refused as negative, not taken for an option), so an option
+/// in its place (`--limit --scope …`) means the value was left out.
+fn value_given(option: &str, value: &str, example: &str) -> Result<(), Refusal> {
+    if value.starts_with("--") {
+        return Err(usage(format!(
+            "{option} needs a value before {value:?} (e.g. {option} {example})"
+        )));
+    }
+    Ok(())
+}
+
 /// `quantity`, the value of `option` as given (`given`: all of it, `1=8Gi` for
 /// `--limit-device`), if it is a budget `run` accepts.
 fn check_quantity(option: &str, given: &str, quantity: &str) -> Result<(), Refusal> {
-    if given.starts_with("--") {
-        // `--limit --scope …`: the value was left out (the option takes what starts with
-        // '-', so that `--limit -1G` is refused as negative).
-        return Err(usage(format!(
-            "{option} needs a value before {given:?} ({QUANTITY_EXAMPLES})"
-        )));
-    }
     match quantity::parse_limit(quantity) {
         Ok(quantity::Limit::Bytes(0)) => {
             Err(usage(format!("{option} {given:?}: {}", zero_for_run())))
