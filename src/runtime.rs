@@ -171,6 +171,14 @@ impl DeviceCx {
         )
     }
 
+    /// The same device with `bytes` less of its budget in force.
+    pub fn less(&self, bytes: u64) -> DeviceCx {
+        DeviceCx {
+            budget: self.budget.saturating_sub(bytes),
+            ..*self
+        }
+    }
+
     /// The same device with the budget in force as the ledger holds it now: a request
     /// that waits looks again, since the budget may change meanwhile (`cudabudget limit`).
     pub fn looked_again(self) -> DeviceCx {

@@ -5,11 +5,21 @@
 //! charged as the device's overhead.
 //!
 //! NVML costs tens of milliseconds to start (its initialisation, then attaching to each
-//! GPU), and that work contends with the driver's own start in the kernel. So it runs on
-//! a thread of its own from `cuInit` on, and nothing on the program's threads waits for
-//! it at start-up: a context created before NVML is ready is charged by NVML's thread
-//! as soon as it is, and — the one wait, bounded — before the first allocation or view
-//! on that device if that comes sooner.
+//! GPU), and that work contends with the driver's own in the kernel: beside `cuInit` it
+//! made `cuInit` 9 ms slower on an H200, beside the first context's creation it made that
+//! 5 ms slower on an H100. So it runs on a thread of its own, and nothing on the
+//! program's threads waits for it at start-up where that can be helped:
+//! - Where the context's cost is known (measured for the model, or
+//!   `CUDABUDGET_CONTEXT_MEMORY`), NVML starts once the first context exists, and until
+//!   it has measured the context, the context is charged that estimate ([`estimate_of`]),
+//!   views show it, and an allocation is admitted at once only if it would also fit
+//!   beside a context twice that size ([`margin`]); one that would not waits (bounded)
+//!   for NVML's figure.
+//! - Elsewhere NVML starts at `cuInit`, and a context created before NVML is ready is
+//!   charged by NVML's thread as soon as it is, and — the one wait, bounded — before the
+//!   first allocation or view on that device if that comes sooner.
+//! - In a PID namespace the device's use must be read before the context, so NVML starts
+//!   at `cuInit` and the first context waits for it.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
@@ -57,12 +67,17 @@ static BEFORE_PIDS: Lock<Vec<(usize, Vec<u32>)>> = Lock::new(Vec::new());
 /// Device-wide use (NVML) before the device's first context; [`UNKNOWN`] until read.
 static BEFORE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(UNKNOWN) }; MAX_DEVICES];
 /// Where the charge of the device's first context stands: [`SETTLED`], [`PENDING`] (the
-/// context exists, NVML was not ready) or [`CHARGING`] (a thread is measuring it now).
-/// Admissions on the device wait until it is settled again.
+/// context exists, NVML was not ready; admissions wait), [`ESTIMATED`] (charged its
+/// estimate until NVML measures it; admissions keep a [`margin`]) or [`CHARGING`] (a
+/// thread is measuring it now; admissions wait).
 static CHARGE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(SETTLED) }; MAX_DEVICES];
 const SETTLED: u8 = 0;
 const PENDING: u8 = 1;
 const CHARGING: u8 = 2;
+const ESTIMATED: u8 = 3;
+/// While the device's first context is charged its estimate: that estimate again, which
+/// an admission leaves free beside what it reserves (0 otherwise).
+static MARGIN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Set by the cuInit hook once the driver is initialised.
 static DRIVER_READY: AtomicBool = AtomicBool::new(false);
 /// Set by NVML's thread once it has attached the budgeted devices: from then on a
@@ -70,15 +85,34 @@ static DRIVER_READY: AtomicBool = AtomicBool::new(false);
 static NVML_WARM: AtomicBool = AtomicBool::new(false);
 const UNKNOWN: u64 = u64::MAX;
 
-/// The program's `cuInit` succeeded.
-pub fn driver_ready() {
-    DRIVER_READY.store(true, Ordering::Release);
+/// The program's `cuInit` returned (`ok`: it succeeded). NVML starts now, on its own
+/// thread, unless the first device's context has a known cost and the process is not in
+/// a PID namespace: then once the first context exists ([`context_created`]).
+pub fn driver_initialised(cx: Cx, ok: bool) {
+    let later = ok && !in_pid_namespace() && known_cost(cx.config(), 0);
+    if !later {
+        nvml::prewarm(move |ok| nvml_ready(cx, ok));
+    }
+    if ok {
+        DRIVER_READY.store(true, Ordering::Release);
+    }
 }
 
-/// On NVML's thread, once NVML is initialised: waits for the driver, attaches each
-/// budgeted device, then charges the contexts created meanwhile. All of it off the
-/// program's threads, in the context of the `cuInit` that started it.
-pub fn nvml_ready(cx: Cx) {
+/// Whether a context's cost on CUDA ordinal `device` is known before NVML measures it:
+/// `CUDABUDGET_CONTEXT_MEMORY`, or measured for the device's model.
+fn known_cost(config: &crate::config::Config, device: usize) -> bool {
+    config.context_memory.is_some() || model_estimate(&device_name(device)).is_some()
+}
+
+/// On NVML's thread, once NVML's initialisation has ended (`ok`: NVML is there): waits
+/// for the driver, attaches each budgeted device, then charges the contexts created
+/// meanwhile. All of it off the program's threads. Without NVML, a context charged its
+/// estimate keeps it, and admissions no longer keep a margin for it.
+pub fn nvml_ready(cx: Cx, ok: bool) {
+    if !ok {
+        settle_all(cx);
+        return;
+    }
     let start = std::time::Instant::now();
     while !DRIVER_READY.load(Ordering::Acquire) {
         // Quick at first (cuInit is under way); then slowly, for a program whose cuInit
@@ -97,14 +131,7 @@ pub fn nvml_ready(cx: Cx) {
         }
     }
     NVML_WARM.store(true, Ordering::SeqCst);
-    for device in 0..MAX_DEVICES {
-        // Only a budgeted device's first context is ever pending.
-        if !is_settled(device)
-            && let Some(dev) = cx.device(device)
-        {
-            settle(&dev);
-        }
-    }
+    settle_all(cx);
     nvml::background_busy(false);
     crate::sys::log::line(
         LogLevel::Debug,
@@ -113,6 +140,18 @@ pub fn nvml_ready(cx: Cx) {
             start.elapsed().as_secs_f64() * 1e3
         ),
     );
+}
+
+/// Charges every device's first context that is pending or charged its estimate (only a
+/// budgeted device's ever is) with what NVML gives now.
+fn settle_all(cx: Cx) {
+    for (device, charge) in CHARGE.iter().enumerate() {
+        if charge.load(Ordering::SeqCst) != SETTLED
+            && let Some(dev) = cx.device(device)
+        {
+            settle(&dev);
+        }
+    }
 }
 
 /// Reads the device's use now as the "before" of its first context, if no context of
@@ -193,9 +232,12 @@ fn in_pid_namespace() -> bool {
 }
 
 /// The context creation that [`before_context`] announced has ended; `created` when it
-/// succeeded. The device's first context is charged now when NVML is ready, else by
-/// NVML's thread as soon as it is, and before any allocation on the device in between.
-pub fn context_created(device: usize, dev: Option<&DeviceCx>, created: bool) {
+/// succeeded. The device's first context is charged now when NVML is ready. Else, where
+/// its cost is known (outside a PID namespace), it is charged that estimate now and NVML
+/// starts (its thread measures the context as soon as it can); elsewhere it is charged
+/// by NVML's thread as soon as NVML is ready, and before any allocation or view on the
+/// device in between.
+pub fn context_created(cx: Cx, device: usize, dev: Option<&DeviceCx>, created: bool) {
     let (Some(count), Some(creating)) = (CONTEXTS.get(device), CREATING.get(device)) else {
         return;
     };
@@ -210,25 +252,78 @@ pub fn context_created(device: usize, dev: Option<&DeviceCx>, created: bool) {
     creating.fetch_sub(1, Ordering::AcqRel);
     // Either this thread sees NVML warm or NVML's thread sees the charge pending (both
     // SeqCst).
-    if first
-        && let Some(dev) = budgeted
-        && NVML_WARM.load(Ordering::SeqCst)
-    {
+    let Some(dev) = budgeted.filter(|_| first) else {
+        return;
+    };
+    if NVML_WARM.load(Ordering::SeqCst) || nvml::unavailable() {
+        // Measured now, or charged its estimate for good.
         settle(dev);
+    } else if !in_pid_namespace() && known_cost(dev.config(), device) {
+        charge_estimate(dev);
+        nvml::prewarm(move |ok| nvml_ready(cx, ok));
     }
 }
 
-/// Before an allocation is admitted on `device`: a context not charged yet is charged
-/// first, waiting (bounded) for NVML if it is still starting, so that the budget never
-/// admits memory the context already holds.
+/// The device's first context, pending, is charged its estimate until NVML measures it
+/// (unless a thread is measuring it already).
+fn charge_estimate(dev: &DeviceCx) {
+    let (device, d) = (dev.ordinal, dev.ledger);
+    if CHARGE[device]
+        .compare_exchange(PENDING, CHARGING, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        return;
+    }
+    let (bytes, _) = estimate_of(dev);
+    super::after::overhead_after(d, bytes.max(d.overhead()));
+    MARGIN[device].store(bytes, Ordering::SeqCst);
+    CHARGE[device].store(ESTIMATED, Ordering::SeqCst);
+    crate::sys::log::line(
+        LogLevel::Debug,
+        format_args!(
+            "device {device}: context charged its estimate, {}, until NVML measures it",
+            Bytes(bytes)
+        ),
+    );
+}
+
+/// What an admission on `device` leaves free beside its request: while the device's
+/// first context is charged its estimate, the estimate again (a context up to twice the
+/// estimate stays within the budget); else 0.
+#[inline]
+pub fn margin(device: usize) -> u64 {
+    MARGIN.get(device).map_or(0, |m| m.load(Ordering::Acquire))
+}
+
+/// A request did not fit beside the [`margin`]: the context is measured now (waiting,
+/// bounded, for NVML if it is still starting), and the request is decided on that.
+#[cold]
+pub fn measure_context_now(dev: &DeviceCx) {
+    settle_now(dev);
+}
+
+/// Before an allocation is admitted on `device`, or a view of it: a context not charged
+/// yet is charged first, waiting (bounded) for NVML if it is still starting, so that the
+/// budget never admits memory the context already holds. One charged its estimate does
+/// not wait.
 #[inline]
 pub fn settle_before_admission(dev: &DeviceCx) {
-    if !is_settled(dev.ordinal) {
+    if !is_charged(dev.ordinal) {
         settle_now(dev);
     }
 }
 
-/// Whether the charge of the device's first context is settled (or was never pending).
+/// Whether the device's first context is charged: measured, or its estimate (or there
+/// was none pending).
+#[inline]
+fn is_charged(device: usize) -> bool {
+    CHARGE
+        .get(device)
+        .is_none_or(|c| matches!(c.load(Ordering::Acquire), SETTLED | ESTIMATED))
+}
+
+/// Whether the charge of the device's first context is settled: measured (or was never
+/// pending).
 #[inline]
 fn is_settled(device: usize) -> bool {
     CHARGE
@@ -255,26 +350,34 @@ fn settle_now(dev: &DeviceCx) {
     );
 }
 
-/// Charges the device's first context if it is still pending (once, whoever comes
-/// first); admissions wait while it is measured.
+/// Charges the device's first context if it is still pending or charged its estimate
+/// (once, whoever comes first); admissions wait while it is measured.
 fn settle(dev: &DeviceCx) {
     let device = dev.ordinal;
     struct Settled(usize);
     impl Drop for Settled {
         fn drop(&mut self) {
+            MARGIN[self.0].store(0, Ordering::Release);
             CHARGE[self.0].store(SETTLED, Ordering::Release);
         }
     }
-    if CHARGE.get(device).is_some_and(|c| {
-        c.compare_exchange(PENDING, CHARGING, Ordering::SeqCst, Ordering::SeqCst)
+    let claim = |c: &AtomicU8, from| {
+        c.compare_exchange(from, CHARGING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
-    }) {
+    };
+    if CHARGE
+        .get(device)
+        .is_some_and(|c| claim(c, PENDING) || claim(c, ESTIMATED))
+    {
         let _settled = Settled(device);
-        charge_context(dev);
+        // An estimate charged until now is replaced by the figure measured.
+        charge_context(dev, MARGIN[device].load(Ordering::Acquire));
     }
 }
 
-fn charge_context(dev: &DeviceCx) {
+/// Charges the device's first context what NVML measures, in place of `estimated` (the
+/// estimate it was charged until now, or 0).
+fn charge_context(dev: &DeviceCx, estimated: u64) {
     let (device, d) = (dev.ordinal, dev.ledger);
     // In a PID namespace: our entry in NVML's list is the pid that appeared with the
     // context; once known, the per-process figure works as on the host.
@@ -319,7 +422,10 @@ fn charge_context(dev: &DeviceCx) {
     if d.books_epoch() != epoch {
         return;
     }
-    super::after::overhead_after(d, charge.max(d.overhead()));
+    // Never below what was charged already besides an estimate. (An allocation admitted
+    // beside the estimate that has not reached the driver yet is missing from NVML's
+    // figure, as it is at any routine re-read; the next one, within a second, has it.)
+    super::after::overhead_after(d, charge.max(d.overhead().saturating_sub(estimated)));
     if let Some(last) = LAST_MS.get(device) {
         last.store(report::monotonic_ms(), Ordering::Relaxed);
     }
@@ -336,13 +442,7 @@ fn charge_context(dev: &DeviceCx) {
 fn estimate(dev: &DeviceCx) -> u64 {
     let device = dev.ordinal;
     static SAID: AtomicBool = AtomicBool::new(false);
-    let (bytes, from) = match dev.config().context_memory {
-        Some(bytes) => (bytes, "CUDABUDGET_CONTEXT_MEMORY"),
-        None => match model_estimate(&device_name(device)) {
-            Some(bytes) => (bytes, "measured for this model"),
-            None => (DEFAULT_CONTEXT, "default; set CUDABUDGET_CONTEXT_MEMORY"),
-        },
-    };
+    let (bytes, from) = estimate_of(dev);
     if !SAID.swap(true, Ordering::Relaxed) {
         crate::sys::log::line(
             LogLevel::Info,
@@ -356,15 +456,27 @@ fn estimate(dev: &DeviceCx) -> u64 {
     bytes
 }
 
+/// A context's estimated cost, and where the figure comes from.
+fn estimate_of(dev: &DeviceCx) -> (u64, &'static str) {
+    match dev.config().context_memory {
+        Some(bytes) => (bytes, "CUDABUDGET_CONTEXT_MEMORY"),
+        None => match model_estimate(&device_name(dev.ordinal)) {
+            Some(bytes) => (bytes, "measured for this model"),
+            None => (DEFAULT_CONTEXT, "default; set CUDABUDGET_CONTEXT_MEMORY"),
+        },
+    }
+}
+
 /// A context's cost where no figure is measured for the model: above every figure
 /// measured so far.
 pub const DEFAULT_CONTEXT: u64 = 640 << 20;
 
 /// A context's device memory by model, as nvidia-smi showed it for a process with one
 /// context and lazy module loading (the default). H200, driver 580, CUDA 13:
-/// 518 MiB (scripts/gpu/footprint_probe.sh).
+/// 518 MiB (scripts/gpu/footprint_probe.sh); H100 80GB HBM3 (SXM), driver 580: 518 MiB
+/// (NVML's figure, `startup_forks.py --probe ctypes` with `CUDABUDGET_LOG=debug`).
 pub fn model_estimate(name: &str) -> Option<u64> {
-    const MODELS: &[(&str, u64)] = &[("H200", 518 << 20)];
+    const MODELS: &[(&str, u64)] = &[("H200", 518 << 20), ("H100 80GB HBM3", 518 << 20)];
     MODELS
         .iter()
         .find(|(model, _)| name.contains(model))
@@ -414,7 +526,10 @@ pub fn context_gone(device: usize, forget: impl FnOnce()) -> bool {
         return false;
     }
     BEFORE[device].store(UNKNOWN, Ordering::Release);
-    let _ = CHARGE[device].compare_exchange(PENDING, SETTLED, Ordering::AcqRel, Ordering::Relaxed);
+    for from in [PENDING, ESTIMATED] {
+        let _ = CHARGE[device].compare_exchange(from, SETTLED, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    MARGIN[device].store(0, Ordering::Release);
     let Some(d) = runtime::ledger().device(device) else {
         return false;
     };
@@ -461,7 +576,12 @@ pub fn maybe_reconcile(dev: &DeviceCx) {
         if let Some(last) = LAST_MS.get(dev.ordinal) {
             last.store(report::monotonic_ms(), Ordering::Relaxed);
         }
-        reconcile(dev);
+        if CHARGE[dev.ordinal].load(Ordering::Acquire) == ESTIMATED {
+            // NVML's thread did not measure it (NVML was started by another path).
+            settle(dev);
+        } else {
+            reconcile(dev);
+        }
     }
 }
 
@@ -543,6 +663,7 @@ fn forget_contexts(device: usize) {
         CREATING[device].store(0, Ordering::Release);
         BEFORE[device].store(UNKNOWN, Ordering::Release);
         CHARGE[device].store(SETTLED, Ordering::Release);
+        MARGIN[device].store(0, Ordering::Release);
     }
 }
 
@@ -558,6 +679,11 @@ mod tests {
         assert_eq!(DEFAULT_CONTEXT, 640 * 1024 * 1024);
         assert_eq!(model_estimate("NVIDIA H200"), Some(518 * 1024 * 1024));
         assert!(model_estimate("NVIDIA H200").unwrap() < DEFAULT_CONTEXT);
+        assert_eq!(
+            model_estimate("NVIDIA H100 80GB HBM3"),
+            Some(518 * 1024 * 1024)
+        );
+        assert_eq!(model_estimate("NVIDIA H100 PCIe"), None, "not measured");
         assert_eq!(model_estimate("Tesla T4"), None);
     }
 
@@ -569,7 +695,7 @@ mod tests {
         const D: usize = 60;
         // (A unit-test process runs no background thread to raise the re-read.)
         assert!(admission_ready(D));
-        for state in [PENDING, CHARGING] {
+        for state in [PENDING, CHARGING, ESTIMATED] {
             CHARGE[D].store(state, Ordering::Release);
             assert!(!admission_ready(D), "charge {state}");
         }

@@ -275,6 +275,15 @@ fn try_admit(dev: &DeviceCx, ask: &mut impl Ask) -> Result<Option<Reservation<'s
     let Some(first) = ask.bytes() else {
         return Ok(None);
     };
+    let margin = footprint::margin(dev.ordinal);
+    if margin > 0 {
+        // The context is charged its estimate until NVML measures it: admitted at once
+        // only with room left for a context twice that size, else decided on its figure.
+        if let Ok(r) = dev.less(margin).reserve(first) {
+            return Ok(Some(r));
+        }
+        footprint::measure_context_now(dev);
+    }
     if let Ok(r) = dev.reserve(first) {
         return Ok(Some(r));
     }

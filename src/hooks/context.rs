@@ -23,7 +23,7 @@ fn creating_context(
     let dev = cx.device(ordinal);
     footprint::before_context(ordinal, dev.as_ref());
     let rc = create(dev.as_ref());
-    footprint::context_created(ordinal, dev.as_ref(), rc.is_ok());
+    footprint::context_created(cx, ordinal, dev.as_ref(), rc.is_ok());
     rc
 }
 

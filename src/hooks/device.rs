@@ -17,13 +17,7 @@ pub unsafe extern "C" fn cuInit(flags: u32) -> CuResult {
         let init = || unsafe { real::cuInit(flags) };
         let cx = enter!(init);
         let rc = init();
-        // NVML starts now, on its own thread: after the driver's initialisation, not
-        // alongside it (the two take turns in the kernel driver, and a cuInit alongside
-        // NVML's took 9 ms longer on an H200).
-        crate::sys::nvml::prewarm(move || footprint::nvml_ready(cx));
-        if rc.is_ok() {
-            footprint::driver_ready();
-        }
+        footprint::driver_initialised(cx, rc.is_ok());
         rc
     })
 }

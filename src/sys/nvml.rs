@@ -142,12 +142,12 @@ const STARTING: u8 = 3;
 static INITIALISED: AtomicU8 = AtomicU8::new(IDLE);
 
 /// Starts NVML's initialisation on a thread of its own, then hands the thread to `ready`
-/// (the footprint's per-device work, [`crate::admit::footprint::nvml_ready`]). Called by the
-/// `cuInit` hook after the real `cuInit`: NVML's own initialisation (about 10 ms on an
-/// H200) then overlaps the program's next steps (the context's creation, about 100 ms),
-/// and nothing on the program's threads waits for it. Started before the real `cuInit`
-/// instead, it made that `cuInit` 9 ms slower (docs/gpu-runs/2026-12-01b at 258b938).
-pub fn prewarm(ready: impl FnOnce() + Send + 'static) {
+/// with whether NVML is there (the footprint's per-device work,
+/// [`crate::admit::footprint::nvml_ready`]). Called after the real `cuInit` or the first
+/// context's creation (the footprint decides): NVML's own initialisation (about 10 ms)
+/// then overlaps the program's next steps, and nothing on the program's threads waits
+/// for it. Once only: later calls do nothing.
+pub fn prewarm(ready: impl FnOnce(bool) + Send + 'static) {
     if INITIALISED
         .compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
@@ -161,9 +161,7 @@ pub fn prewarm(ready: impl FnOnce() + Send + 'static) {
             let state = init_now();
             INITIALISED.store(state, Ordering::SeqCst);
             BACKGROUND_BUSY.store(false, Ordering::Release);
-            if state == OK {
-                ready();
-            }
+            ready(state == OK);
         });
     if spawned.is_err() {
         BACKGROUND_BUSY.store(false, Ordering::Release);
@@ -220,6 +218,11 @@ fn ready() -> bool {
 /// Whether NVML is initialised or on its way (not missing, not failed).
 pub fn usable() -> bool {
     matches!(INITIALISED.load(Ordering::Acquire), OK | STARTING)
+}
+
+/// Whether NVML is known to be missing or failed to start (in this process).
+pub fn unavailable() -> bool {
+    INITIALISED.load(Ordering::Acquire) == FAILED
 }
 
 /// Whether NVML is initialised (its figures can be asked for).

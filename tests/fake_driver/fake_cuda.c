@@ -34,6 +34,8 @@ static int g_inited;
 static int g_nphys;
 static u64 g_mem;
 static u64 g_ctx_bytes;
+/* FAKE_CUDA_DEVICE_NAME: what cuDeviceGetName says. */
+static char g_device_name[96] = "Fake GPU";
 static u64 g_other;       /* bytes other processes hold on every physical device */
 static u64 g_module_bytes; /* what a module or library whose image the fake cannot read costs */
 static int g_cc_major = 9, g_cc_minor; /* FAKE_CUDA_CC=<major>.<minor>: the compute capability (9.0) */
@@ -337,6 +339,8 @@ static void load_config_locked(void) {
     g_nphys = n > MAX_DEV ? MAX_DEV : (int)n;
     g_mem = env_u64("FAKE_CUDA_MEM", 85899345920ull);
     g_ctx_bytes = env_u64("FAKE_CUDA_CTX_BYTES", 0);
+    const char *name = getenv("FAKE_CUDA_DEVICE_NAME");
+    if (name && *name) snprintf(g_device_name, sizeof g_device_name, "%s", name);
     g_other = env_u64("FAKE_CUDA_OTHER_USED", 0);
     g_module_bytes = env_u64("FAKE_CUDA_MODULE_BYTES", 0);
     const char *cc = getenv("FAKE_CUDA_CC");
@@ -947,7 +951,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     BEGIN;
     if (!name || len <= 0) FAIL(CUDA_ERROR_INVALID_VALUE);
     if (!valid_dev(dev)) FAIL(CUDA_ERROR_INVALID_DEVICE);
-    snprintf(name, (size_t)len, "%s", "Fake H200");
+    snprintf(name, (size_t)len, "%s", g_device_name);
     END
 }
 

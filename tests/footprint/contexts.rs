@@ -51,6 +51,66 @@ fn an_allocation_right_after_the_context_waits_for_its_charge_on_every_path() {
 }
 
 #[test]
+fn where_the_contexts_cost_is_known_nothing_waits_for_nvml() {
+    // NVML takes 3 s to start, and the context's cost is known (600 MiB here): it is
+    // charged that until NVML measures it, a view shows it, and an allocation that fits
+    // beside a context twice that size is admitted at once, on every path, without
+    // measuring the context first.
+    for op in ["alloc:1Gi", "create:1Gi", "async:1Gi"] {
+        let run = budget_run(
+            "gpa",
+            &["info", op],
+            &[
+                ("CUDABUDGET_LIMIT", "8Gi"),
+                ("CUDABUDGET_CONTEXT_MEMORY", "600Mi"),
+                ("CUDABUDGET_LOG", "debug"),
+                ("FAKE_CUDA_CTX_BYTES", "536870912"),
+                ("FAKE_NVML_INIT_DELAY_MS", "3000"),
+            ],
+        );
+        let name = op.split(':').next().unwrap_or(op);
+        assert_eq!(run.num("info", 0, "free"), 8 * GI - 600 * MI, "{run:?}");
+        assert_eq!(run.rc(name, 0), 0, "{op}: {run:?}");
+        assert!(
+            run.stderr
+                .contains("context charged its estimate, 600.00 MiB, until NVML measures it"),
+            "{op}: {run:?}"
+        );
+        assert!(
+            !run.stderr.contains("for the context's charge"),
+            "{op}: measured before NVML was up\n{run:?}"
+        );
+    }
+}
+
+#[test]
+fn a_context_larger_than_its_estimate_still_keeps_the_budget_before_nvml_measures_it() {
+    // The context holds 1100 MiB, its estimate says 600 MiB, and NVML starts late. An
+    // allocation that fits beside the estimate (600 MiB + 7.0 GiB) but not beside twice it
+    // is decided on NVML's figure: 1100 MiB + 7.0 GiB does not fit in 8 GiB.
+    for op in ["alloc:7Gi", "create:7Gi", "async:7Gi"] {
+        let run = budget_run(
+            "gpa",
+            &[op, "phys", "info"],
+            &[
+                ("CUDABUDGET_LIMIT", "8Gi"),
+                ("CUDABUDGET_CONTEXT_MEMORY", "600Mi"),
+                ("FAKE_CUDA_CTX_BYTES", "1153433600"),
+                ("FAKE_NVML_INIT_DELAY_MS", "300"),
+            ],
+        );
+        let name = op.split(':').next().unwrap_or(op);
+        assert_eq!(run.rc(name, 0), 2, "{op}: {run:?}");
+        assert!(run.num("phys", 0, "peak") <= 8 * GI, "{op}: {run:?}");
+        assert_eq!(
+            run.num("info", 0, "free"),
+            8 * GI - 1100 * MI,
+            "{op}: NVML's figure replaces the estimate\n{run:?}"
+        );
+    }
+}
+
+#[test]
 fn allocations_racing_the_contexts_measurement_are_not_counted_as_context() {
     // Eight threads allocate while NVML's process query (50 ms) measures the context
     // (0 B here): what they allocate meanwhile must not be charged as context memory.

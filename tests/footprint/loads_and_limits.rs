@@ -216,8 +216,9 @@ fn a_second_context_is_charged_and_refused_when_it_does_not_fit() {
 
 #[test]
 fn without_nvml_the_context_is_charged_as_an_estimate_and_said_once() {
-    // The fake calls itself "Fake H200": the H200's measured context (518 MiB).
+    // A "Fake H200": the H200's measured context (518 MiB).
     let envs = [
+        ("FAKE_CUDA_DEVICE_NAME", "Fake H200"),
         ("CUDABUDGET_LIMIT", "2Gi"),
         ("FAKE_NVML_ABSENT", "1"),
         ("FAKE_CUDA_CTX_BYTES", "536870912"),
@@ -287,6 +288,7 @@ fn the_estimate_gives_way_to_nvmls_figure_once_nvml_is_up() {
         "gpa",
         &["info", "sleep:3200", "alloc:1Mi", "info"],
         &[
+            ("FAKE_CUDA_DEVICE_NAME", "Fake H200"),
             ("CUDABUDGET_LIMIT", "2Gi"),
             ("FAKE_NVML_INIT_DELAY_MS", "2500"),
             ("FAKE_CUDA_CTX_BYTES", "104857600"),
