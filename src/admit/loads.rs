@@ -18,10 +18,14 @@
 //! The image is read as the driver reads it: from the caller's memory through
 //! `process_vm_readv` (an unmapped address is a failed read, never a fault), or from the
 //! file, if it is a regular one; a compressed fatbinary entry is expanded first. A lazily
-//! loaded library's image is read at its load and admitted at its first look-up; where its
-//! entry is compressed, it is expanded only at that look-up, read again from the caller's
-//! memory then (cudart loads every fatbinary of a process this way at start-up, most never
-//! used: expanding all of a framework's could cost its start-up seconds). The load or
+//! loaded library's image is admitted at its first look-up. cudart loads every fatbinary
+//! of a process this way at start-up, most never used, so an image that the program
+//! carries in a read-only segment of its own (or of a shared library: it cannot change
+//! while that is loaded) is read only at that look-up; reading each at its load cost some
+//! 15 µs apiece (17 reads of a ten-entry fatbinary, each a system call). Any other image
+//! is read at its load, and where its entry is compressed, it is expanded only at the
+//! look-up, read again from the caller's memory then (expanding all of a framework's could
+//! cost its start-up seconds). The load or
 //! look-up is then measured: the device's free memory before and after (`cuMemGetInfo`, a
 //! microsecond against the milliseconds of a load), and what it grew by beyond the image's
 //! figure is admitted too (the charge is the larger of the two). Where the image cannot
@@ -84,8 +88,9 @@ struct Load {
     resident: bool,
     /// What its image says its first look-up brings (a lazily loaded library).
     pending: u64,
-    /// Where its image is in the caller's memory, when its compressed entry is to be
-    /// expanded at its first look-up (0: `pending` says it all).
+    /// Where its image is in the caller's memory, when it is read at its first look-up
+    /// (an image the program carries read-only, or a compressed entry, to be expanded
+    /// then; 0: `pending` says it all).
     later: usize,
     /// The context it was loaded in, which takes it along when destroyed (0: unknown).
     context: usize,
@@ -391,12 +396,15 @@ pub fn load<H: Opaque>(
     crate::admit::footprint::settle_before_admission(&dev);
     if lazy && lazy_loading() {
         // Nothing arrives at a lazily loaded library's load (cudart makes hundreds of
-        // them at start-up): its first look-up is admitted and measured instead, and a
-        // compressed entry is expanded then.
-        let pending = match (predicted(call, image, device, false), image) {
-            (Ok(bytes), _) => (bytes, 0),
-            (Err(Some(Unknown::Unexpanded)), Image::Memory(p)) => (0, p as usize),
-            _ => (0, 0),
+        // them at start-up): its first look-up is admitted and measured instead, and an
+        // image the program carries read-only, or a compressed entry, is read then.
+        let pending = match image {
+            Image::Memory(p) if carried_read_only(p) => (0, p as usize),
+            _ => match (predicted(call, image, device, false), image) {
+                (Ok(bytes), _) => (bytes, 0),
+                (Err(Some(Unknown::Unexpanded)), Image::Memory(p)) => (0, p as usize),
+                _ => (0, 0),
+            },
         };
         let rc = real();
         if rc.is_ok() && !out.is_null() {
@@ -434,6 +442,59 @@ pub fn load<H: Opaque>(
     CuResult::SUCCESS
 }
 
+/// Whether the fatbinary at `image` (or the one a wrapper there names) lies in a segment
+/// of a loaded object (the program, a shared library) that is mapped without write
+/// permission: a fatbinary the program carries, as nvcc places it, which stays as it is
+/// while the object is loaded.
+fn carried_read_only(image: *const c_void) -> bool {
+    if image.is_null() {
+        return false;
+    }
+    let at = image::wrapped(&Memory(image as usize)).map_or(image as usize, |fat| fat as usize);
+    in_read_only_segment(at)
+}
+
+/// Whether `at` lies in a loadable segment, mapped without write permission, of an
+/// object the dynamic loader has loaded.
+fn in_read_only_segment(at: usize) -> bool {
+    /// `(address, found read-only)`, filled by [`visit`].
+    struct Search(usize, bool);
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader passes a valid `dl_phdr_info` for the call, and `data` is the
+        // `Search` that `in_read_only_segment` handed to `dl_iterate_phdr`, borrowed by no
+        // one else meanwhile.
+        let (info, search) = unsafe { (&*info, &mut *data.cast::<Search>()) };
+        if info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        for i in 0..usize::from(info.dlpi_phnum) {
+            // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            if ph.p_type != libc::PT_LOAD {
+                continue;
+            }
+            let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+            let end = start.saturating_add(ph.p_memsz as usize);
+            if (start..end).contains(&search.0) {
+                search.1 = ph.p_flags & libc::PF_W == 0;
+                return 1;
+            }
+        }
+        0
+    }
+    let mut search = Search(at, false);
+    // SAFETY: `visit` only reads the headers it is given and writes `search`, which
+    // outlives the call; it neither unwinds nor allocates.
+    unsafe {
+        libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast());
+    }
+    search.1
+}
+
 /// A look-up in `library` (`cuLibraryGetGlobal`, `…GetManaged`, `…GetModule`,
 /// `…GetKernel`) that may bring a lazily loaded library's globals in: measured the first
 /// time only.
@@ -458,9 +519,9 @@ pub fn lookup(
         return real();
     };
     let d = dev.ledger;
-    // The library's image, read again where its entry is compressed: if the caller has
-    // freed or changed it since, it cannot say (or says less), and the measurement is
-    // the charge.
+    // The library's image, read now where it was not at the load (an image the program
+    // carries read-only; a compressed entry, read again: if the caller has freed or
+    // changed it since, it cannot say, or says less, and the measurement is the charge).
     let predicted = if later == 0 {
         predicted
     } else {

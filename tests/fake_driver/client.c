@@ -922,6 +922,17 @@ static void run_op(const char *text) {
                 print_alloc(name, rc, S_LIBRARY, (u64)(uintptr_t)l, 0);
             }
         }
+    } else if (!strcmp(name, "libso")) {
+        /* libso:PATH:SYMBOL: a library loaded from the image a shared object carries at
+         * SYMBOL (as cudart loads a program's fatbinaries) */
+        need_fields(op, 3);
+        void *so = dlopen(op->f[1], RTLD_NOW | RTLD_LOCAL);
+        if (!so) usage_error(op->text, "cannot open the shared object");
+        const void *image = dlsym(so, op->f[2]);
+        if (!image) usage_error(op->text, "no such symbol");
+        CUlibrary l = NULL;
+        rc = api.cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0);
+        print_alloc("libso", rc, S_LIBRARY, (u64)(uintptr_t)l, 0);
     } else if (!strcmp(name, "loads")) {
         /* how many module and library loads reached the driver */
         need_fields(op, 1);
@@ -1330,7 +1341,7 @@ static const char *const k_ops[] = {
     "streamdestroy", "asyncon", "poolasyncon", "freeasyncon", "capture", "endcapture", "capturing", "capmode", "graph",
     "memnode", "freenode", "nodes", "instantiate", "instparams", "upload", "launch", "execdestroy", "graphdestroy",
     "graphmem", "graphtrim", "graphreset", "retain", "ctxcreate", "ctxdestroy", "ctxset", "ctxpop", "ctxsync",
-    "modload", "libload", "modimage", "libimage", "modfile", "loads", "libglobal", "libkernel", "unload", "setlimit", "kernel",
+    "modload", "libload", "modimage", "libimage", "libso", "modfile", "loads", "libglobal", "libkernel", "unload", "setlimit", "kernel",
     "limitrace", "limitalloc",
 };
 

@@ -302,6 +302,63 @@ fn a_lazily_loaded_librarys_globals_are_admitted_before_its_first_look_up_brings
     assert_eq!(eager.num("phys", 0, "peak"), 0, "{eager:?}");
 }
 
+/// A shared object carrying `image` read-only at the symbol `image` (as a program carries
+/// its fatbinaries, which cudart loads as libraries at start-up), built with `cc`; `None`
+/// (a visible skip) where there is no C compiler.
+fn shared_object_carrying(name: &str, image: &[u8]) -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let source = dir.join(format!("module_loads-{name}.c"));
+    let object = dir.join(format!("module_loads-{name}.so"));
+    let bytes: Vec<String> = image.iter().map(|b| b.to_string()).collect();
+    std::fs::write(
+        &source,
+        format!(
+            "__attribute__((aligned(8))) const unsigned char image[] = {{{}}};\n",
+            bytes.join(",")
+        ),
+    )
+    .unwrap();
+    crate::util::shared_object(&source, &object, "a shared object carrying an image")
+}
+
+#[test]
+fn an_image_a_program_carries_read_only_is_read_only_at_its_first_look_up() {
+    // cudart loads every fatbinary a process carries as a lazily loaded library at
+    // start-up, most never looked up: those images are read at the first look-up only,
+    // and what they say is admitted there all the same.
+    let Some(object) = shared_object_carrying("3gi", &module_of(3 * GI)) else {
+        return;
+    };
+    let load = format!("libso:{}:image", object.display());
+    let debug = ("CUDABUDGET_LOG", "debug");
+    let loaded = run(&[&load], &[debug]);
+    assert_eq!(loaded.rc("libso", 0), 0, "{loaded:?}");
+    assert!(
+        !loaded.stderr.contains("the image places"),
+        "read at its load\n{loaded:?}"
+    );
+    let looked_up = run(&[&load, "libglobal:0", "phys", "info"], &[debug]);
+    assert_eq!(looked_up.rc("libglobal", 0), 2, "{looked_up:?}");
+    assert!(
+        looked_up
+            .stderr
+            .contains("the image places 3.00 GiB of data"),
+        "{looked_up:?}"
+    );
+    assert_eq!(looked_up.num("phys", 0, "peak"), 0, "{looked_up:?}");
+    assert_eq!(looked_up.num("info", 0, "free"), 2 * GI, "{looked_up:?}");
+    // An image in the program's writable memory (which it may change or free after the
+    // load) is read at the load, as before.
+    let image = image_file("3gi-lib-heap.cubin", &module_of(3 * GI));
+    let in_memory = run(&[&op("libimage", &image)], &[debug]);
+    assert!(
+        in_memory
+            .stderr
+            .contains("the image places 3.00 GiB of data"),
+        "{in_memory:?}"
+    );
+}
+
 /// What the driver holds for a compressed entry (the fake does not expand it): the
 /// module's footprint, so that a load the library let through would show on the device.
 fn fake_holds(globals: u64) -> (&'static str, String) {

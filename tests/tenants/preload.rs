@@ -213,18 +213,7 @@ fn planted_library(t: &Tenants, marker: &Path) -> Option<PathBuf> {
         ),
     )
     .unwrap();
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&library)
-        .arg(&source)
-        .status();
-    match built {
-        Ok(status) if status.success() => Some(library),
-        _ => {
-            crate::util::skip("no C compiler to build the planted library");
-            None
-        }
-    }
+    crate::util::shared_object(&source, &library, "the planted library")
 }
 
 /// This thread becomes `user` (only this thread: the raw system calls change one

@@ -169,6 +169,23 @@ pub fn isolate(cmd: &mut Command) -> &mut Command {
 /// Says that the running test is skipped, and why, on the real standard error: the test
 /// harness captures `eprintln!` of a passing test, and a skip must not be silent. Under
 /// `CB_NO_SKIPS=1` (CI, `.ci/run`, where every test must run) it fails the test instead.
+/// `source` (C) built with `cc` into the shared object `object`; `None`, with a visible
+/// skip saying it cannot build `what`, where there is no C compiler.
+pub fn shared_object(source: &Path, object: &Path, what: &str) -> Option<PathBuf> {
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(object)
+        .arg(source)
+        .status();
+    match built {
+        Ok(status) if status.success() => Some(object.to_path_buf()),
+        _ => {
+            skip(&format!("no C compiler to build {what}"));
+            None
+        }
+    }
+}
+
 pub fn skip(reason: &str) {
     use std::io::Write;
     let thread = std::thread::current();
