@@ -258,8 +258,12 @@ pub fn context_created(cx: Cx, device: usize, dev: Option<&DeviceCx>, created: b
     if NVML_WARM.load(Ordering::SeqCst) || nvml::unavailable() {
         // Measured now, or charged its estimate for good.
         settle(dev);
-    } else if !in_pid_namespace() && known_cost(dev.config(), device) {
-        charge_estimate(dev);
+    } else {
+        if !in_pid_namespace() && known_cost(dev.config(), device) {
+            charge_estimate(dev);
+        }
+        // NVML's thread measures it as soon as it can (started now, where the first
+        // device's known cost kept it from starting at `cuInit`).
         nvml::prewarm(move |ok| nvml_ready(cx, ok));
     }
 }
