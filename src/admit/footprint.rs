@@ -415,7 +415,9 @@ fn charge_context(dev: &DeviceCx, estimated: u64) {
                 }
                 // NVML answers and does not list us: the context holds nothing it sees.
                 _ if nvml::initialised() && nvml::sees(device) && !in_pid_namespace() => 0,
-                _ => estimate(dev).saturating_sub(seen),
+                // Nothing measures it: the estimate is the context's alone (what the hooks
+                // track is charged besides it).
+                _ => estimate(dev),
             },
         };
         if tracked() == seen {

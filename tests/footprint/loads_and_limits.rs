@@ -263,6 +263,29 @@ fn where_nvml_is_up_but_does_not_know_the_device_the_context_is_charged_as_an_es
 }
 
 #[test]
+fn an_estimate_settled_where_nvml_cannot_measure_stays_whole_beside_earlier_allocations() {
+    // As under MIG, with NVML slow to start: the context (648 MiB, its estimate too) is
+    // charged the estimate, 100 MiB are admitted beside it before NVML is up, and NVML
+    // then cannot measure the context. The estimate stays whole: the hooks' 100 MiB are
+    // not taken out of it, so 1350 MiB more do not fit in 2 GiB.
+    let run = budget_run(
+        "gpa",
+        &["alloc:100Mi", "alloc:1350Mi", "phys", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "2Gi"),
+            ("CUDABUDGET_CONTEXT_MEMORY", "648Mi"),
+            ("FAKE_NVML_FOREIGN_UUIDS", "1"),
+            ("FAKE_NVML_INIT_DELAY_MS", "300"),
+            ("FAKE_CUDA_CTX_BYTES", "679477248"),
+        ],
+    );
+    assert_eq!(run.rc("alloc", 0), 0, "{run:?}");
+    assert_eq!(run.rc("alloc", 1), 2, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 2 * GI, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 2 * GI - 748 * MI, "{run:?}");
+}
+
+#[test]
 fn a_malformed_context_memory_refuses_cuda() {
     let run = budget_run(
         "gpa",
