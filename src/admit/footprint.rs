@@ -13,8 +13,8 @@
 //!   `CUDABUDGET_CONTEXT_MEMORY`), NVML starts once the first context exists, and until
 //!   it has measured the context, the context is charged that estimate ([`estimate_of`]),
 //!   views show it, and an allocation is admitted at once only if it would also fit
-//!   beside a context twice that size ([`margin`]); one that would not waits (bounded)
-//!   for NVML's figure.
+//!   beside a context twice that size, and at least the model's figure larger
+//!   ([`margin`]); one that would not waits (bounded) for NVML's figure.
 //! - Elsewhere NVML starts at `cuInit`, and a context created before NVML is ready is
 //!   charged by NVML's thread as soon as it is, and — the one wait, bounded — before the
 //!   first allocation or view on that device if that comes sooner.
@@ -280,7 +280,9 @@ fn charge_estimate(dev: &DeviceCx) {
     }
     let (bytes, _) = estimate_of(dev);
     super::after::overhead_after(d, bytes.max(d.overhead()));
-    MARGIN[device].store(bytes, Ordering::SeqCst);
+    // Room for a context of twice the estimate, and of the model's figure more than the
+    // estimate where `CUDABUDGET_CONTEXT_MEMORY` says less.
+    MARGIN[device].store(bytes.max(model_figure(device)), Ordering::SeqCst);
     CHARGE[device].store(ESTIMATED, Ordering::SeqCst);
     crate::sys::log::line(
         LogLevel::Debug,
@@ -292,18 +294,12 @@ fn charge_estimate(dev: &DeviceCx) {
 }
 
 /// What an admission on `device` leaves free beside its request: while the device's
-/// first context is charged its estimate, the estimate again (a context up to twice the
-/// estimate stays within the budget); else 0.
+/// first context is charged its estimate, the estimate again, or the model's figure where
+/// that is more (a context up to that much above its estimate stays within the budget);
+/// else 0.
 #[inline]
 pub fn margin(device: usize) -> u64 {
     MARGIN.get(device).map_or(0, |m| m.load(Ordering::Acquire))
-}
-
-/// A request did not fit beside the [`margin`]: the context is measured now (waiting,
-/// bounded, for NVML if it is still starting), and the request is decided on that.
-#[cold]
-pub fn measure_context_now(dev: &DeviceCx) {
-    settle_now(dev);
 }
 
 /// Before an allocation is admitted on `device`, or a view of it: a context not charged
@@ -335,9 +331,12 @@ fn is_settled(device: usize) -> bool {
         .is_none_or(|c| c.load(Ordering::Acquire) == SETTLED)
 }
 
+/// The device's first context charged now, if it is pending or charged its estimate:
+/// waits (bounded) for NVML if it is still starting, and for a thread measuring it. Also
+/// for a request that did not fit beside the [`margin`], decided then on the figure.
 #[cold]
 #[inline(never)]
-fn settle_now(dev: &DeviceCx) {
+pub fn settle_now(dev: &DeviceCx) {
     let device = dev.ordinal;
     let waited = runtime::wait_while(std::time::Duration::from_secs(2), nvml::starting);
     settle(dev);
@@ -471,6 +470,12 @@ fn estimate_of(dev: &DeviceCx) -> (u64, &'static str) {
             None => (DEFAULT_CONTEXT, "default; set CUDABUDGET_CONTEXT_MEMORY"),
         },
     }
+}
+
+/// What a context costs on CUDA ordinal `device` by its model: measured, else
+/// [`DEFAULT_CONTEXT`].
+fn model_figure(device: usize) -> u64 {
+    model_estimate(&device_name(device)).unwrap_or(DEFAULT_CONTEXT)
 }
 
 /// A context's cost where no figure is measured for the model: above every figure

@@ -278,11 +278,11 @@ fn try_admit(dev: &DeviceCx, ask: &mut impl Ask) -> Result<Option<Reservation<'s
     let margin = footprint::margin(dev.ordinal);
     if margin > 0 {
         // The context is charged its estimate until NVML measures it: admitted at once
-        // only with room left for a context twice that size, else decided on its figure.
+        // only with room left for a larger context (`margin`), else decided on its figure.
         if let Ok(r) = dev.less(margin).reserve(first) {
             return Ok(Some(r));
         }
-        footprint::measure_context_now(dev);
+        footprint::settle_now(dev);
     }
     if let Ok(r) = dev.reserve(first) {
         return Ok(Some(r));

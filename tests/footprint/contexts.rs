@@ -52,7 +52,8 @@ fn an_allocation_right_after_the_context_waits_for_its_charge_on_every_path() {
 
 #[test]
 fn where_the_contexts_cost_is_known_nothing_waits_for_nvml() {
-    // NVML takes 3 s to start, and the context's cost is known (600 MiB here): it is
+    // NVML takes a minute to start (longer than the client runs, however busy the
+    // machine), and the context's cost is known (600 MiB here): it is
     // charged that until NVML measures it, a view shows it, and an allocation that fits
     // beside a context twice that size is admitted at once, on every path, without
     // measuring the context first.
@@ -65,7 +66,7 @@ fn where_the_contexts_cost_is_known_nothing_waits_for_nvml() {
                 ("CUDABUDGET_CONTEXT_MEMORY", "600Mi"),
                 ("CUDABUDGET_LOG", "debug"),
                 ("FAKE_CUDA_CTX_BYTES", "536870912"),
-                ("FAKE_NVML_INIT_DELAY_MS", "3000"),
+                ("FAKE_NVML_INIT_DELAY_MS", "60000"),
             ],
         );
         let name = op.split(':').next().unwrap_or(op);
@@ -108,6 +109,27 @@ fn a_context_larger_than_its_estimate_still_keeps_the_budget_before_nvml_measure
             "{op}: NVML's figure replaces the estimate\n{run:?}"
         );
     }
+}
+
+#[test]
+fn an_estimate_set_too_low_still_keeps_room_for_the_models_figure() {
+    // CUDABUDGET_CONTEXT_MEMORY=0 (wrong: the context holds 512 MiB) and NVML slow: the
+    // context is charged nothing until NVML measures it, but an admission meanwhile still
+    // keeps room for a context of the model's figure (640 MiB for an unmeasured model),
+    // so 7.6 GiB is decided on NVML's figure and refused.
+    let run = budget_run(
+        "gpa",
+        &["alloc:7782Mi", "phys", "info"],
+        &[
+            ("CUDABUDGET_LIMIT", "8Gi"),
+            ("CUDABUDGET_CONTEXT_MEMORY", "0"),
+            ("FAKE_CUDA_CTX_BYTES", "536870912"),
+            ("FAKE_NVML_INIT_DELAY_MS", "300"),
+        ],
+    );
+    assert_eq!(run.rc("alloc", 0), 2, "{run:?}");
+    assert!(run.num("phys", 0, "peak") <= 8 * GI, "{run:?}");
+    assert_eq!(run.num("info", 0, "free"), 8 * GI - 512 * MI, "{run:?}");
 }
 
 #[test]
