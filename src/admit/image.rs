@@ -8,8 +8,9 @@
 //! Every image is untrusted input: all of it is read through [`Source`] (bounds-checked
 //! copies, never a pointer past what was read), arithmetic saturates, sizes of tables are
 //! bounded, a compressed entry is expanded to no more than it says and [`MAX_UNPACKED`],
-//! and nothing here panics (the decoders run under `catch_unwind` all the same). Pure: no
-//! driver, no I/O of its own.
+//! and nothing here panics (the decoders run under `catch_unwind` all the same). No
+//! driver, no I/O of its own: the one thing from outside is the system's Zstandard
+//! decoder ([`crate::sys::zstd`]), loaded at the first compressed frame.
 //!
 //! What it cannot say, it says so ([`Unknown`]): a compressed fatbinary entry that does not
 //! expand here, a format other than these three, an image with no entry for the device, a
@@ -411,12 +412,22 @@ fn unlz4(packed: &[u8], unpacked: usize) -> Option<Vec<u8>> {
     (n == unpacked).then_some(out)
 }
 
+/// One Zstandard frame, expanding to exactly `unpacked` bytes: by the system's decoder
+/// where it is there ([`crate::sys::zstd`], five times as fast), else by [`unzstd_here`].
+fn unzstd(packed: &[u8], unpacked: usize) -> Option<Vec<u8>> {
+    let mut out = zeroed(unpacked)?;
+    match crate::sys::zstd::decompress(packed, &mut out) {
+        Some(written) => (written == Some(unpacked)).then_some(out),
+        None => unzstd_here(packed, unpacked),
+    }
+}
+
 /// One Zstandard frame, expanding to `unpacked` bytes: the output grows with what decodes,
 /// and the frame's window (the decoder's own buffer, reserved at the frame's start) may
 /// not exceed the expanded size rounded up to a power of two (zstd's window for an input
 /// of known size) or 8 MiB (its window up to level 19 for one of unknown size), whichever
 /// is larger.
-fn unzstd(packed: &[u8], unpacked: usize) -> Option<Vec<u8>> {
+fn unzstd_here(packed: &[u8], unpacked: usize) -> Option<Vec<u8>> {
     use std::io::Read;
     let window = (unpacked.max(8 << 20) as u64).checked_next_power_of_two()?;
     let mut decoder =
@@ -1051,9 +1062,49 @@ mod tests {
             ]
         };
         let (w8mi, w16mi) = (13 << 3, 14 << 3);
-        assert_eq!(unzstd(&frame(w8mi), 1), Some(b"x".to_vec()));
-        assert_eq!(unzstd(&frame(w16mi), 1), None);
+        assert_eq!(unzstd_here(&frame(w8mi), 1), Some(b"x".to_vec()));
+        assert_eq!(unzstd_here(&frame(w16mi), 1), None);
+        assert_eq!(unzstd_here(&frame(w8mi), 2), None);
+        // The system's decoder writes into the expanded size alone (no window of its
+        // own): a frame that expands to more or less than the header says is refused.
+        assert_eq!(unzstd(&frame(w16mi), 1), Some(b"x".to_vec()));
         assert_eq!(unzstd(&frame(w8mi), 2), None);
+        assert_eq!(unzstd(&frame(w8mi), 0), None);
+    }
+
+    /// The system's decoder, where this machine has one, and the carried one expand the
+    /// same frames to the same bytes, and refuse the same damaged ones.
+    #[test]
+    fn the_systems_zstandard_decoder_and_the_carried_one_agree() {
+        if crate::sys::zstd::decompress(&[], &mut []).is_none() {
+            assert!(
+                std::env::var_os("CB_REQUIRE_LIBZSTD").is_none(),
+                "CB_REQUIRE_LIBZSTD is set and libzstd.so.1 cannot be loaded"
+            );
+            eprintln!("SKIP: no libzstd.so.1 on this machine (the carried decoder alone)");
+            return;
+        }
+        let raw: Vec<u8> = (0..300_000u32)
+            .flat_map(|i| ((i % 251) ^ (i / 7)).to_le_bytes())
+            .collect();
+        let frame = ruzstd::encoding::compress_to_vec(
+            &raw[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        assert_eq!(unzstd(&frame, raw.len()).as_deref(), Some(&raw[..]));
+        assert_eq!(unzstd_here(&frame, raw.len()).as_deref(), Some(&raw[..]));
+        for (what, n) in [
+            ("one byte short", raw.len() - 1),
+            ("one byte more", raw.len() + 1),
+        ] {
+            assert_eq!(unzstd(&frame, n), None, "{what}");
+            assert_eq!(unzstd_here(&frame, n), None, "{what}");
+        }
+        let mut damaged = frame.clone();
+        let mid = damaged.len() / 2;
+        damaged.truncate(mid);
+        assert_eq!(unzstd(&damaged, raw.len()), None);
+        assert_eq!(unzstd_here(&damaged, raw.len()), None);
     }
 
     #[test]

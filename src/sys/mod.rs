@@ -1,5 +1,5 @@
-//! Thin wrappers over the system, below everything else: the driver and NVML (from our
-//! own handles), the one lock kind, futexes, clocks, bounded waits and the log line.
+//! Thin wrappers over the system, below everything else: the driver, NVML and the
+//! system's Zstandard decoder (from our own handles), the one lock kind, futexes, clocks, bounded waits and the log line.
 
 pub mod clock;
 pub mod driver;
@@ -8,3 +8,4 @@ pub mod lock;
 pub mod log;
 pub mod nvml;
 pub mod wait;
+pub mod zstd;

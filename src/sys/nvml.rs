@@ -84,7 +84,14 @@ static LIBRARY: AtomicU8 = AtomicU8::new(UNLOADED);
 static INSIDE: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts the calling thread in [`INSIDE`] while it lives.
-struct Inside;
+pub struct Inside;
+
+/// Counts the caller in [`INSIDE`] for a `dlopen` of another foreign library (the system's
+/// Zstandard decoder, [`crate::sys::zstd`]), so that a `fork()` waits for it as for NVML's;
+/// `None` in a child forked while such a load was under way, which loads nothing.
+pub fn loading() -> Option<Inside> {
+    (!OFF_IN_CHILD.load(Ordering::Acquire)).then(Inside::enter)
+}
 
 impl Inside {
     fn enter() -> Inside {
@@ -99,8 +106,8 @@ impl Drop for Inside {
     }
 }
 
-/// Set in a child forked while one of the library's calls was inside NVML or loading it:
-/// the child never loads NVML (`dlopen` there can fail the loader's own assertions and
+/// Set in a child forked while one of the library's calls was inside NVML or loading a
+/// library: the child never loads NVML (nor another library, [`loading`]) (`dlopen` there can fail the loader's own assertions and
 /// end the process with 127) and makes no NVML call of its own.
 static OFF_IN_CHILD: AtomicBool = AtomicBool::new(false);
 
