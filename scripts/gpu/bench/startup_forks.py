@@ -8,7 +8,12 @@ native) is kept. A forked child starts the driver as a new process does: neither
 touches CUDA before it forks (what loading the library costs a process is measured
 apart, by run_bench.sh's `python3 -c pass`).
 
-Usage: python3 startup_forks.py --lib LIB [--reps N] [--probe torch|ctypes] [--json FILE]
+`--probe torch-phases` times the same first tensor in four steps: `torch.cuda.init()`
+(cudart's start and `cuInit`), a synchronize (the primary context and cudart's loads of
+every fatbinary), `torch.empty` (the caching allocator's first `cudaMalloc`) and a fill
+kernel (the first look-up of a kernel, which loads its module on the device).
+
+Usage: python3 startup_forks.py --lib LIB [--reps N] [--probe torch|torch-phases|ctypes] [--json FILE]
                                 [--budget-env K=V ...]
 Prints the medians, the paired median with its 95 % bootstrap interval, and one JSON
 line per rep to --json.
@@ -25,7 +30,7 @@ import time
 
 def serve(probe):
     """One server: prepare, then per line `go` fork a child that times the probe."""
-    if probe == "torch":
+    if probe.startswith("torch"):
         import torch  # noqa: F401  (imported before the forks, so children skip it)
     else:
         import ctypes  # noqa: F401
@@ -72,6 +77,22 @@ def child(probe):
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
         out["first_tensor_ms"] = (time.perf_counter() - t) * 1e3
+    elif probe == "torch-phases":
+        import torch
+
+        marks = [time.perf_counter()]
+        torch.cuda.init()
+        marks.append(time.perf_counter())
+        torch.cuda.synchronize()
+        marks.append(time.perf_counter())
+        x = torch.empty(1, device="cuda")
+        marks.append(time.perf_counter())
+        x.fill_(0)
+        torch.cuda.synchronize()
+        marks.append(time.perf_counter())
+        for name, a, b in zip(["init_ms", "context_ms", "empty_ms", "fill_ms"], marks, marks[1:]):
+            out[name] = (b - a) * 1e3
+        out["first_tensor_ms"] = (marks[-1] - marks[0]) * 1e3
     else:
         import ctypes
 
@@ -126,7 +147,7 @@ def median_ci(values, resamples=4000, seed=1):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", action="store_true")
-    ap.add_argument("--probe", choices=["torch", "ctypes"], default="torch")
+    ap.add_argument("--probe", choices=["torch", "torch-phases", "ctypes"], default="torch")
     ap.add_argument("--lib")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--json")
