@@ -763,6 +763,22 @@ static void run_op(const char *text) {
         size_t f = 0, t = 0;
         rc = api.cuMemGetInfo_v2(&f, &t);
         out("info rc=%d free=%zu total=%zu", rc, f, t);
+    } else if (!strcmp(name, "infountil")) {
+        /* infountil:FREE: a view every 5 ms until one shows FREE bytes free (30 s at
+         * most): steps with a re-read the library's background thread makes due, where a
+         * sleep would race it on a busy machine. rc=1: never shown. */
+        need_fields(op, 2);
+        u64 want = num_field(op, 1);
+        size_t f = 0, t = 0;
+        int waited = 0;
+        for (;;) {
+            rc = api.cuMemGetInfo_v2(&f, &t);
+            if (rc != CUDA_SUCCESS || f == want || waited >= 30000) break;
+            struct timespec ts = {0, 5 * 1000000L};
+            nanosleep(&ts, NULL);
+            waited += 5;
+        }
+        out("infountil rc=%d free=%zu total=%zu", rc != CUDA_SUCCESS ? (int)rc : (f == want ? 0 : 1), f, t);
     } else if (!strcmp(name, "total")) {
         need_fields(op, 2);
         CUdevice dev;
@@ -1334,7 +1350,7 @@ static void run_op(const char *text) {
 }
 
 static const char *const k_ops[] = {
-    "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "total", "async",
+    "ctx", "ctxrelease", "ctxreset", "alloc", "pitch", "managed", "free", "freeptr", "info", "infountil", "total", "async",
     "freeasync", "poolasync", "newpool", "poolasyncin", "threshold", "reserve", "poolused", "trim", "sync", "create",
     "createfabric", "createhost", "map", "unmap", "release", "array", "array3d", "mipmap", "destroy", "phys", "queries", "race",
     "racehold", "asyncrelay", "syncrelay", "synckeep", "freekept", "keydtor", "nvml", "sym", "nextsym", "sleep", "clock", "waitfile", "pagesize", "stream", "streaminfo", "streamsync",

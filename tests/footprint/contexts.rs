@@ -239,13 +239,22 @@ fn when_the_last_context_goes_its_memory_leaves_the_books() {
 }
 
 #[test]
-fn in_a_real_pid_namespace_memory_no_call_names_is_reconciled_within_a_second() {
+fn in_a_real_pid_namespace_memory_no_call_names_is_reconciled_by_the_routine_re_read() {
     // NVML lists the process under a pid it cannot know (as host pids in a container):
     // the pid that appears with the first context is taken as its own, so the footprint
-    // re-read finds the 300 MiB a kernel launch grew (local memory), as on the host.
+    // re-read (due once a second) finds the 300 MiB a kernel launch grew (local memory),
+    // as on the host; the views wait for it (`infountil`), then an allocation counts
+    // beside it.
+    let reconciled = (8 * GI - 512 * MI - 300 * MI).to_string();
     let cmd = crate::util::client_command(
         "gpa",
-        &["info", "kernel", "sleep:1100", "alloc:1Mi", "info"],
+        &[
+            "info",
+            "kernel",
+            &format!("infountil:{reconciled}"),
+            "alloc:1Mi",
+            "info",
+        ],
         &[
             ("CUDABUDGET_LIMIT", "8Gi"),
             ("FAKE_CUDA_CTX_BYTES", "536870912"),
@@ -261,6 +270,7 @@ fn in_a_real_pid_namespace_memory_no_call_names_is_reconciled_within_a_second() 
     let run = crate::util::run(cmd);
     assert_eq!(run.num("info", 0, "free"), 8 * GI - 512 * MI, "{run:?}");
     assert_eq!(run.rc("kernel", 0), 0, "{run:?}");
+    assert_eq!(run.rc("infountil", 0), 0, "never reconciled\n{run:?}");
     assert_eq!(
         run.num("info", 1, "free"),
         8 * GI - 512 * MI - 300 * MI - MI,
@@ -494,17 +504,16 @@ fn destroying_a_created_context_beside_the_primary_one_keeps_the_primarys_books(
 #[test]
 fn before_a_denial_the_footprint_is_read_again_and_memory_that_fits_is_admitted() {
     // Two contexts of 512 MiB; the routine re-read (a view more than a second after the
-    // first context's charge) counts both. The created one then goes, beside the primary
-    // one: the books still count its 512 MiB until the footprint is read again — which a
-    // request that does not fit by the books must trigger (the sleeps only make sure the
-    // re-reads are due; they are lower bounds, not races).
+    // first context's charge, which the views wait for) counts both. The created one
+    // then goes, beside the primary one: the books still count its 512 MiB until the
+    // footprint is read again — which a request that does not fit by the books must
+    // trigger (the sleep only makes sure that re-read is due; a lower bound, not a race).
     let run = budget_run(
         "gpa",
         &[
             "info",
             "ctxcreate:0",
-            "sleep:1100",
-            "info",
+            &format!("infountil:{GI}"),
             "ctxdestroy:0",
             "ctx:0",
             "sleep:150",
@@ -516,14 +525,18 @@ fn before_a_denial_the_footprint_is_read_again_and_memory_that_fits_is_admitted(
     );
     run.assert_completed();
     assert_eq!(free_of(&run, 0), 2 * GI - 512 * MI, "{run:?}");
-    assert_eq!(free_of(&run, 1), GI, "both contexts are counted\n{run:?}");
+    assert_eq!(
+        run.rc("infountil", 0),
+        0,
+        "both contexts are counted\n{run:?}"
+    );
     assert_eq!(run.rc("ctxdestroy", 0), 0, "{run:?}");
     assert_eq!(
         run.rc("alloc", 0),
         0,
         "512 MiB of context + 1280 MiB fit in 2 GiB\n{run:?}"
     );
-    assert_eq!(free_of(&run, 2), 256 * MI, "{run:?}");
+    assert_eq!(free_of(&run, 1), 256 * MI, "{run:?}");
     assert!(run.num("phys", 0, "peak") <= 2 * GI + 512 * MI, "{run:?}");
 }
 
@@ -631,9 +644,15 @@ import ctypes, time
 p = ctypes.c_uint64()
 rcs = [cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20))]
 rcs.append(cuda.cuModuleLoad(ctypes.byref(ctypes.c_void_p()), b"kernels.cubin"))
-time.sleep(1.2)
+# Views until the routine re-read (due once a second, by the library's background
+# thread) shows the module's memory: 30 s at most, never a race with a busy machine.
 free, total = ctypes.c_size_t(), ctypes.c_size_t()
-rcs.append(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)))
+for _ in range(3000):
+    rc = cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    if rc != 0 or free.value == 256 << 20:
+        break
+    time.sleep(0.01)
+rcs.append(rc)
 rcs.append(cuda.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(512 << 20)))
 print(*rcs, free.value >> 20)
 "#;
