@@ -26,8 +26,9 @@ static DECOMPRESS: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static IS_ERROR: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Expands the Zstandard frames in `packed` into `out`: `Some(Some(n))` with the bytes
-/// written, `Some(None)` for input the decoder refuses (malformed, or expanding to more
-/// than `out` holds), `None` where the system's decoder is not there.
+/// written (the caller holds them to what it expects), `Some(None)` for input the
+/// decoder refuses (malformed, or expanding to more than `out` holds), `None` where the
+/// system's decoder is not there.
 pub fn decompress(packed: &[u8], out: &mut [u8]) -> Option<Option<usize>> {
     let (decompress, is_error) = functions()?;
     // SAFETY: `out` and `packed` are valid for their lengths, and the decoder writes no
@@ -42,7 +43,7 @@ pub fn decompress(packed: &[u8], out: &mut [u8]) -> Option<Option<usize>> {
     };
     // SAFETY: a plain function of the returned code.
     let failed = unsafe { is_error(n) } != 0;
-    Some((!failed && n <= out.len()).then_some(n))
+    Some((!failed).then_some(n))
 }
 
 fn functions() -> Option<(Decompress, IsError)> {
@@ -68,11 +69,9 @@ fn functions() -> Option<(Decompress, IsError)> {
         DECOMPRESS.load(Ordering::Acquire),
         IS_ERROR.load(Ordering::Acquire),
     );
-    if d.is_null() || e.is_null() {
-        return None;
-    }
-    // SAFETY: both were found under these names in libzstd, whose C signatures the types
-    // spell (stable since its 1.0).
+    // SAFETY: `LOADED` is stored (with release) only after both pointers, found non-null
+    // under these names in libzstd ([`load`]), whose C signatures the types spell (stable
+    // since its 1.0).
     Some(unsafe {
         (
             std::mem::transmute::<*mut c_void, Decompress>(d),
