@@ -306,10 +306,17 @@ fn a_malformed_context_memory_refuses_cuda() {
 #[test]
 fn the_estimate_gives_way_to_nvmls_figure_once_nvml_is_up() {
     // NVML takes 2.5 s to start: the context is charged as an estimate meanwhile, then
-    // at its figure (100 MiB) once the footprint is re-read.
+    // at its figure (100 MiB) once NVML has measured it, which the views wait for
+    // (`infountil`, not a sleep that a busy machine could outlast).
+    let measured = (2 * GI - 100 * MI).to_string();
     let run = budget_run(
         "gpa",
-        &["info", "sleep:3200", "alloc:1Mi", "info"],
+        &[
+            "info",
+            &format!("infountil:{measured}"),
+            "alloc:1Mi",
+            "info",
+        ],
         &[
             ("FAKE_CUDA_DEVICE_NAME", "Fake H200"),
             ("CUDABUDGET_LIMIT", "2Gi"),
@@ -318,6 +325,7 @@ fn the_estimate_gives_way_to_nvmls_figure_once_nvml_is_up() {
         ],
     );
     assert_eq!(run.num("info", 0, "free"), 2 * GI - 518 * MI, "{run:?}");
+    assert_eq!(run.rc("infountil", 0), 0, "never measured\n{run:?}");
     assert_eq!(run.num("info", 1, "free"), 2 * GI - 101 * MI, "{run:?}");
 }
 
