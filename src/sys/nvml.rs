@@ -107,8 +107,9 @@ impl Drop for Inside {
 }
 
 /// Set in a child forked while one of the library's calls was inside NVML or loading a
-/// library: the child never loads NVML (nor another library, [`loading`]) (`dlopen` there can fail the loader's own assertions and
-/// end the process with 127) and makes no NVML call of its own.
+/// library: the child loads neither NVML nor another library ([`loading`]), since
+/// `dlopen` there can fail the loader's own assertions and end the process with 127, and
+/// makes no NVML call of its own.
 static OFF_IN_CHILD: AtomicBool = AtomicBool::new(false);
 
 /// The real function `f`, loading the library (without initialising it) first.
