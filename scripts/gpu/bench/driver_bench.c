@@ -530,7 +530,9 @@ int main(int argc, char **argv) {
     p_pool_set(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
     p_pool_trim(pool, 0);
 
-    const char *pre = getenv("LD_PRELOAD");
+    // Preloaded: the hooked entry point lives outside the driver (a build of the library
+    // may be preloaded under any file name).
+    int preloaded = strncmp(owner((void *)p_alloc), "libcuda.so", 10) != 0;
     printf("{\"bench\":\"driver\",\"nvml\":%d,\"preloaded\":%s,\"resolve\":\"%s\",\"scale\":%g,"
            "\"sync_4k_ns\":%.1f,\"sync_2m_ns\":%.1f,\"sync_64m_ns\":%.1f,"
            "\"threads\":%d,\"async_1t_ns\":%.2f,\"async_16t_pairs_per_s\":%.0f,\"async_16t_ns_per_pair_per_thread\":%.2f,"
@@ -541,7 +543,7 @@ int main(int argc, char **argv) {
            "\"ab_async_delta_ns\":%.2f,\"ab_sync_delta_ns\":%.1f,\"ab_meminfo_delta_ns\":%.2f,"
            "\"ab_mt_hook_pairs_per_s\":%.0f,\"ab_mt_native_pairs_per_s\":%.0f,\"ab_mt_ratio\":%.4f,\"ab_mt_pause_ratio\":%.4f,\"ab_mt_pause_ns_per_pair\":%.1f,"
            "\"alloc_owner\":\"%s\",\"alloc_async_owner\":\"%s\",\"untouched_owner\":\"%s\",\"errors\":\"%s\"}\n",
-           with_nvml, (pre && strstr(pre, "libcudabudget")) ? "true" : "false", resolve_path, scale, s4k, s2m, s64m, nthreads, a1, a16,
+           with_nvml, preloaded ? "true" : "false", resolve_path, scale, s4k, s2m, s64m, nthreads, a1, a16,
            a16_ns, smt, smt_ns, mi, un, (unsigned long long)reserved, ab_async_h, ab_async_n, ab_sync_h, ab_sync_n, ab_mi_h, ab_mi_n, ab_async_d, ab_sync_d, ab_mi_d,
            abmt_h, abmt_n_, abmt_q, abmt_p, pause_pair_ns, owner((void *)p_alloc), owner((void *)p_alloc_async),
            owner((void *)p_ctxdev), errors);

@@ -15,6 +15,9 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases"))
+from common import preloaded  # noqa: E402
+
 
 def main():
     p = argparse.ArgumentParser()
@@ -27,7 +30,7 @@ def main():
     p.add_argument("--vocab", type=int, default=8192)
     a = p.parse_args()
     res = {"bench": "train_step", "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-           "preloaded": "libcudabudget" in os.environ.get("LD_PRELOAD", ""), "error": None}
+           "preloaded": preloaded(), "error": None}
     try:
         import torch
         import torch.nn as nn

@@ -136,8 +136,17 @@ def new_result(case, args):
               "CUDABUDGET_LIMIT"):
         if os.environ.get(k) is not None:
             res.setdefault("env", {})[k] = os.environ[k]
-    res["preloaded"] = "libcudabudget" in os.environ.get("LD_PRELOAD", "")
+    res["preloaded"] = preloaded()
     return res
+
+
+def preloaded():
+    """Whether a library LD_PRELOAD names is mapped into this process (the benchmarks
+    preload builds of the library under other file names than libcudabudget.so)."""
+    paths = [os.path.realpath(p) for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()]
+    with open("/proc/self/maps") as maps:
+        mapped = maps.read()
+    return any(p in mapped for p in paths)
 
 
 def record_error(res, where, e):

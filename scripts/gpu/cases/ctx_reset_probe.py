@@ -1,9 +1,10 @@
 # What the driver answers around a primary context reset (cuCtxGetDevice, cuMemGetInfo,
 # cuCtxCreate after it), with or without the library: one JSON line. Run it natively and
-# with LD_PRELOAD + CUDABUDGET_LIMIT=4Gi (docs/gpu-runs/2026-12-01d/ctx-reset-probe-*.json at 258b938).
+# with LD_PRELOAD + CUDABUDGET_LIMIT=4Gi.
 import ctypes, json, os
+from common import preloaded
 cuda = ctypes.CDLL("libcuda.so.1")
-out = {"preloaded": "libcudabudget" in os.environ.get("LD_PRELOAD", "")}
+out = {"preloaded": preloaded()}
 def rc(name, *a):
     return getattr(cuda, name)(*a)
 def dev():
