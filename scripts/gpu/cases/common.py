@@ -143,7 +143,9 @@ def new_result(case, args):
 def preloaded():
     """Whether a library LD_PRELOAD names is mapped into this process (the benchmarks
     preload builds of the library under other file names than libcudabudget.so)."""
-    paths = [os.path.realpath(p) for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()]
+    names = os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    # A path is mapped under its real path; a bare name, as the loader found it.
+    paths = [os.path.realpath(n) if "/" in n else "/" + n for n in names]
     with open("/proc/self/maps") as maps:
         mapped = maps.read()
     return any(p in mapped for p in paths)
