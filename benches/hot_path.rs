@@ -82,6 +82,10 @@ fn main() {
             Some("libcudabudget.so"),
             "{last}"
         );
+        // What the GPU runs report as preloaded, whatever the library's file is named.
+        assert_eq!(field(last, "preloaded"), Some("true"), "{last}");
+        let alone = native.last().expect("at least one run");
+        assert_eq!(field(alone, "preloaded"), Some("false"), "{alone}");
         for &(key, label) in METRICS {
             if threads > 1 && !key.contains("_mt_") && !key.contains("16t") {
                 continue;
