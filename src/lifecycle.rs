@@ -367,7 +367,7 @@ pub fn context_gone(device: usize) {
 
 /// A child of `fork()` cannot use its parent's CUDA context: it starts with an empty
 /// ledger of its own. Before the fork, the parent waits (boundedly) for the library's
-/// own calls to leave NVML and the loader ([`crate::sys::nvml::before_fork`]).
+/// own calls to leave NVML, libzstd and the loader ([`crate::sys::foreign::before_fork`]).
 fn install_fork_handler() {
     extern "C" fn child() {
         // Stores only: no lock is taken and nothing waits, whatever the parent's other
@@ -383,7 +383,7 @@ fn install_fork_handler() {
             crate::books::job::after_fork();
             crate::sys::wait::after_fork();
         }
-        crate::sys::nvml::after_fork();
+        crate::sys::nvml::after_fork(crate::sys::foreign::after_fork());
         crate::admit::capture::after_fork();
         crate::admit::gate::after_fork();
         crate::admit::pools::after_fork();
@@ -391,8 +391,8 @@ fn install_fork_handler() {
     }
     extern "C" fn prepare() {
         // In the parent: a bounded wait, without a lock, for the library's own calls to
-        // leave NVML and the loader, so that the child gets both whole.
-        crate::sys::nvml::before_fork();
+        // leave NVML, libzstd and the loader, so that the child gets them whole.
+        crate::sys::foreign::before_fork();
     }
     // SAFETY: registers plain extern "C" functions: the child's only stores to memory,
     // the parent's reads an atomic and sleeps (boundedly).

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize,
 
 use crate::sys::driver::MAX_DEVICES;
 use crate::sys::driver::{self, real};
+use crate::sys::foreign;
 
 pub type NvmlDevice = *mut c_void;
 
@@ -77,50 +78,15 @@ const UNLOADED: u8 = 0;
 const LOADED: u8 = 1;
 static LIBRARY: AtomicU8 = AtomicU8::new(UNLOADED);
 
-/// How many of the library's own calls are inside NVML, or inside the loader for it
-/// (`dlopen`), on any thread right now. A `fork()` waits for none to be (a bounded
-/// wait, [`before_fork`]): a child copied while one was under way would inherit the
-/// loader's or NVML's state half-changed and their locks held for good.
-static INSIDE: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts the calling thread in [`INSIDE`] while it lives.
-pub struct Inside;
-
-/// Counts the caller in [`INSIDE`] for a `dlopen` of another foreign library (the system's
-/// Zstandard decoder, [`crate::sys::zstd`]), so that a `fork()` waits for it as for NVML's;
-/// `None` in a child forked while such a load was under way, which loads nothing.
-pub fn loading() -> Option<Inside> {
-    (!OFF_IN_CHILD.load(Ordering::Acquire)).then(Inside::enter)
-}
-
-impl Inside {
-    fn enter() -> Inside {
-        INSIDE.fetch_add(1, Ordering::SeqCst);
-        Inside
-    }
-}
-
-impl Drop for Inside {
-    fn drop(&mut self) {
-        INSIDE.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Set in a child forked while one of the library's calls was inside NVML or loading a
-/// library: the child loads neither NVML nor another library ([`loading`]), since
-/// `dlopen` there can fail the loader's own assertions and end the process with 127, and
-/// makes no NVML call of its own.
-static OFF_IN_CHILD: AtomicBool = AtomicBool::new(false);
-
 /// The real function `f`, loading the library (without initialising it) first.
 pub fn real_fn(f: F) -> *mut c_void {
     if LIBRARY.load(Ordering::Acquire) == UNLOADED {
-        if OFF_IN_CHILD.load(Ordering::Acquire) {
+        // Not in a child forked mid-call (crate::sys::foreign). Racing threads both load:
+        // dlopen takes a reference, the slots get the same pointers, and nobody waits for
+        // another thread.
+        let Some(_loading) = foreign::loading() else {
             return std::ptr::null_mut();
-        }
-        // Racing threads both load: dlopen takes a reference, the slots get the same
-        // pointers, and nobody waits for another thread.
-        let _inside = Inside::enter();
+        };
         load_library();
         LIBRARY.store(LOADED, Ordering::Release);
     }
@@ -245,48 +211,21 @@ pub fn starting() -> bool {
 
 /// In the child of `fork()`: an initialisation under way in the parent never finishes
 /// here (its thread was not copied), so the child starts over when it needs NVML.
-/// Forked while one of the library's calls was inside NVML or loading it (the wait in
-/// [`before_fork`] ran out, or a call began after it), the child does without NVML.
-pub fn after_fork() {
+/// Forked while one of the library's calls was inside NVML or loading a library
+/// (`forked_mid_call`, [`crate::sys::foreign::after_fork`]), the child does without NVML.
+pub fn after_fork(forked_mid_call: bool) {
     BACKGROUND_BUSY.store(false, Ordering::Release);
     // The child is another process: its entry is found anew.
     OWN_PID.store(0, Ordering::Release);
-    // Those calls' threads did not come along: their count is the child's no more.
-    if INSIDE.swap(0, Ordering::SeqCst) != 0 {
-        OFF_IN_CHILD.store(true, Ordering::Release);
+    if forked_mid_call {
         INITIALISED.store(FAILED, Ordering::Release);
         return;
     }
     let _ = INITIALISED.compare_exchange(STARTING, IDLE, Ordering::AcqRel, Ordering::Relaxed);
 }
 
-/// The longest a `fork()` waits for the library's calls to leave NVML and the loader
-/// (NVML's initialisation took 30 ms on an H200; finding a device about 6 ms).
-const FORK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Set once a fork's wait ran out: NVML is stuck inside a call, and later forks do not
-/// wait for it again (their children do without NVML).
-static FORK_WAIT_SPENT: AtomicBool = AtomicBool::new(false);
-
-/// In the parent, just before `fork()`: waits (at most [`FORK_WAIT`], sleeping, without a
-/// lock) until none of the library's calls is inside NVML or loading it, so that the
-/// child gets the loader and NVML whole. Most forks find none and do not wait.
-pub fn before_fork() {
-    if INSIDE.load(Ordering::SeqCst) == 0 || FORK_WAIT_SPENT.load(Ordering::Relaxed) {
-        return;
-    }
-    let start = std::time::Instant::now();
-    while INSIDE.load(Ordering::SeqCst) != 0 {
-        if start.elapsed() >= FORK_WAIT {
-            FORK_WAIT_SPENT.store(true, Ordering::Relaxed);
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    }
-}
-
 fn init_now() -> u8 {
-    let _inside = Inside::enter();
+    let _inside = foreign::Inside::enter();
     let start = std::time::Instant::now();
     let init = real_fn(F::Init);
     // SAFETY: nvmlInit_v2 takes no argument; NVML counts initialisations, so ours does
@@ -342,7 +281,7 @@ fn handle_of(device: usize) -> Option<NvmlDevice> {
         return None;
     }
     let mut handle: NvmlDevice = std::ptr::null_mut();
-    let _inside = Inside::enter();
+    let _inside = foreign::Inside::enter();
     // SAFETY: nvmlDeviceGetHandleByUUID(const char*, nvmlDevice_t*).
     let rc = unsafe {
         let f: unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int =
@@ -382,7 +321,7 @@ fn processes(device: usize) -> Option<([ProcessInfo; 128], usize)> {
         compute_instance_id: 0,
     }; 128];
     let mut count: c_uint = infos.len() as c_uint;
-    let _inside = Inside::enter();
+    let _inside = foreign::Inside::enter();
     // SAFETY: nvmlDeviceGetComputeRunningProcesses_v3(device, unsigned*, nvmlProcessInfo_t*)
     // with room for `count` entries.
     let rc = unsafe {
@@ -457,7 +396,7 @@ pub fn device_used(device: usize) -> Option<u64> {
         free: 0,
         used: 0,
     };
-    let _inside = Inside::enter();
+    let _inside = foreign::Inside::enter();
     // SAFETY: nvmlDeviceGetMemoryInfo(device, nvmlMemory_t*).
     let rc = unsafe {
         let f: unsafe extern "C" fn(NvmlDevice, *mut Memory) -> c_int = std::mem::transmute(f);
@@ -486,7 +425,7 @@ fn nvml_uuid(device: NvmlDevice) -> Option<String> {
         return None;
     }
     let mut buf = [0 as c_char; 96];
-    let _inside = Inside::enter();
+    let _inside = foreign::Inside::enter();
     // SAFETY: nvmlDeviceGetUUID(device, char*, unsigned) with the buffer's size.
     let rc = unsafe {
         let f: unsafe extern "C" fn(NvmlDevice, *mut c_char, c_uint) -> c_int =
@@ -511,7 +450,7 @@ fn nvml_index(device: NvmlDevice) -> Option<u32> {
         return None;
     }
     let mut index: c_uint = 0;
-    let _inside = Inside::enter();
+    let _inside = foreign::Inside::enter();
     // SAFETY: nvmlDeviceGetIndex(device, unsigned*).
     let rc = unsafe {
         let f: unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> c_int = std::mem::transmute(f);

@@ -81,7 +81,7 @@ fn functions() -> Option<(Decompress, IsError)> {
 }
 
 fn load() -> bool {
-    let Some(_loading) = crate::sys::nvml::loading() else {
+    let Some(_loading) = crate::sys::foreign::loading() else {
         return false;
     };
     // SAFETY: dlopen with a NUL-terminated name; a missing library is a null handle.
