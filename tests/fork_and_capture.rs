@@ -183,7 +183,8 @@ fn a_capture_starting_during_a_free_by_another_thread_keeps_the_block_charged() 
 /// on a thread of its own after `cuInit`; the fake's holds NVML's lock `locked_ms`): the
 /// script waits until that call has taken the lock (the fake's counter, a handshake),
 /// forks, and notes whether the call had ended when `os.fork()` returned. The child calls
-/// `cuMemAlloc`, `cuMemGetInfo` and, when `own_nvml`, NVML itself. Returns the child's
+/// `cuMemAlloc`, `cuMemGetInfo`, `cuMemAlloc` past its budget (exit 4 if granted) and,
+/// when `own_nvml`, NVML itself. Returns the child's
 /// exit code (or `signal_N`, `hang`), whether NVML's initialisation had ended when the
 /// fork returned, and how long `os.fork()` took, in ms (for the messages).
 fn fork_during_nvml_start(locked_ms: &str, own_nvml: bool) -> (String, bool, u64) {
@@ -204,6 +205,10 @@ if pid == 0:
         cuda.cuMemFree_v2(p)
     f, t = ctypes.c_size_t(), ctypes.c_size_t()
     cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t))
+    # Over the budget: before a denial the library reads the footprint again, through
+    # NVML where NVML is there for it (in a child without it, never).
+    if cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(2 << 30)) == 0:
+        os._exit(4)
     if {OWN}:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         os._exit(0 if nvml.nvmlInit_v2() == 0 else 3)
